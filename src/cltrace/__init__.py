@@ -1,0 +1,32 @@
+"""cltrace: where the time of OpenCL programs goes.
+
+Spans with device timestamps (cl_event QUEUED/SUBMIT/START/END) mapped onto
+one host timeline, nested regions, and exporters for Chrome JSON, Perfetto
+and OTLP. Tracing is off until ``start()``/``trace()`` or ``CLTRACE=1``.
+"""
+from __future__ import annotations
+
+from .errors import CltraceError, EventTimerError, ProfilingNotEnabledError, TraceFileError
+from .queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
+from .recorder import RECORDER
+from .regions import launch, record_launch, region, timing_region
+from .report import PerfCounter
+from .session import enabled, start, stop, trace
+from .spans import Span
+from .timing import EventTimer, timing
+
+__all__ = [
+    "CltraceError", "EventTimerError", "ProfilingNotEnabledError", "TraceFileError",
+    "active_queue", "default_device", "has_profiling", "profiling_queue", "set_queue",
+    "RECORDER", "launch", "record_launch", "region", "timing_region", "PerfCounter",
+    "enabled", "start", "stop", "trace", "Span", "EventTimer", "timing",
+]
+
+
+def _init_from_env() -> None:
+    from .session import start_from_env
+
+    start_from_env()
+
+
+_init_from_env()

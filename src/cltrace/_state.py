@@ -1,0 +1,3 @@
+"""The one module flag every hot path reads first. Nothing else lives here."""
+
+ENABLED = False

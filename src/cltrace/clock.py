@@ -1,0 +1,196 @@
+"""Per-device clock calibration: device profiling stamps -> host ``perf_counter_ns``.
+
+Drivers stamp events on clocks of their own (PoCL: CLOCK_MONOTONIC; NVIDIA:
+Unix-epoch nanoseconds) and neither offers ``clGetDeviceAndHostTimer``. We
+bracket a marker's QUEUED stamp between two host reads: the true offset
+``device - host`` lies in ``[queued - h1, queued - h0]``. Intersecting the
+intervals of the tightest samples gives the offset and a proven error bound.
+Calibration is repeated (``recalibrate``) so drift over a long run is tracked
+by interpolating between calibration points.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+_perf = time.perf_counter_ns
+
+
+@dataclass(frozen=True)
+class CalibrationPoint:
+    host_ns: int  # host time the point was taken (perf_counter_ns)
+    offset_ns: int  # device_ns - host_ns
+    bound_ns: int  # |true offset - offset_ns| <= bound_ns
+    samples: int
+    method: str  # "device-and-host-timer" or "marker-bracket"
+
+
+def classify_domain(offset_ns: int) -> str:
+    """Name the clock a device stamps with, from its offset to perf_counter_ns."""
+    unix = time.time_ns() - _perf()
+    mono = time.monotonic_ns() - _perf()
+    if abs(offset_ns - unix) < 5_000_000_000:
+        return "unix-epoch"
+    if abs(offset_ns - mono) < 5_000_000_000:
+        return "monotonic"
+    return "device-private"
+
+
+class DeviceClock:
+    """Maps one device's stamps to host time, with a recorded error bound."""
+
+    def __init__(self, device: Any, context: Any, samples: int = 64, keep: int = 8) -> None:
+        import pyopencl as cl
+
+        self.device = device
+        self.samples = samples
+        self.keep = keep
+        self.resolution_ns = int(getattr(device, "profiling_timer_resolution", 1) or 1)
+        self._queue = cl.CommandQueue(
+            context, device, properties=cl.command_queue_properties.PROFILING_ENABLE
+        )
+        self._lock = threading.Lock()
+        self.points: list[CalibrationPoint] = []
+        self._hosts: list[int] = []
+        self.calibrate()
+        self.domain = classify_domain(self.points[0].offset_ns)
+
+    def _sample_host_timer(self) -> CalibrationPoint | None:
+        """Use clGetDeviceAndHostTimer where the driver implements it (OpenCL 2.1+)."""
+        get = getattr(self.device, "device_and_host_timer", None)
+        if get is None:
+            return None
+        try:
+            h0 = time.monotonic_ns()
+            p0 = _perf()
+            dev, host = get()
+            p1 = _perf()
+        except Exception:
+            return None
+        # The host timer is CLOCK_MONOTONIC on Linux; relate it to perf_counter_ns.
+        mono_minus_perf = h0 - p0
+        return CalibrationPoint((p0 + p1) // 2, int(dev) - (int(host) - mono_minus_perf),
+                                self.resolution_ns + (p1 - p0) // 2, 1, "device-and-host-timer")
+
+    def calibrate(self) -> CalibrationPoint:
+        """Take one calibration point now and append it."""
+        import pyopencl as cl
+
+        point = self._sample_host_timer()
+        if point is None:
+            brackets = []
+            q = self._queue
+            for _ in range(self.samples):
+                h0 = _perf()
+                ev = cl.enqueue_marker(q)
+                h1 = _perf()
+                brackets.append((h0, h1, ev))
+            q.finish()
+            tight = sorted(
+                ((h1 - h0, h0, h1, ev.profile.queued) for h0, h1, ev in brackets),
+                key=lambda s: s[0],
+            )[: self.keep]
+            lo = max(qd - h1 for _, _, h1, qd in tight)
+            hi = min(qd - h0 for _, h0, _, qd in tight)
+            res = self.resolution_ns
+            if lo <= hi:
+                offset = (lo + hi) // 2
+                bound = (hi - lo + 1) // 2 + res
+            else:
+                # Intervals disagree (stamp jitter): take the tightest and widen the bound.
+                _, h0, h1, qd = tight[0]
+                offset = qd - (h0 + h1) // 2
+                bound = max(abs(offset - (qd - h1)), abs(offset - (qd - h0)), lo - hi) + res
+            host_mid = (tight[0][1] + tight[0][2]) // 2
+            point = CalibrationPoint(host_mid, offset, bound, len(tight), "marker-bracket")
+        with self._lock:
+            self.points.append(point)
+            self._hosts.append(point.host_ns)
+        return point
+
+    def to_host(self, device_ns: int) -> int:
+        """Map a device stamp onto the host timeline."""
+        return device_ns - self.offset_at(device_ns)
+
+    def offset_at(self, device_ns: int) -> int:
+        """Offset to apply near ``device_ns``: interpolated between calibration points."""
+        pts = self.points
+        if len(pts) == 1:
+            return pts[0].offset_ns
+        approx_host = device_ns - pts[-1].offset_ns
+        i = bisect.bisect_left(self._hosts, approx_host)
+        if i <= 0:
+            return pts[0].offset_ns
+        if i >= len(pts):
+            return pts[-1].offset_ns
+        a, b = pts[i - 1], pts[i]
+        span = b.host_ns - a.host_ns
+        if span <= 0:
+            return b.offset_ns
+        return a.offset_ns + (b.offset_ns - a.offset_ns) * (approx_host - a.host_ns) // span
+
+    @property
+    def bound_ns(self) -> int:
+        """Error bound of the mapping over the whole run (ns)."""
+        return max(p.bound_ns for p in self.points)
+
+    @property
+    def drift_ns(self) -> int:
+        """Largest change of offset between the first and any later point."""
+        first = self.points[0].offset_ns
+        return max(abs(p.offset_ns - first) for p in self.points)
+
+    def metadata(self) -> dict[str, Any]:
+        last = self.points[-1]
+        return {
+            "method": last.method,
+            "domain": self.domain,
+            "offset_ns": last.offset_ns,
+            "bound_ns": self.bound_ns,
+            "drift_ns": self.drift_ns,
+            "points": len(self.points),
+            "resolution_ns": self.resolution_ns,
+        }
+
+
+class ClockRegistry:
+    """One DeviceClock per device, created on first use."""
+
+    def __init__(self, recalibrate_s: float = 10.0) -> None:
+        self._clocks: dict[int, DeviceClock] = {}
+        self._keys: dict[int, str] = {}
+        self._lock = threading.Lock()
+        self.recalibrate_s = recalibrate_s
+        self._last = _perf()
+
+    def for_queue(self, queue: Any, device_key: str | None = None) -> DeviceClock:
+        dev = queue.device
+        ptr = dev.int_ptr
+        clk = self._clocks.get(ptr)
+        if clk is None:
+            with self._lock:
+                clk = self._clocks.get(ptr)
+                if clk is None:
+                    clk = DeviceClock(dev, queue.context)
+                    self._clocks[ptr] = clk
+                    if device_key:
+                        self._keys[ptr] = device_key
+        return clk
+
+    def maybe_recalibrate(self) -> None:
+        now = _perf()
+        if (now - self._last) / 1e9 < self.recalibrate_s:
+            return
+        self._last = now
+        for clk in list(self._clocks.values()):
+            clk.calibrate()
+
+    def metadata(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for ptr, clk in list(self._clocks.items()):
+            key = self._keys.get(ptr) or clk.device.name.strip()
+            out[key] = clk.metadata()
+        return out

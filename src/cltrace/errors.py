@@ -1,0 +1,27 @@
+"""Exceptions cltrace raises. Each message names the fix."""
+from __future__ import annotations
+
+
+class CltraceError(Exception):
+    """Base class for cltrace errors."""
+
+
+class ProfilingNotEnabledError(CltraceError):
+    """A queue without PROFILING_ENABLE was asked for device times."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(
+            f"{what}: the command queue was created without "
+            "cl.command_queue_properties.PROFILING_ENABLE, so the device has no timestamps "
+            "for it (the flag cannot be switched on after creation). "
+            "Fix: create the queue with cltrace.profiling_queue(ctx) or pass "
+            "properties=cl.command_queue_properties.PROFILING_ENABLE."
+        )
+
+
+class EventTimerError(CltraceError):
+    """EventTimer used out of order (stop before start, start twice)."""
+
+
+class TraceFileError(CltraceError):
+    """A trace file is missing, truncated beyond repair or not a trace."""

@@ -1,0 +1,178 @@
+"""Named, nested regions and launch recording: the hot path.
+
+Off: ``timing_region`` is one flag read and returns a shared no-op whose
+``__enter__``/``__exit__`` are C callables (no frame, no allocation).
+On: a region takes two host clock reads and, with a queue, two markers;
+its record is a tuple pushed onto the recorder's deque at exit.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import time
+from typing import Any, Callable, TypeVar
+
+import pyopencl as cl
+
+from . import _state
+from .queues import active_queue, require_profiling
+from .recorder import RECORDER, new_id
+from .spans import KERNEL, REGION, STATUS_ERROR
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_perf = time.perf_counter_ns
+_marker = cl.enqueue_marker
+_get_ident = threading.get_ident
+_push = RECORDER.push
+_tls = threading.local()
+_ROOT: tuple[int, tuple[str, ...]] = (0, ())
+
+
+def _stack() -> list[tuple[int, tuple[str, ...]]]:
+    try:
+        return _tls.stack
+    except AttributeError:
+        st = _tls.stack = []
+        return st
+
+
+def current_parent() -> tuple[int, tuple[str, ...]]:
+    """(span id, path) of the innermost open region on this thread, or the root."""
+    try:
+        st = _tls.stack
+    except AttributeError:
+        return _ROOT
+    return st[-1] if st else _ROOT
+
+
+class _Region:
+    __slots__ = ("name", "queue", "attrs", "_id", "_parent", "_path", "_hb", "_ev0")
+
+    def __init__(self, name: str, queue: Any, attrs: dict[str, Any] | None) -> None:
+        self.name = name
+        self.queue = queue
+        self.attrs = attrs
+
+    def __enter__(self) -> "_Region":
+        st = _stack()
+        parent, ppath = st[-1] if st else _ROOT
+        sid = new_id()
+        self._id = sid
+        self._parent = parent
+        self._path = path = ppath + (self.name,)
+        st.append((sid, path))
+        self._hb = _perf()
+        q = self.queue
+        self._ev0 = _marker(q) if q is not None else None
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        q = self.queue
+        ev1 = _marker(q) if q is not None else None
+        he = _perf()
+        st = _stack()
+        if st and st[-1][0] == self._id:
+            st.pop()
+        else:  # closed out of order (generator/async misuse): remove wherever it is
+            st[:] = [e for e in st if e[0] != self._id]
+        _push((REGION, self.name, self._id, self._parent, self._path, _get_ident(), self._hb, he,
+               q, self._ev0, ev1, self.attrs,
+               STATUS_ERROR if et is not None else None,
+               f"{et.__name__}: {ev}" if et is not None else None))
+
+    def set(self, key: str, value: Any) -> None:
+        """Attach an attribute to this region."""
+        if self.attrs is None:
+            self.attrs = {}
+        self.attrs[key] = value
+
+    def __call__(self, fn: F) -> F:
+        return _decorate(fn, self.name, self.queue, self.attrs)
+
+
+class _NoopRegion:
+    """The shared object returned while tracing is off."""
+
+    __slots__ = ()
+
+    def set(self, key: str, value: Any) -> None:
+        pass
+
+    def __call__(self, fn: F) -> F:
+        return _decorate(fn, _last_name, _last_queue, None)
+
+
+NOOP = _NoopRegion()
+# C callables: entering/exiting the no-op runs no Python frame. "".format(*exc) returns ""
+# (falsy), so exceptions propagate.
+_NoopRegion.__enter__ = itertools.repeat(NOOP).__next__  # type: ignore[attr-defined]
+_NoopRegion.__exit__ = "".format  # type: ignore[attr-defined]
+_last_name: str = ""
+_last_queue: Any = None
+
+
+def _decorate(fn: F, name: str, queue: Any, attrs: dict[str, Any] | None) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not _state.ENABLED:
+            return fn(*args, **kwargs)
+        with timing_region(name, queue, **(attrs or {})):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def timing_region(name: str, queue: Any = None, **attrs: Any) -> Any:
+    """A named region of work: ``with timing_region("forward", queue):`` or ``@timing_region("step")``.
+
+    With ``queue`` (or an active queue from ``cltrace.set_queue``) the region also
+    gets a device span on that queue's track, bracketed by two markers. Regions nest
+    per thread; an exception closes the region and marks it failed.
+    """
+    global _last_name, _last_queue
+    if not _state.ENABLED:
+        _last_name = name  # read only if NOOP is then used as a decorator
+        _last_queue = queue
+        return NOOP
+    if queue is None:
+        queue = active_queue()
+    if queue is not None:
+        require_profiling(queue, f"timing_region({name!r})")
+    return _Region(name, queue, attrs or None)
+
+
+region = timing_region
+
+
+def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: int,
+                  cat: str = KERNEL, attrs: dict[str, Any] | None = None) -> int:
+    """Record one enqueued command (kernel, copy, fill...) and return its span id.
+
+    The event is resolved later in a batch; nothing waits here. Pass ``queue=None``
+    (or ``event=None``) for an explicitly host-only span.
+    """
+    try:
+        st = _tls.stack
+        parent, path = st[-1] if st else _ROOT
+    except AttributeError:
+        parent, path = _ROOT
+    sid = new_id()
+    _push((cat, name, sid, parent, path, _get_ident(), host_begin, host_end,
+           queue, event, None, attrs, None, None))
+    return sid
+
+
+def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: Any,
+           wait_for: Any = None, name: str | None = None) -> Any:
+    """Enqueue a pyopencl kernel and record it (when tracing is on). Returns the event."""
+    if not _state.ENABLED:
+        return kernel(queue, global_size, local_size, *args, wait_for=wait_for)
+    hb = _perf()
+    ev = kernel(queue, global_size, local_size, *args, wait_for=wait_for)
+    he = _perf()
+    record_launch(name or kernel.function_name, queue, ev, hb, he, KERNEL,
+                  {"global_size": tuple(global_size),
+                   "local_size": tuple(local_size) if local_size else None})
+    return ev

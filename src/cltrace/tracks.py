@@ -1,0 +1,135 @@
+"""Tracks: the named timelines spans are placed on.
+
+Following Perfetto's TrackEvent model, every span sits on a track with a
+stable id and a human name: one per host thread, one per (device queue,
+submitting thread), and one for program compile/build work.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+HOST_THREAD = "thread"
+DEVICE_QUEUE = "queue"
+COMPILE = "compile"
+
+
+@dataclass
+class Track:
+    id: int
+    kind: str  # HOST_THREAD, DEVICE_QUEUE or COMPILE
+    name: str
+    process: str  # the process group it belongs to (host process or device)
+    device: str | None = None  # device key for queue tracks
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DeviceInfo:
+    key: str  # stable identity: platform/device/driver
+    name: str
+    platform: str
+    vendor: str
+    driver: str
+    version: str
+    type: str
+
+
+def device_info(device: Any) -> DeviceInfo:
+    import pyopencl as cl
+
+    platform = device.platform
+    name = device.name.strip()
+    driver = device.driver_version.strip()
+    return DeviceInfo(
+        key=f"{platform.name.strip()}|{name}|{driver}",
+        name=name,
+        platform=platform.name.strip(),
+        vendor=device.vendor.strip(),
+        driver=driver,
+        version=device.version.strip(),
+        type=cl.device_type.to_string(device.type),
+    )
+
+
+class TrackRegistry:
+    """Assigns track ids. Thread-safe; lookups after the first are dict hits."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tracks: dict[int, Track] = {}
+        self._by_key: dict[Any, int] = {}
+        self._queue_index: dict[str, int] = {}  # device key -> queues seen so far
+        self._queue_names: dict[int, tuple[str, int]] = {}  # queue ptr -> (device key, index)
+        self.devices: dict[str, DeviceInfo] = {}
+        self.pid = os.getpid()
+
+    def tracks(self) -> list[Track]:
+        with self._lock:
+            return list(self._tracks.values())
+
+    def get(self, track_id: int) -> Track:
+        return self._tracks[track_id]
+
+    def _add(self, key: Any, kind: str, name: str, process: str, **kw: Any) -> int:
+        with self._lock:
+            tid = self._by_key.get(key)
+            if tid is None:
+                tid = len(self._tracks) + 1
+                self._tracks[tid] = Track(tid, kind, name, process, **kw)
+                self._by_key[key] = tid
+            return tid
+
+    def host_thread(self, ident: int, name: str | None = None) -> int:
+        tid = self._by_key.get(("thread", ident))
+        if tid is not None:
+            return tid
+        if name is None:
+            name = _thread_name(ident)
+        return self._add(("thread", ident), HOST_THREAD, name, "host",
+                         attrs={"thread.id": ident})
+
+    def compile_track(self) -> int:
+        return self._add(("compile",), COMPILE, "OpenCL compile", "host")
+
+    def register_device(self, device: Any) -> DeviceInfo:
+        info = device_info(device)
+        self.devices.setdefault(info.key, info)
+        return info
+
+    def device_queue(self, queue: Any, thread_ident: int, device_key: str | None = None) -> int:
+        """Track for work a host thread submitted to a queue.
+
+        In-order queues execute one command at a time, so a single submitting
+        thread's regions and kernels nest on it; work from other threads on
+        the same queue gets its own track so slices never misnest.
+        """
+        qptr = queue.int_ptr
+        key = ("queue", qptr, thread_ident)
+        tid = self._by_key.get(key)
+        if tid is not None:
+            return tid
+        if device_key is None:
+            device_key = self.register_device(queue.device).key
+        info = self.devices[device_key]
+        with self._lock:
+            if qptr not in self._queue_names:
+                idx = self._queue_index.get(device_key, 0)
+                self._queue_index[device_key] = idx + 1
+                self._queue_names[qptr] = (device_key, idx)
+            _, idx = self._queue_names[qptr]
+            threads_on_queue = sum(1 for k in self._by_key if k[0] == "queue" and k[1] == qptr)
+        name = f"{info.name} · queue {idx}"
+        if threads_on_queue:
+            name += f" · {_thread_name(thread_ident)}"
+        return self._add(key, DEVICE_QUEUE, name, f"OpenCL: {info.name}", device=device_key,
+                         attrs={"queue.index": idx, "thread.id": thread_ident})
+
+
+def _thread_name(ident: int) -> str:
+    for t in threading.enumerate():
+        if t.ident == ident:
+            return t.name
+    return f"thread-{ident}"
