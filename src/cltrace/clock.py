@@ -54,6 +54,7 @@ class DeviceClock:
         )
         self._lock = threading.Lock()
         self.points: list[CalibrationPoint] = []
+        self.rejected = 0
         self._hosts: list[int] = []
         self.calibrate()
         self.domain = classify_domain(self.points[0].offset_ns)
@@ -107,6 +108,11 @@ class DeviceClock:
             host_mid = (tight[0][1] + tight[0][2]) // 2
             point = CalibrationPoint(host_mid, offset, bound, len(tight), "marker-bracket")
         with self._lock:
+            if self.points and point.bound_ns > 4 * min(p.bound_ns for p in self.points) + 1000:
+                # A noisy calibration (host preempted mid-bracket) would bend the mapping more
+                # than it informs it: count it, keep the tighter points.
+                self.rejected += 1
+                return point
             self.points.append(point)
             self._hosts.append(point.host_ns)
         return point
@@ -116,16 +122,22 @@ class DeviceClock:
         return device_ns - self.offset_at(device_ns)
 
     def offset_at(self, device_ns: int) -> int:
-        """Offset to apply near ``device_ns``: interpolated between calibration points."""
+        """Offset to apply near ``device_ns``: interpolated between calibration points,
+        extrapolated along the last measured drift after the newest one."""
         pts = self.points
+        last = pts[-1]
         if len(pts) == 1:
-            return pts[0].offset_ns
-        approx_host = device_ns - pts[-1].offset_ns
+            return last.offset_ns
+        approx_host = device_ns - last.offset_ns
         i = bisect.bisect_left(self._hosts, approx_host)
         if i <= 0:
             return pts[0].offset_ns
         if i >= len(pts):
-            return pts[-1].offset_ns
+            a = pts[-2]
+            span = last.host_ns - a.host_ns
+            if span < 500_000_000:  # too close together for a meaningful slope
+                return last.offset_ns
+            return last.offset_ns + (last.offset_ns - a.offset_ns) * (approx_host - last.host_ns) // span
         a, b = pts[i - 1], pts[i]
         span = b.host_ns - a.host_ns
         if span <= 0:
@@ -134,14 +146,27 @@ class DeviceClock:
 
     @property
     def bound_ns(self) -> int:
-        """Error bound of the mapping over the whole run (ns)."""
-        return max(p.bound_ns for p in self.points)
+        """Error bound of the mapping over the whole run (ns): the widest calibration bracket
+        plus how far any point strays from the line through its neighbours (non-linear drift)."""
+        pts = self.points
+        worst = 0
+        for a, b, c in zip(pts, pts[1:], pts[2:]):
+            span = c.host_ns - a.host_ns
+            if span > 0:
+                pred = a.offset_ns + (c.offset_ns - a.offset_ns) * (b.host_ns - a.host_ns) // span
+                worst = max(worst, abs(b.offset_ns - pred))
+        return max(p.bound_ns for p in pts) + worst
 
     @property
     def drift_ns(self) -> int:
         """Largest change of offset between the first and any later point."""
         first = self.points[0].offset_ns
         return max(abs(p.offset_ns - first) for p in self.points)
+
+    def drift_rate(self) -> float:
+        """Offset change per second of host time between the first and last points."""
+        a, b = self.points[0], self.points[-1]
+        return 0.0 if b.host_ns == a.host_ns else (b.offset_ns - a.offset_ns) / (b.host_ns - a.host_ns) * 1e9
 
     def metadata(self) -> dict[str, Any]:
         last = self.points[-1]
@@ -151,7 +176,9 @@ class DeviceClock:
             "offset_ns": last.offset_ns,
             "bound_ns": self.bound_ns,
             "drift_ns": self.drift_ns,
+            "drift_ns_per_s": round(self.drift_rate(), 1),
             "points": len(self.points),
+            "rejected": self.rejected,
             "resolution_ns": self.resolution_ns,
         }
 
@@ -159,7 +186,7 @@ class DeviceClock:
 class ClockRegistry:
     """One DeviceClock per device, created on first use."""
 
-    def __init__(self, recalibrate_s: float = 10.0) -> None:
+    def __init__(self, recalibrate_s: float = 2.0) -> None:
         self._clocks: dict[int, DeviceClock] = {}
         self._keys: dict[int, str] = {}
         self._lock = threading.Lock()

@@ -35,6 +35,8 @@ def _stack() -> list[tuple[int, tuple[str, ...]]]:
         return _tls.stack
     except AttributeError:
         st = _tls.stack = []
+        # Name the host track now: by resolve time a short-lived thread has exited.
+        RECORDER.tracks.host_thread(_get_ident(), threading.current_thread().name)
         return st
 
 
@@ -155,9 +157,9 @@ def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: 
     """
     try:
         st = _tls.stack
-        parent, path = st[-1] if st else _ROOT
     except AttributeError:
-        parent, path = _ROOT
+        st = _stack()
+    parent, path = st[-1] if st else _ROOT
     sid = new_id()
     _push((cat, name, sid, parent, path, _get_ident(), host_begin, host_end,
            queue, event, None, attrs, None, None))

@@ -83,8 +83,11 @@ class TrackRegistry:
             return tid
 
     def host_thread(self, ident: int, name: str | None = None) -> int:
+        """Track of a host thread; a given ``name`` renames it (the OS reuses finished threads' idents)."""
         tid = self._by_key.get(("thread", ident))
         if tid is not None:
+            if name is not None and self._tracks[tid].name != name:
+                self._tracks[tid].name = name
             return tid
         if name is None:
             name = _thread_name(ident)
@@ -123,7 +126,8 @@ class TrackRegistry:
             threads_on_queue = sum(1 for k in self._by_key if k[0] == "queue" and k[1] == qptr)
         name = f"{info.name} · queue {idx}"
         if threads_on_queue:
-            name += f" · {_thread_name(thread_ident)}"
+            host = self._by_key.get(("thread", thread_ident))
+            name += f" · {self._tracks[host].name if host else _thread_name(thread_ident)}"
         return self._add(key, DEVICE_QUEUE, name, f"OpenCL: {info.name}", device=device_key,
                          attrs={"queue.index": idx, "thread.id": thread_ident})
 

@@ -1,0 +1,213 @@
+"""Regions on real OpenCL: nesting (one thread and many), failures, tracing off, decorators."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import cltrace
+from cltrace import regions, tracefile
+from cltrace.recorder import RECORDER
+
+
+def _by_name(spans):
+    out = {}
+    for s in spans:
+        out.setdefault(s.name, []).append(s)
+    return out
+
+
+def test_nested_regions_and_kernels_nest_on_host_and_device(tmp_path, queue, kernels, chrome):
+    path = tmp_path / "t.json"
+    with cltrace.trace(path):
+        for _ in range(3):
+            with cltrace.region("step", queue):
+                with cltrace.region("fwd", queue):
+                    kernels.launch_add(queue)
+                    kernels.launch_spin(queue)
+                with cltrace.region("bwd"):
+                    kernels.launch_add(queue)
+    tr = chrome.read(path)
+    assert len(tr.placements()) == 3 * 6
+    assert tr.misnested() == []
+    assert tr.children_outside_parents() == []
+    spans = _by_name(tracefile.load(path)[0])
+    assert [s.source for s in spans["bwd"]] == ["host"] * 3
+    assert all(s.source == "device" for name in ("step", "fwd", "add", "spin") for s in spans[name])
+    assert {s.path for s in spans["add"]} == {("step", "fwd", "add"), ("step", "bwd", "add")}
+
+
+def test_threads_get_own_host_tracks_and_nothing_misnests(tmp_path, cl_ctx, queue, kernels, chrome):
+    n_threads, steps = 4, 3
+    path = tmp_path / "threads.json"
+    barrier = threading.Barrier(n_threads)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            own = cltrace.profiling_queue(cl_ctx)
+            add, spin = kernels.kernel("add"), kernels.kernel("spin")
+            barrier.wait()
+            for _ in range(steps):
+                with cltrace.region(f"w{i}", own):
+                    with cltrace.region("shared", queue):
+                        kernels.launch_add(queue, add)
+                        with cltrace.region("inner", queue):
+                            kernels.launch_spin(queue, 50, spin)
+                    with cltrace.region("own"):
+                        kernels.launch_add(own, add)
+                        kernels.launch_spin(own, 50, spin)
+            own.finish()
+        except BaseException as exc:
+            errors.append(exc)
+
+    with cltrace.trace(path):
+        threads = [threading.Thread(target=work, args=(i,), name=f"worker-{i}") for i in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    tr = chrome.read(path)
+    assert tr.misnested() == []
+    assert tr.children_outside_parents() == []
+
+    placements = tr.placements()
+    assert len(placements) == n_threads * steps * 8
+    host_tids = {}
+    for pl in placements.values():
+        h = pl["host"]
+        root = h
+        while root["args"]["parent"]:
+            root = placements[root["args"]["parent"]]["host"]
+        host_tids.setdefault(root["name"], set()).add(h["tid"])
+    assert all(len(tids) == 1 for tids in host_tids.values()), host_tids
+    assert len({next(iter(t)) for t in host_tids.values()}) == n_threads
+
+    names = tr.track_names()
+    host_names = {names[(tr.host_pid, next(iter(tids)))] for tids in host_tids.values()}
+    assert host_names == {f"worker-{i}" for i in range(n_threads)}
+
+    # Work from several threads on the shared queue lands on one device track per thread.
+    shared_tracks = {(placements[sid]["device"]["pid"], placements[sid]["device"]["tid"])
+                     for sid, pl in placements.items() if pl["host"]["name"] == "shared"}
+    assert len(shared_tracks) == n_threads
+    assert len({names[t] for t in shared_tracks}) == n_threads
+
+
+def test_exception_closes_region_marks_it_failed_and_propagates(tmp_path, queue, kernels):
+    path = tmp_path / "fail.json"
+    with cltrace.trace(path):
+        with pytest.raises(ZeroDivisionError, match="division by zero"):
+            with cltrace.region("outer", queue):
+                with cltrace.region("bad", queue):
+                    kernels.launch_add(queue)
+                    1 / 0
+        assert regions.current_parent() == (0, ())
+        with cltrace.region("after", queue):
+            kernels.launch_add(queue)
+    spans = _by_name(tracefile.load(path)[0])
+    for name in ("outer", "bad"):
+        (s,) = spans[name]
+        assert s.status == "error"
+        assert s.error == "ZeroDivisionError: division by zero"
+        assert s.source == "device"
+    (after,) = spans["after"]
+    assert after.status == "ok" and after.parent == 0 and after.path == ("after",)
+    assert all(s.status == "ok" for s in spans["add"])
+    stats = cltrace.PerfCounter().as_dict()
+    assert stats["outer/bad"]["errors"] == 1 and stats["after"]["errors"] == 0
+
+
+def test_decorated_function_failure_is_recorded_and_reraised(queue):
+    @cltrace.region("decorated", queue)
+    def boom() -> None:
+        raise KeyError("k")
+
+    cltrace.start()
+    with pytest.raises(KeyError):
+        boom()
+    cltrace.stop()
+    (s,) = RECORDER.spans()
+    assert (s.name, s.status, s.error) == ("decorated", "error", "KeyError: 'k'")
+
+
+def test_tracing_off_returns_shared_noop_and_records_nothing(queue, kernels):
+    assert not cltrace.enabled()
+    r = cltrace.timing_region("x", queue, size=3)
+    assert r is regions.NOOP
+    assert cltrace.region("y") is regions.NOOP
+    with r as inside:
+        assert inside is regions.NOOP
+        inside.set("k", 1)
+        ev = kernels.launch_add(queue)
+    ev.wait()
+    assert ev.profile.end >= ev.profile.start
+    with pytest.raises(RuntimeError):
+        with cltrace.timing_region("z"):
+            raise RuntimeError("propagates through the no-op")
+    cltrace.record_launch("manual", None, None, 1, 2)  # explicit recording still records
+    assert len(RECORDER.pending) == 1
+    RECORDER.clear()
+    with cltrace.region("quiet", queue):
+        kernels.launch_add(queue)
+    assert len(RECORDER.pending) == 0
+    assert RECORDER.spans() == []
+
+
+@pytest.mark.parametrize("on_at_decoration", [False, True])
+def test_decorator_works_whatever_the_state_at_decoration(on_at_decoration, queue, kernels):
+    if on_at_decoration:
+        cltrace.start()
+
+    @cltrace.region("decorated_step")
+    def step(x: int) -> int:
+        kernels.launch_add(queue)
+        return x + 1
+
+    @cltrace.timing_region("decorated_dev", queue, tag="t")
+    def dev_step() -> None:
+        kernels.launch_add(queue)
+
+    cltrace.stop()
+    assert step(1) == 2  # off: runs, records nothing
+    dev_step()
+    assert RECORDER.spans() == []
+
+    cltrace.start()
+    assert step(2) == 3
+    dev_step()
+    cltrace.stop()
+    spans = _by_name(RECORDER.spans())
+    assert step.__name__ == "step"
+    (s,) = spans["decorated_step"]
+    assert s.source == "host" and s.path == ("decorated_step",)
+    (d,) = spans["decorated_dev"]
+    assert d.source == "device" and d.attrs == {"tag": "t"}
+    assert sorted(k.path for k in spans["add"]) == [("decorated_dev", "add"), ("decorated_step", "add")]
+
+
+def test_region_attributes_and_active_queue(tmp_path, queue, kernels):
+    path = tmp_path / "attrs.json"
+    cltrace.set_queue(queue)
+    with cltrace.trace(path):
+        with cltrace.region("r", batch=8) as r:
+            r.set("loss", 0.5)
+            kernels.launch_add(queue)
+    tr_spans = _by_name(tracefile.load(path)[0])
+    assert tr_spans["r"][0].source == "device"  # the active queue gave it device time
+    import json
+
+    x = [e for e in json.load(open(path)) if e.get("ph") == "X" and e["name"] == "r"]
+    assert len(x) == 2 and all(e["args"]["batch"] == 8 and e["args"]["loss"] == 0.5 for e in x)
+
+
+def test_record_launch_without_queue_is_host_only(queue):
+    cltrace.start()
+    with cltrace.region("outer"):
+        sid = cltrace.record_launch("copy", None, None, 100, 250, cat="transfer", attrs={"bytes": 4})
+    cltrace.stop()
+    spans = {s.id: s for s in RECORDER.spans()}
+    s = spans[sid]
+    assert (s.source, s.cat, s.host_ns, s.path, s.attrs) == ("host", "transfer", 150, ("outer", "copy"), {"bytes": 4})
+    assert spans[s.parent].name == "outer"
