@@ -95,6 +95,7 @@ class Recorder:
     # ---- resolution -----------------------------------------------------------
     def _drain_backpressure(self) -> None:
         with self._lock:
+            self.clocks.maybe_recalibrate()
             self._resolve(block=False)
             if len(self.pending) + len(self.resolver.waiting) >= self.max_pending:
                 self._resolve(block=True, limit=self.max_pending // 2)
