@@ -169,6 +169,10 @@ def test_decorator_works_whatever_the_state_at_decoration(on_at_decoration, queu
     def dev_step() -> None:
         kernels.launch_add(queue)
 
+    @cltrace.region("decorated_trial", cat="trial")
+    def trial() -> None:
+        pass
+
     cltrace.stop()
     assert step(1) == 2  # off: runs, records nothing
     dev_step()
@@ -177,6 +181,7 @@ def test_decorator_works_whatever_the_state_at_decoration(on_at_decoration, queu
     cltrace.start()
     assert step(2) == 3
     dev_step()
+    trial()
     cltrace.stop()
     spans = _by_name(RECORDER.spans())
     assert step.__name__ == "step"
@@ -184,10 +189,11 @@ def test_decorator_works_whatever_the_state_at_decoration(on_at_decoration, queu
     assert s.source == "host" and s.path == ("decorated_step",)
     (d,) = spans["decorated_dev"]
     assert d.source == "device" and d.attrs == {"tag": "t"}
+    assert spans["decorated_trial"][0].cat == "trial"
     assert sorted(k.path for k in spans["add"]) == [("decorated_dev", "add"), ("decorated_step", "add")]
 
 
-def test_region_attributes_and_active_queue(tmp_path, queue, kernels):
+def test_region_attributes_and_active_queue(tmp_path, queue, kernels, chrome):
     path = tmp_path / "attrs.json"
     cltrace.set_queue(queue)
     with cltrace.trace(path):
@@ -196,9 +202,7 @@ def test_region_attributes_and_active_queue(tmp_path, queue, kernels):
             kernels.launch_add(queue)
     tr_spans = _by_name(tracefile.load(path)[0])
     assert tr_spans["r"][0].source == "device"  # the active queue gave it device time
-    import json
-
-    x = [e for e in json.load(open(path)) if e.get("ph") == "X" and e["name"] == "r"]
+    x = [e for e in chrome.read(path).slices if e["name"] == "r"]
     assert len(x) == 2 and all(e["args"]["batch"] == 8 and e["args"]["loss"] == 0.5 for e in x)
 
 

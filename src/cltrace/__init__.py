@@ -14,12 +14,18 @@ from .report import PerfCounter
 from .session import enabled, start, stop, trace
 from .spans import Span
 from .timing import EventTimer, timing
+from .compiler import BuildError, Kernel, Program, ProgramCache, compile
+from .instrument import instrument, uninstrument
+from .profile import LaunchProfile
+from .autotune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, autotune
 
 __all__ = [
     "CltraceError", "EventTimerError", "ProfilingNotEnabledError", "TraceFileError",
     "active_queue", "default_device", "has_profiling", "profiling_queue", "set_queue",
     "RECORDER", "launch", "record_launch", "region", "timing_region", "PerfCounter",
     "enabled", "start", "stop", "trace", "Span", "EventTimer", "timing",
+    "compile", "Program", "Kernel", "LaunchProfile", "instrument", "uninstrument", "ProgramCache", "BuildError",
+    "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial",
 ]
 
 

@@ -10,17 +10,16 @@ from .errors import ProfilingNotEnabledError
 
 PROFILING = cl.command_queue_properties.PROFILING_ENABLE
 
-_profiling_ok: dict[int, bool] = {}
 _default_queue: Any = None
 
 
 def has_profiling(queue: Any) -> bool:
-    """Whether a queue was created with PROFILING_ENABLE (cached per queue)."""
-    ptr = queue.int_ptr
-    ok = _profiling_ok.get(ptr)
-    if ok is None:
-        ok = _profiling_ok[ptr] = bool(queue.properties & PROFILING)
-    return ok
+    """Whether a queue was created with PROFILING_ENABLE.
+
+    Asked of the driver each time (as cheap as a dict lookup): a cache keyed on
+    ``int_ptr`` goes stale when a freed queue's address is reused.
+    """
+    return bool(queue.properties & PROFILING)
 
 
 def require_profiling(queue: Any, what: str) -> None:

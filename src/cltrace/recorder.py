@@ -81,6 +81,7 @@ class Recorder:
             self.overflow = overflow
         if max_pending is not None:
             self.max_pending = max(16, max_pending)
+            self._room = self.max_pending - len(self.resolver.waiting)
         if flush_interval_s is not None:
             self.flush_interval_s = flush_interval_s
 
@@ -89,7 +90,7 @@ class Recorder:
         """Append one raw record. Resolves in a batch only when the cap is reached."""
         pending = self.pending
         pending.append(rec)
-        if len(pending) >= self.max_pending:
+        if len(pending) >= self._room:
             self._drain_backpressure()
 
     # ---- resolution -----------------------------------------------------------
@@ -97,8 +98,11 @@ class Recorder:
         with self._lock:
             self.clocks.maybe_recalibrate()
             self._resolve(block=False)
-            if len(self.pending) + len(self.resolver.waiting) >= self.max_pending:
-                self._resolve(block=True, limit=self.max_pending // 2)
+            # Wait for the oldest so at most half the cap stays in flight: the next
+            # drain is then max_pending // 2 pushes away, not one.
+            excess = len(self.resolver.waiting) - self.max_pending // 2
+            if excess > 0:
+                self._resolve(block=True, limit=excess)
 
     def _resolve(self, block: bool, limit: int | None = None) -> list[Span]:
         pending = self.pending
@@ -108,6 +112,7 @@ class Recorder:
         for _ in range(n):
             batch.append(popleft())
         spans = self.resolver.resolve(batch, block=block, limit=limit)
+        self._room = self.max_pending - len(self.resolver.waiting)
         if spans:
             self._deliver(spans)
         return spans

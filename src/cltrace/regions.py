@@ -16,9 +16,10 @@ from typing import Any, Callable, TypeVar
 import pyopencl as cl
 
 from . import _state
-from .queues import active_queue, require_profiling
+from .errors import ProfilingNotEnabledError
+from .queues import active_queue, has_profiling
 from .recorder import RECORDER, new_id
-from .spans import KERNEL, REGION, STATUS_ERROR
+from .spans import KERNEL, REGION, REGION_CATS, STATUS_ERROR
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,12 +51,13 @@ def current_parent() -> tuple[int, tuple[str, ...]]:
 
 
 class _Region:
-    __slots__ = ("name", "queue", "attrs", "_id", "_parent", "_path", "_hb", "_ev0")
+    __slots__ = ("name", "queue", "attrs", "cat", "_id", "_parent", "_path", "_hb", "_ev0")
 
-    def __init__(self, name: str, queue: Any, attrs: dict[str, Any] | None) -> None:
+    def __init__(self, name: str, queue: Any, attrs: dict[str, Any] | None, cat: str = REGION) -> None:
         self.name = name
         self.queue = queue
         self.attrs = attrs
+        self.cat = cat
 
     def __enter__(self) -> "_Region":
         st = _stack()
@@ -79,7 +81,7 @@ class _Region:
             st.pop()
         else:  # closed out of order (generator/async misuse): remove wherever it is
             st[:] = [e for e in st if e[0] != self._id]
-        _push((REGION, self.name, self._id, self._parent, self._path, _get_ident(), self._hb, he,
+        _push((self.cat, self.name, self._id, self._parent, self._path, _get_ident(), self._hb, he,
                q, self._ev0, ev1, self.attrs,
                STATUS_ERROR if et is not None else None,
                f"{et.__name__}: {ev}" if et is not None else None))
@@ -91,7 +93,8 @@ class _Region:
         self.attrs[key] = value
 
     def __call__(self, fn: F) -> F:
-        return _decorate(fn, self.name, self.queue, self.attrs)
+        attrs = self.attrs if self.cat == REGION else {**(self.attrs or {}), "cat": self.cat}
+        return _decorate(fn, self.name, self.queue, attrs)
 
 
 class _NoopRegion:
@@ -103,7 +106,7 @@ class _NoopRegion:
         pass
 
     def __call__(self, fn: F) -> F:
-        return _decorate(fn, _last_name, _last_queue, None)
+        return _decorate(fn, *_last_call)
 
 
 NOOP = _NoopRegion()
@@ -111,8 +114,9 @@ NOOP = _NoopRegion()
 # (falsy), so exceptions propagate.
 _NoopRegion.__enter__ = itertools.repeat(NOOP).__next__  # type: ignore[attr-defined]
 _NoopRegion.__exit__ = "".format  # type: ignore[attr-defined]
-_last_name: str = ""
-_last_queue: Any = None
+# name, queue, attrs of the last timing_region call made while off, for NOOP(fn).
+# A list written item by item: as cheap as two global stores (benchmarks/bench_core.py).
+_last_call: list[Any] = ["", None, None]
 
 
 def _decorate(fn: F, name: str, queue: Any, attrs: dict[str, Any] | None) -> F:
@@ -131,18 +135,24 @@ def timing_region(name: str, queue: Any = None, **attrs: Any) -> Any:
 
     With ``queue`` (or an active queue from ``cltrace.set_queue``) the region also
     gets a device span on that queue's track, bracketed by two markers. Regions nest
-    per thread; an exception closes the region and marks it failed.
+    per thread; an exception closes the region and marks it failed. ``cat=`` is one of
+    ``spans.REGION_CATS`` (e.g. ``"autotune"``/``"trial"`` for the autotuner's spans); it
+    travels in ``attrs`` so that the off path has no keyword to bind.
     """
-    global _last_name, _last_queue
     if not _state.ENABLED:
-        _last_name = name  # read only if NOOP is then used as a decorator
-        _last_queue = queue
+        last = _last_call  # read only if NOOP is then used as a decorator
+        last[0] = name
+        last[1] = queue
+        last[2] = attrs
         return NOOP
+    cat = attrs.pop("cat", REGION)
+    if cat not in REGION_CATS:
+        raise ValueError(f"timing_region: cat must be one of {sorted(REGION_CATS)}, not {cat!r}")
     if queue is None:
         queue = active_queue()
-    if queue is not None:
-        require_profiling(queue, f"timing_region({name!r})")
-    return _Region(name, queue, attrs or None)
+    if queue is not None and not has_profiling(queue):  # the message is built only on failure
+        raise ProfilingNotEnabledError(f"timing_region({name!r})")
+    return _Region(name, queue, attrs or None, cat)
 
 
 region = timing_region

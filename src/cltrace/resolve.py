@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .spans import REGION, STATUS_ERROR, STATUS_OK, Span
+from .spans import REGION_CATS, STATUS_ERROR, STATUS_OK, Span
+from .tracks import COMPILE_THREAD
 
 log = logging.getLogger("cltrace")
 
@@ -72,8 +73,9 @@ class Resolver:
 
     def _one(self, rec: tuple) -> Span:
         (cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, status, error) = rec
-        host_track = self.tracks.host_thread(thread)
-        if cat != REGION:
+        host_track = (self.tracks.compile_track() if thread == COMPILE_THREAD
+                      else self.tracks.host_thread(thread))
+        if cat not in REGION_CATS:
             path = path + (name,)
         exts = self._child_ext.pop(sid, None)
         span = Span(sid, parent, name, cat, host_track, hb, he, attrs=attrs,
@@ -101,7 +103,7 @@ class Resolver:
         span.dev_submit = s - off
         span.raw_start = st
         span.raw_end = en
-        if cat == REGION:
+        if cat in REGION_CATS:
             ext = exts.get(track) if exts else None
             if ext is not None:
                 # Markers bracket the region's commands on an in-order queue; widen to

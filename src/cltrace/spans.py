@@ -20,6 +20,8 @@ COMPILE = "compile"
 BUILD = "build"
 AUTOTUNE = "autotune"
 TRIAL = "trial"
+# Categories a timing_region may carry: bracketing spans whose path already ends in their name.
+REGION_CATS = frozenset({REGION, AUTOTUNE, TRIAL})
 
 # Where a span's times come from (principle: a number says where it came from).
 SOURCE_DEVICE = "device"  # device stamps exist and were mapped to the host clock

@@ -18,13 +18,14 @@ class EventTimer:
     commands enqueued in between. The timer keeps one pair of event slots and reuses them.
     """
 
-    __slots__ = ("queue", "_ev0", "_ev1")
+    __slots__ = ("queue", "_ev0", "_ev1", "elapsed_ms")
 
     def __init__(self, queue: Any) -> None:
         require_profiling(queue, "EventTimer")
         self.queue = queue
         self._ev0: Any = None
         self._ev1: Any = None
+        self.elapsed_ms: float | None = None  # set when used as a context manager
 
     def start(self) -> None:
         if self._ev0 is not None:

@@ -15,6 +15,10 @@ HOST_THREAD = "thread"
 DEVICE_QUEUE = "queue"
 COMPILE = "compile"
 
+# Pseudo thread ident for raw records: the resolver places such (host-only) spans on
+# the compile track instead of a host thread track. Real thread idents are never 0.
+COMPILE_THREAD = 0
+
 
 @dataclass
 class Track:

@@ -1,0 +1,180 @@
+"""LaunchProfile on real OpenCL (PoCL): first and later launches, compile kept apart from kernel
+time, accumulation over reused profiles, and launches nested in regions (Chrome JSON)."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import cltrace
+from cltrace.compiler import ProgramCache, default_cache
+from cltrace.errors import CltraceError, ProfilingNotEnabledError
+from cltrace.recorder import RECORDER
+
+SOURCE = """
+__kernel void add(__global float *a, __global const float *b) {
+    int i = get_global_id(0);
+    a[i] += b[i];
+}
+__kernel void spin(__global float *a, const int iters) {
+    int i = get_global_id(0);
+    float x = a[i];
+    for (int k = 0; k < iters; ++k) x = x * 0.999f + 0.5f;
+    a[i] = x;
+}
+"""
+N = 1024
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLTRACE_CACHE_DIR", str(tmp_path / "cache"))
+    default_cache().clear()
+
+
+@pytest.fixture()
+def bufs(cl_ctx: Any) -> tuple[Any, Any]:
+    mf = cl.mem_flags
+    host = np.ones(N, np.float32)
+    return (cl.Buffer(cl_ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host),
+            cl.Buffer(cl_ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host))
+
+
+def stamps(ev: Any) -> tuple[int, int, int, int]:
+    ev.wait()
+    p = ev.profile
+    return p.queued, p.submit, p.start, p.end
+
+
+def test_first_launch_carries_compile_apart_from_kernel_time(cl_ctx: Any, queue: Any, bufs: Any,
+                                                             tmp_path: Any) -> None:
+    a, b = bufs
+    with cltrace.trace():
+        prg = cltrace.compile(SOURCE, context=cl_ctx, cache=ProgramCache(tmp_path / "p"))
+        first = cltrace.LaunchProfile()
+        ev = prg.add[N, 64, queue](a, b, profile=first)
+        later = cltrace.LaunchProfile()
+        ev2 = prg.add[N, 64, queue](a, b, profile=later)
+    assert first.event is ev and later.event is ev2
+    assert prg.cache_hit == "miss" and first.from_cache is False and later.from_cache is False
+    # The compile is reported apart: charged to the first launch only, never inside kernel time.
+    assert first.compile_ns >= prg.compile_ns > 0
+    assert later.compile_ns == 0
+    for p, e in ((first, ev), (later, ev2)):
+        q, s, st, en = stamps(e)
+        assert p.device_stamps == (q, s, st, en)
+        assert p.kernel_ns == en - st
+        assert p.queued_ns <= p.submit_ns <= p.start_ns <= p.end_ns
+        assert p.end_ns - p.start_ns == p.kernel_ns
+        assert p.enqueue_ns == p.host_end_ns - p.host_begin_ns > 0
+        assert p.count == 1 and p.total_ns == p.kernel_ns
+    spans = RECORDER.spans()
+    compile_top = next(s for s in spans if s.cat == "compile" and s.name.startswith("compile "))
+    kernel = [s for s in spans if s.cat == "kernel"]
+    assert [k.device_ns for k in kernel] == [first.kernel_ns, later.kernel_ns]
+    # Host timeline: the compile ended before the first launch's enqueue began, and the
+    # profile's mapped stamps are the span's device placement.
+    assert compile_top.host_end <= first.host_begin_ns
+    assert (kernel[0].dev_start, kernel[0].dev_end) == (first.start_ns, first.end_ns)
+    assert kernel[0].host_begin == first.host_begin_ns and kernel[0].host_end == first.host_end_ns
+
+
+def test_cache_hit_launch_reports_from_cache(cl_ctx: Any, queue: Any, bufs: Any) -> None:
+    cltrace.compile(SOURCE, context=cl_ctx)
+    prg = cltrace.compile(SOURCE, context=cl_ctx)
+    p = cltrace.LaunchProfile()
+    prg.add(queue, (N,), None, *bufs, profile=p)
+    assert prg.cache_hit == "memory" and p.from_cache is True
+    assert p.compile_ns >= prg.compile_ns and p.kernel_ns > 0
+
+
+def test_reused_profile_accumulates_and_keeps_last_launch_fields(cl_ctx: Any, queue: Any, bufs: Any) -> None:
+    prg = cltrace.compile(SOURCE, context=cl_ctx)
+    a, _ = bufs
+    p = cltrace.LaunchProfile()
+    assert p.count == 0 and p.total_ns == 0 and p.mean_ns is None and p.min_ns is None
+    with pytest.raises(CltraceError, match="no launch recorded"):
+        p.kernel_ns
+    events = []
+    for iters in (10, 400, 50, 2000, 5):
+        events.append(prg.spin[N, None, queue](a, np.int32(iters), profile=p))
+        if iters == 50:
+            assert p.count == 3 and p.kernel_ns == stamps(events[-1])[3] - stamps(events[-1])[2]
+    ns = [stamps(e)[3] - stamps(e)[2] for e in events]
+    assert p.count == 5
+    assert p.total_ns == sum(ns)
+    assert p.min_ns == min(ns) and p.max_ns == max(ns)
+    assert p.mean_ns == pytest.approx(sum(ns) / 5)
+    assert p.event is events[-1] and p.kernel_ns == ns[-1]
+    assert p.compile_ns == 0, "only a kernel's first launch carries the compile"
+    d = p.as_dict()
+    assert d["count"] == 5 and d["total_ns"] == sum(ns) and d["kernel_ns"] == ns[-1]
+    p.reset()
+    assert p.count == 0 and p.total_ns == 0 and p.event is None
+    prg.spin[N, None, queue](a, np.int32(3), profile=p)
+    assert p.count == 1 and p.total_ns == p.kernel_ns
+
+
+def test_reading_a_field_waits_for_that_launch_only(cl_ctx: Any, queue: Any, bufs: Any) -> None:
+    prg = cltrace.compile(SOURCE, context=cl_ctx)
+    a, b = bufs
+    p = cltrace.LaunchProfile()
+    prg.add[N, None, queue](a, b, profile=p)
+    slow = prg.spin[N, None, queue](a, np.int32(200_000))
+    assert p.kernel_ns > 0
+    assert slow.command_execution_status != cl.command_execution_status.COMPLETE
+    slow.wait()
+
+
+def test_profile_needs_a_profiling_queue(cl_ctx: Any, plain_queue: Any, bufs: Any) -> None:
+    prg = cltrace.compile(SOURCE, context=cl_ctx)
+    p = cltrace.LaunchProfile()
+    with pytest.raises(ProfilingNotEnabledError, match="PROFILING_ENABLE"):
+        prg.add[N, None, plain_queue](*bufs, profile=p)
+    with pytest.raises(ProfilingNotEnabledError):
+        prg.add(plain_queue, (N,), None, *bufs, profile=p)
+    assert p.count == 0
+    prg.add[N, None, plain_queue](*bufs).wait()  # no profile asked: fine
+
+
+def test_launches_nest_in_regions_with_flows(cl_ctx: Any, queue: Any, bufs: Any, tmp_path: Any,
+                                             chrome: Any) -> None:
+    prg = cltrace.compile(SOURCE, context=cl_ctx)
+    a, b = bufs
+    out = tmp_path / "t.json"
+    p = cltrace.LaunchProfile()
+    with cltrace.trace(str(out)):
+        with cltrace.region("step", queue):
+            with cltrace.region("fwd", queue):
+                prg.add[N, 64, queue](a, b, profile=p)
+                prg.spin[N, None, queue](a, np.int32(100))
+            prg.add(queue, (N,), None, a, b)
+    tr = chrome.read(out)
+    assert not tr.misnested()
+    assert not tr.children_outside_parents()
+    pl = tr.placements()
+    by_name: dict[str, list[int]] = {}
+    for sid, where in pl.items():
+        by_name.setdefault(where["host"]["name"], []).append(sid)
+    (step,), (fwd,) = by_name["step"], by_name["fwd"]
+    adds, (spin,) = sorted(by_name["add"]), by_name["spin"]
+    assert pl[fwd]["host"]["args"]["parent"] == step
+    assert [pl[s]["host"]["args"]["parent"] for s in adds] == [fwd, step]
+    assert pl[spin]["host"]["args"]["parent"] == fwd
+    for sid in (*adds, spin):
+        assert pl[sid]["device"]["args"]["source"] == "device"
+        assert pl[sid]["host"]["cat"] == "kernel"
+    # One flow per launch, from the host slice to the device slice; none for regions.
+    starts = {e["id"]: e for e in tr.events if e.get("ph") == "s"}
+    ends = {e["id"]: e for e in tr.events if e.get("ph") == "f"}
+    assert set(starts) == set(ends) == {*adds, spin}
+    for sid in starts:
+        assert (starts[sid]["pid"], starts[sid]["tid"]) == (pl[sid]["host"]["pid"], pl[sid]["host"]["tid"])
+        assert (ends[sid]["pid"], ends[sid]["tid"]) == (pl[sid]["device"]["pid"], pl[sid]["device"]["tid"])
+    # The profile's device interval is the first add's device slice.
+    dev = pl[adds[0]]["device"]
+    b0, e0 = tr.interval(dev)
+    assert abs((e0 - b0) - p.kernel_ns) <= 1
+    assert abs(b0 - (p.start_ns - RECORDER.start_ns)) <= 1
