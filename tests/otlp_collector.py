@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -85,6 +86,7 @@ class RotelCollector:
 
     def __exit__(self, *exc: Any) -> None:
         self.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     def output(self) -> str:
         with open(self.out_path, encoding="utf-8", errors="replace") as fh:

@@ -142,7 +142,6 @@ _FLOW_TAGS = np.frombuffer(b"\0\0" + TE_FLOW + TE_TFLOW, np.uint8).reshape(3, 2)
 _SPAN_FIELDS = tuple(map(attrgetter, ("id", "parent", "thread", "host_begin", "host_end", "cat", "name",
                                       "device_track", "attrs", "status")))
 _DEVICE_FIELDS = tuple(map(attrgetter, ("device_track", "dev_start", "dev_end", "raw_start", "raw_end")))
-_KEY_SEP = "\0"
 
 
 def _frame(body: bytes) -> bytes:
@@ -198,7 +197,13 @@ _VLEN_EDGES = np.array([1 << (7 * k) for k in range(1, 10)], dtype=_U64)
 
 def _vlen(u: np.ndarray) -> np.ndarray:
     """Varint byte counts of uint64 values."""
-    return np.searchsorted(_VLEN_EDGES, u, side="right").astype(np.int64) + 1
+    n = np.ones(len(u), np.int64)
+    for edge in _VLEN_EDGES:
+        more = u >= edge
+        if not more.any():
+            break
+        n += more
+    return n
 
 
 class _Pool:
@@ -298,17 +303,20 @@ def _put_varints(out: np.ndarray, pos: np.ndarray, u: np.ndarray, ln: np.ndarray
 
 
 def _put_ragged(out: np.ndarray, dst: np.ndarray, buf: np.ndarray, src: np.ndarray, ln: np.ndarray) -> None:
+    """Copies buf[src[i]:src[i]+ln[i]] to out[dst[i]:], one pass per distinct length (there are few)."""
     if not len(ln):
         return
-    width = int(ln[0])
-    if (ln == width).all():  # the usual case: one template length for every row
+    lo, hi = int(ln.min()), int(ln.max())
+    for width in range(lo, hi + 1) if hi - lo < 16 else np.unique(ln).tolist():
+        if lo == hi:
+            d, s_ = dst, src
+        else:
+            m = ln == width
+            if not m.any():
+                continue
+            d, s_ = dst[m], src[m]
         step = np.arange(width)
-        out[dst[:, None] + step] = buf[src[:, None] + step]
-        return
-    total = int(ln.sum())
-    starts = np.cumsum(ln) - ln
-    step = np.arange(total) - np.repeat(starts, ln)
-    out[np.repeat(dst, ln) + step] = buf[np.repeat(src, ln) + step]
+        out[d[:, None] + step] = buf[s_[:, None] + step]
 
 
 # ---- per-track sequences ------------------------------------------------------------
@@ -361,8 +369,8 @@ class PerfettoTraceSink:
         self._seqs: dict[int, _Seq] = {}
         self._pool = _Pool()
         self._prefixes: dict[int, int] = {}  # track << 32 | name code -> pool id of the BEGIN prefix
-        self._name_codes: dict[str, int] = {}  # "cat\0name" -> code
-        self._code_list: list[str] = []
+        self._name_codes: dict[tuple[str, str], int] = {}  # (cat, name) -> code
+        self._code_list: list[tuple[str, str]] = []
         self._device_uuids: dict[str, int] = {}
         self._next_uuid = SYNTHETIC_UUID + 1
         self._process_uuid = SYNTHETIC_UUID
@@ -475,9 +483,14 @@ class PerfettoTraceSink:
         need = set(compress(range(n), attrs))
         if statuses.count(STATUS_OK) != n:
             need.update(i for i, st in enumerate(statuses) if st != STATUS_OK)
+        prev: tuple = (None, None, None, None)
         for i in sorted(need):
-            xid[i] = len(extras)
-            extras.append(self._extra(spans[i], threads[i]))
+            sp = spans[i]
+            a, st, err, t = sp.attrs, sp.status, sp.error, threads[i]
+            if a != prev[0] or st != prev[1] or err != prev[2] or t != prev[3]:  # launches repeat their attrs
+                prev = (a, st, err, t)
+                extras.append(self._extra(sp, t))
+            xid[i] = len(extras) - 1
         thr = np.array(threads, np.int64)
         dv = list(compress(range(n), placed))
         m = len(dv)
@@ -535,32 +548,28 @@ class PerfettoTraceSink:
 
     def _prefix_ids(self, tracks: np.ndarray, cats: list[str], names: list[str]) -> np.ndarray:
         """Pool ids of the BEGIN prefixes (type, category, name) of rows on the given tracks."""
-        keys = list(map(str.__add__, cats, map(_KEY_SEP.__add__, names)))
-        codes = list(map(self._name_codes.get, keys))
+        codes = list(map(self._name_codes.get, zip(cats, names)))
         if None in codes:
-            for k in set(compress(keys, map(is_, codes, repeat(None)))):
+            for k in set(compress(zip(cats, names), map(is_, codes, repeat(None)))):
                 self._name_codes[k] = len(self._name_codes)
-            codes = list(map(self._name_codes.__getitem__, keys))
+                self._code_list.append(k)
+            codes = list(map(self._name_codes.__getitem__, zip(cats, names)))
         combo = (tracks << 32) | np.array(codes, np.int64)
         uniq, inverse = np.unique(combo, return_inverse=True)
         pool_ids = []
         for c in uniq.tolist():
             pid = self._prefixes.get(c)
             if pid is None:
-                cat, name = self._code_names(c & 0xFFFFFFFF)
+                cat, name = self._code_list[c & 0xFFFFFFFF]
                 pid = self._prefixes[c] = self._prefix(c >> 32, cat, name)
             pool_ids.append(pid)
         return np.array(pool_ids, np.int64)[inverse]
 
-    def _code_names(self, code: int) -> tuple[str, str]:
-        if len(self._code_list) != len(self._name_codes):
-            self._code_list = sorted(self._name_codes, key=self._name_codes.__getitem__)
-        cat, _, name = self._code_list[code].partition(_KEY_SEP)
-        return cat, name
-
     def _counter_rows(self, spans: list[Span], cats: tuple, attrs: tuple, group: np.ndarray, md: np.ndarray,
                       head: list[bytes], extras: list[bytes]) -> np.ndarray | None:
         """Cumulative bytes-transferred samples, at the end of each transfer that says its size."""
+        if TRANSFER not in cats:
+            return None
         out = []
         for i, (c, a) in enumerate(zip(cats, attrs)):
             if c != TRANSFER or not a:
