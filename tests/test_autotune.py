@@ -15,6 +15,7 @@ import pyopencl as cl
 import pytest
 
 import cltrace
+from cltrace.regions import category_region
 from cltrace import tunedb
 from cltrace.autotune import AutotuneResult, Autotuner, Config, DeviceLimits, KernelTemplate, Trial, autotune
 from cltrace.compiler import device_key
@@ -203,7 +204,7 @@ def test_progress_bar_on_request(tuner: Autotuner, problem: MatmulProblem,
 def test_region_categories_are_checked() -> None:
     cltrace.start()
     with pytest.raises(ValueError, match="cat must be one of"):
-        cltrace.timing_region("x", cat="kernel")
+        category_region("x", None, None, "kernel")
 
 
 def test_a_callable_must_return_events(tuner: Autotuner) -> None:

@@ -176,7 +176,7 @@ def test_a_process_killed_after_a_flush_leaves_a_readable_trace(tmp_path):
         buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 64)
         cltrace.start({str(path)!r})
         for i in range(50):
-            with cltrace.region("step", q, i=i):
+            with cltrace.region("step", q, {{"i": i}}):
                 cltrace.launch(k, q, (64,), None, buf)
         RECORDER.flush()
         print(RECORDER.recorded, flush=True)

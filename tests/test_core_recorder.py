@@ -41,7 +41,7 @@ def _regions(n: int, name: str = "r") -> list[int]:
     """Record ``n`` host-only regions; their span ids (recorded or not)."""
     ids = []
     for i in range(n):
-        with cltrace.region(name, i=i) as r:
+        with cltrace.region(name, None, {"i": i}) as r:
             pass
         ids.append(getattr(r, "_id", None))
     return ids

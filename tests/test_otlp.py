@@ -66,7 +66,7 @@ def traced_workload(kernels: Any, queue: Any, cache_dir: str) -> None:
     failed) and a failing region."""
     with cltrace.region("train", queue):
         for step in range(2):
-            with cltrace.region("step", queue, step=step):
+            with cltrace.region("step", queue, {"step": step}):
                 kernels.launch_add(queue)
                 kernels.launch_spin(queue, 50)
         with cltrace.region("host side"):

@@ -1,3 +1,4 @@
-"""The one module flag every hot path reads first. Nothing else lives here."""
+"""The module flags every hot path reads first. Nothing else lives here."""
 
-ENABLED = False
+ENABLED = False  # tracing on
+INSTRUMENTED = False  # pyopencl hooks installed (cltrace.instrument): they record launches themselves

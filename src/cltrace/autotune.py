@@ -40,7 +40,7 @@ import pyopencl as cl
 from . import tunedb
 from .compiler import BuildError, compile as _compile, default_queue, device_key
 from .queues import active_queue, require_profiling
-from .regions import timing_region
+from .regions import category_region
 from .spans import AUTOTUNE, TRIAL
 from .timing import _events_of, _span_ns
 
@@ -674,8 +674,8 @@ class Autotuner:
         if show is None:
             show = sys.stderr.isatty()
 
-        with timing_region(f"autotune {name}", self.queue, cat=AUTOTUNE, kernel=name,
-                           device=self.limits.device_key, strategy=strategy) as region:
+        with category_region(f"autotune {name}", self.queue, {"kernel": name, "device": self.limits.device_key,
+                                                              "strategy": strategy}, AUTOTUNE) as region:
             sp = self.space(kernel_fn, workgroup_sizes, tile_sizes, unroll_factors)
             runner = _Runner(self, kernel_fn, template, args, n_warmup, n, out, rtol, atol)
             if strategy == "grid":
@@ -836,7 +836,7 @@ class _Runner:
 
     def run(self, config: Config) -> Trial:
         q = self.tuner.queue
-        with timing_region(f"trial {config.label()}", q, cat=TRIAL, **config.as_dict()) as region:
+        with category_region(f"trial {config.label()}", q, dict(config.as_dict()), TRIAL) as region:
             trial = self._trial(config)
             region.set("status", trial.status)
             if trial.ok:

@@ -297,7 +297,7 @@ def instrument() -> None:
         for owner, attr, hook in _hooks():
             _saved.append((owner, attr, attr in vars(owner), getattr(owner, attr)))
             setattr(owner, attr, hook)
-        ACTIVE = True
+        ACTIVE = _state.INSTRUMENTED = True
 
 
 def _set_originals(ndrange: Any, copy: Any, fill: Any, build: Any, queue: Any) -> None:
@@ -309,7 +309,7 @@ def uninstrument() -> None:
     """Put back every pyopencl attribute ``instrument()`` replaced (the very same objects)."""
     global ACTIVE
     with _lock:
-        ACTIVE = False
+        ACTIVE = _state.INSTRUMENTED = False
         while _saved:
             owner, attr, own, original = _saved.pop()
             if own:
@@ -319,4 +319,5 @@ def uninstrument() -> None:
 
 
 def instrumented() -> bool:
-    return bool(_saved)
+    """Whether the hooks are installed."""
+    return ACTIVE

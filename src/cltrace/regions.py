@@ -27,26 +27,28 @@ _perf = time.perf_counter_ns
 _marker = cl.enqueue_marker
 _get_ident = threading.get_ident
 _push = RECORDER.push
-_tls = threading.local()
 _ROOT: tuple[int, tuple[str, ...]] = (0, ())
 
 
-def _stack() -> list[tuple[int, tuple[str, ...]]]:
-    try:
-        return _tls.stack
-    except AttributeError:
-        st = _tls.stack = []
+class _ThreadState(threading.local):
+    """Per-thread region stack; created on a thread's first region or launch."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[int, tuple[str, ...]]] = []
         # Name the host track now: by resolve time a short-lived thread has exited.
         RECORDER.tracks.host_thread(_get_ident(), threading.current_thread().name)
-        return st
+
+
+_tls = _ThreadState()
+
+
+def _stack() -> list[tuple[int, tuple[str, ...]]]:
+    return _tls.stack
 
 
 def current_parent() -> tuple[int, tuple[str, ...]]:
     """(span id, path) of the innermost open region on this thread, or the root."""
-    try:
-        st = _tls.stack
-    except AttributeError:
-        return _ROOT
+    st = _tls.stack
     return st[-1] if st else _ROOT
 
 
@@ -93,8 +95,7 @@ class _Region:
         self.attrs[key] = value
 
     def __call__(self, fn: F) -> F:
-        attrs = self.attrs if self.cat == REGION else {**(self.attrs or {}), "cat": self.cat}
-        return _decorate(fn, self.name, self.queue, attrs)
+        return _decorate(fn, self.name, self.queue, self.attrs, self.cat)
 
 
 class _NoopRegion:
@@ -106,7 +107,7 @@ class _NoopRegion:
         pass
 
     def __call__(self, fn: F) -> F:
-        return _decorate(fn, *_last_call)
+        return _decorate(fn, _last_name, _last_queue, _last_attrs, REGION)
 
 
 NOOP = _NoopRegion()
@@ -114,45 +115,58 @@ NOOP = _NoopRegion()
 # (falsy), so exceptions propagate.
 _NoopRegion.__enter__ = itertools.repeat(NOOP).__next__  # type: ignore[attr-defined]
 _NoopRegion.__exit__ = "".format  # type: ignore[attr-defined]
-# name, queue, attrs of the last timing_region call made while off, for NOOP(fn).
-# A list written item by item: as cheap as two global stores (benchmarks/bench_core.py).
-_last_call: list[Any] = ["", None, None]
+# Arguments of the last timing_region call made while off, read if NOOP decorates a function.
+_last_name: str = ""
+_last_queue: Any = None
+_last_attrs: dict[str, Any] | None = None
 
 
-def _decorate(fn: F, name: str, queue: Any, attrs: dict[str, Any] | None) -> F:
+def _decorate(fn: F, name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not _state.ENABLED:
             return fn(*args, **kwargs)
-        with timing_region(name, queue, **(attrs or {})):
+        with _open(name, queue, dict(attrs) if attrs else None, cat):
             return fn(*args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 
 
-def timing_region(name: str, queue: Any = None, **attrs: Any) -> Any:
+def timing_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = None) -> Any:
     """A named region of work: ``with timing_region("forward", queue):`` or ``@timing_region("step")``.
 
     With ``queue`` (or an active queue from ``cltrace.set_queue``) the region also
     gets a device span on that queue's track, bracketed by two markers. Regions nest
-    per thread; an exception closes the region and marks it failed. ``cat=`` is one of
-    ``spans.REGION_CATS`` (e.g. ``"autotune"``/``"trial"`` for the autotuner's spans); it
-    travels in ``attrs`` so that the off path has no keyword to bind.
+    per thread; an exception closes the region and marks it failed. ``attrs`` are
+    attached to the span. Off, this is one flag read, three global stores (kept for
+    ``NOOP`` used as a decorator) and the shared ``NOOP``: nothing is allocated.
     """
+    global _last_name, _last_queue, _last_attrs
     if not _state.ENABLED:
-        last = _last_call  # read only if NOOP is then used as a decorator
-        last[0] = name
-        last[1] = queue
-        last[2] = attrs
+        _last_name = name
+        _last_queue = queue
+        _last_attrs = attrs
         return NOOP
-    cat = attrs.pop("cat", REGION)
+    return _open(name, queue, attrs, REGION)
+
+
+def category_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = None,
+                    cat: str = REGION) -> Any:
+    """``timing_region`` with another category from ``spans.REGION_CATS`` (the autotuner's
+    ``"autotune"``/``"trial"`` spans). Not usable as a decorator while tracing is off."""
+    if not _state.ENABLED:
+        return NOOP
+    return _open(name, queue, attrs, cat)
+
+
+def _open(name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> "_Region":
     if cat not in REGION_CATS:
-        raise ValueError(f"timing_region: cat must be one of {sorted(REGION_CATS)}, not {cat!r}")
+        raise ValueError(f"cat must be one of {sorted(REGION_CATS)}, not {cat!r}")
     if queue is None:
         queue = active_queue()
     if queue is not None and not has_profiling(queue):  # the message is built only on failure
         raise ProfilingNotEnabledError(f"timing_region({name!r})")
-    return _Region(name, queue, attrs or None, cat)
+    return _Region(name, queue, attrs, cat)
 
 
 region = timing_region
@@ -165,10 +179,7 @@ def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: 
     The event is resolved later in a batch; nothing waits here. Pass ``queue=None``
     (or ``event=None``) for an explicitly host-only span.
     """
-    try:
-        st = _tls.stack
-    except AttributeError:
-        st = _stack()
+    st = _tls.stack
     parent, path = st[-1] if st else _ROOT
     sid = new_id()
     _push((cat, name, sid, parent, path, _get_ident(), host_begin, host_end,
@@ -178,8 +189,11 @@ def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: 
 
 def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: Any,
            wait_for: Any = None, name: str | None = None) -> Any:
-    """Enqueue a pyopencl kernel and record it (when tracing is on). Returns the event."""
-    if not _state.ENABLED:
+    """Enqueue a pyopencl kernel and record it (when tracing is on). Returns the event.
+
+    Under ``cltrace.instrument()`` pyopencl's own launch is recorded, so this records nothing more.
+    """
+    if not _state.ENABLED or _state.INSTRUMENTED:
         return kernel(queue, global_size, local_size, *args, wait_for=wait_for)
     hb = _perf()
     ev = kernel(queue, global_size, local_size, *args, wait_for=wait_for)

@@ -42,7 +42,7 @@ import os
 import threading
 import time
 from itertools import compress, repeat
-from operator import attrgetter, is_, is_not
+from operator import attrgetter, is_, is_not, ne, not_
 from typing import IO, Any, Sequence
 
 import numpy as np
@@ -136,11 +136,13 @@ _MAX_HELD_GROUPS = 4096
 _NCOLS = 15
 _FLOW_OUT, _FLOW_IN = 1, 2
 _FLOW_TAGS = np.frombuffer(b"\0\0" + TE_FLOW + TE_TFLOW, np.uint8).reshape(3, 2)  # by C_FLOW
+_TYPES = np.array([BEGIN, END, COUNTER], np.uint8)  # by C_K2
+_ABS_CLOCK = P_CLOCK + _uv(MONOTONIC)
 
 # Columns are read one attribute at a time: lists of ints and strings are not tracked by the
 # garbage collector, whereas a tuple per span would trigger collections on every batch.
 _SPAN_FIELDS = tuple(map(attrgetter, ("id", "parent", "thread", "host_begin", "host_end", "cat", "name",
-                                      "device_track", "attrs", "status")))
+                                      "device_track", "attrs", "status", "error")))
 _DEVICE_FIELDS = tuple(map(attrgetter, ("device_track", "dev_start", "dev_end", "raw_start", "raw_end")))
 
 
@@ -227,66 +229,93 @@ class _Pool:
 
 
 class _Layout:
-    """Writes rows of protobuf fields: varints, fixed64s, single bytes and pooled byte strings."""
+    """Rows of protobuf fields (constants, varints, per-row fixed bytes, pooled byte strings), laid out
+    column by column: each field is one vectorized pass over the rows that have it (``rows``: an index
+    array, or None for all rows)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
-        self.fields: list[tuple[str, Any, Any, np.ndarray]] = []
+        self.fields: list[list[Any]] = []
 
-    def const(self, byte: int, mask: np.ndarray | None = None) -> np.ndarray:
-        ln = np.ones(self.n, np.int64) if mask is None else mask.astype(np.int64)
-        self.fields.append(("c", byte, None, ln))
+    def _add(self, kind: str, rows: np.ndarray | None, data: Any, extra: Any, ln: np.ndarray) -> np.ndarray:
+        self.fields.append([kind, rows, data, extra, ln])
         return ln
 
-    def varint(self, values: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
-        u = values.view(_U64) if values.dtype == np.int64 else values.astype(_U64)
-        ln = _vlen(u)
-        if mask is not None:
-            ln = np.where(mask, ln, 0)
-        self.fields.append(("v", u, None, ln))
+    def const(self, data: bytes, rows: np.ndarray | None = None) -> np.ndarray:
+        ln = np.full(self.n if rows is None else len(rows), len(data), np.int64)
+        return self._add("c", rows, np.frombuffer(data, np.uint8), None, ln)
+
+    def fixed(self, rec: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Per-row bytes of one width: ``rec`` has shape (rows, width)."""
+        return self._add("f", rows, rec, None, np.full(len(rec), rec.shape[1], np.int64))
+
+    def varint(self, values: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        u = values.view(_U64)
+        return self._add("v", rows, u, None, _vlen(u))
+
+    def length(self) -> int:
+        """A varint over all rows whose values are given later with ``set_length``."""
+        self._add("v", None, None, None, np.zeros(self.n, np.int64))
+        return len(self.fields) - 1
+
+    def set_length(self, at: int, values: np.ndarray) -> np.ndarray:
+        u = values.view(_U64)
+        self.fields[at][2] = u
+        self.fields[at][4] = ln = _vlen(u)
         return ln
 
-    def fixed64(self, tags: np.ndarray, values: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        """A two-byte field tag (row of ``tags``) and a little-endian fixed64 value."""
-        ln = mask.astype(np.int64) * 10
-        rec = np.empty((self.n, 10), np.uint8)
-        rec[:, :2] = tags
-        rec[:, 2:] = values.astype("<u8").reshape(-1, 1).view(np.uint8)
-        self.fields.append(("f", rec, None, ln))
-        return ln
-
-    def pooled(self, ids: np.ndarray, pool: _Pool) -> np.ndarray:
+    def pooled(self, ids: np.ndarray, pool: _Pool, rows: np.ndarray | None = None) -> np.ndarray:
         buf, off, lens = pool.arrays()
-        has = ids >= 0
-        ln = np.where(has, lens[np.where(has, ids, 0)], 0) if len(lens) else np.zeros(self.n, np.int64)
-        self.fields.append(("p", ids, (buf, off), ln))
-        return ln
+        return self._add("p", rows, ids, (buf, off), lens[ids])
+
+    def annotation(self, headers: np.ndarray, values: np.ndarray, pool: _Pool, rows: np.ndarray) -> None:
+        """An int debug annotation: the pooled header for the value's varint length, then the varint.
+
+        ``headers`` are pool ids of each row's header for a one-byte value; the next nine ids hold the
+        headers for longer values.
+        """
+        u = values.view(_U64)
+        ln = _vlen(u)
+        self.pooled(headers + ln - 1, pool, rows)
+        self._add("v", rows, u, None, ln)
+
+    def total(self, first: int = 0) -> np.ndarray:
+        """Bytes per row of the fields from index ``first`` on."""
+        total = np.zeros(self.n, np.int64)
+        for _, rows, _, _, ln in self.fields[first:]:
+            if rows is None:
+                total += ln
+            else:
+                total[rows] += ln
+        return total
 
     def bytes(self) -> bytes:
-        total = np.zeros(self.n, np.int64)
-        for f in self.fields:
-            total += f[3]
+        total = self.total()
         end = np.cumsum(total)
         out = np.empty(int(end[-1]) if self.n else 0, np.uint8)
         pos = end - total
-        for kind, data, extra, ln in self.fields:
-            sel = ln > 0
-            if sel.all():
-                p, ls = pos, ln
-                d = data
+        for kind, rows, data, extra, ln in self.fields:
+            if rows is None:
+                p = pos
+            elif len(rows):
+                p = pos[rows]
             else:
-                p, ls = pos[sel], ln[sel]
-                d = data[sel] if kind != "c" else data
-            if kind == "c":
-                out[p] = d
-            elif kind == "v":
-                _put_varints(out, p, d, ls)
-            elif kind == "f":
-                out[p[:, None] + np.arange(10)] = d
-            else:
+                continue
+            if kind == "v":
+                _put_varints(out, p, data, ln)
+            elif kind == "p":
                 buf, off = extra
-                _put_ragged(out, p, buf, off[d], ls)
-            pos += ln
+                _put_ragged(out, p, buf, off[data], ln)
+            else:
+                w = data.shape[-1]
+                if w == 1:
+                    out[p] = data[..., 0] if data.ndim == 2 else data[0]
+                else:
+                    out[p[:, None] + np.arange(w)] = data
+            if rows is None:
+                pos += ln
+            else:
+                pos[rows] += ln
         return out.tobytes()
 
 
@@ -294,8 +323,10 @@ def _put_varints(out: np.ndarray, pos: np.ndarray, u: np.ndarray, ln: np.ndarray
     k = 0
     while len(pos):
         more = ln > k + 1
-        b = ((u & _U64(0x7F)) | np.where(more, _U64(0x80), _U64(0))).astype(np.uint8)
-        out[pos + k] = b
+        if not more.any():  # last byte of every remaining value
+            out[pos + k] = u.astype(np.uint8)
+            return
+        out[pos + k] = (u & _U64(0x7F)).astype(np.uint8) | (more.view(np.uint8) << 7)
         if not more.all():
             pos, u, ln = pos[more], u[more], ln[more]
         u = u >> _U64(7)
@@ -385,7 +416,6 @@ class PerfettoTraceSink:
         self._since_flush = 0
         self.bytes_written = 0
         self.packets_written = 0
-        self._end = self._pool.add(TE_TYPE + _uv(END))
 
     # -- SpanSink ---------------------------------------------------------------
     def start(self, recorder: Any) -> None:
@@ -428,8 +458,8 @@ class PerfettoTraceSink:
             return
         head: list[bytes] = []
         rows, extras, arrivals = self._rows(list(spans), head)
-        rows, extras = self._hold_back(rows, extras, arrivals)
-        self._emit(b"".join(head) + self._encode(rows, extras))
+        rows, now = self._hold_back(rows, extras, arrivals)
+        self._emit(b"".join(head) + self._encode(rows, extras, now))
         self._since_flush += len(spans)
         if self._since_flush >= self.flush_every:
             self._since_flush = 0
@@ -468,7 +498,7 @@ class PerfettoTraceSink:
         Also returns (id, group) of the spans that may be parents, for ``_hold_back``.
         """
         n = len(spans)
-        (sids, parents, threads, hbs, hes, cats, names, dts, attrs, statuses) = [
+        (sids, parents, threads, hbs, hes, cats, names, dts, attrs, statuses, errors) = [
             list(map(f, spans)) for f in _SPAN_FIELDS]
         ids = np.array(sids, np.int64)
         par = np.array(parents, np.int64)
@@ -478,20 +508,18 @@ class PerfettoTraceSink:
         group, md, arrivals = self._groups(cats, ids, par)
         placed = list(map(is_not, dts, repeat(None)))
         flows = np.array(placed) & ~np.array(list(map(REGION_CATS.__contains__, cats)))
-        extras: list[bytes] = []
-        xid = [-1] * n
-        need = set(compress(range(n), attrs))
-        if statuses.count(STATUS_OK) != n:
-            need.update(i for i, st in enumerate(statuses) if st != STATUS_OK)
-        prev: tuple = (None, None, None, None)
-        for i in sorted(need):
-            sp = spans[i]
-            a, st, err, t = sp.attrs, sp.status, sp.error, threads[i]
-            if a != prev[0] or st != prev[1] or err != prev[2] or t != prev[3]:  # launches repeat their attrs
-                prev = (a, st, err, t)
-                extras.append(self._extra(sp, t))
-            xid[i] = len(extras) - 1
         thr = np.array(threads, np.int64)
+        need = np.array(list(map(bool, attrs)))
+        if statuses.count(STATUS_OK) != n:
+            need |= np.array(list(map(STATUS_OK.__ne__, statuses)))
+        changed = np.ones(n, bool)  # launches repeat their attributes: encode each run of equal ones once
+        if n > 1:
+            changed[1:] = (np.array(list(map(ne, attrs[1:], attrs[:-1]))) | (thr[1:] != thr[:-1])
+                           | np.array(list(map(ne, statuses[1:], statuses[:-1])))
+                           | np.array(list(map(ne, errors[1:], errors[:-1]))))
+        new = need & changed
+        extras = [self._extra(spans[i], threads[i]) for i in np.flatnonzero(new).tolist()]
+        xid = np.where(need, np.cumsum(new) - 1, -1)
         dv = list(compress(range(n), placed))
         m = len(dv)
         rows = np.zeros((2 * n + 2 * m, _NCOLS), np.int64)
@@ -506,11 +534,11 @@ class PerfettoTraceSink:
         h1[:, C_K3] = -ids
         h0[:, C_G] = h1[:, C_G] = group
         h0[:, C_PRE] = self._prefix_ids(thr, cats, names)
-        h1[:, C_PRE] = self._end
+        h1[:, C_PRE] = -1
         h0[:, C_FLOW] = flows * _FLOW_OUT
         h0[:, C_SPANANN] = ~flows
         h0[:, C_PARENT] = par
-        h0[:, C_EXTRA] = np.array(xid, np.int64)
+        h0[:, C_EXTRA] = xid
         h1[:, C_EXTRA] = -1
         if m:
             dsp = list(compress(spans, placed))
@@ -528,7 +556,7 @@ class PerfettoTraceSink:
             d0[:, C_G] = d1[:, C_G] = group[idx]
             d0[:, C_PRE] = self._prefix_ids(d0[:, C_TRACK], list(compress(cats, placed)),
                                             list(compress(names, placed)))
-            d1[:, C_PRE] = self._end
+            d1[:, C_PRE] = -1
             f = flows[idx]
             d0[:, C_FLOW] = f * _FLOW_IN
             d0[:, C_SPANANN] = ~f
@@ -617,13 +645,12 @@ class PerfettoTraceSink:
         md = ids.copy()
         pend = self._pend_md
         arrivals = []
-        for i, c in enumerate(cats):
-            if c not in _LEAF_CATS:
-                sid = int(ids[i])
-                arrivals.append((sid, int(group[i])))
-                m = pend.pop(sid, 0)
-                if m > md[i]:
-                    md[i] = m
+        for i in compress(range(n), map(not_, map(_LEAF_CATS.__contains__, cats))):
+            sid = int(ids[i])
+            arrivals.append((sid, int(group[i])))
+            m = pend.pop(sid, 0)
+            if m > md[i]:
+                md[i] = m
         if inside.any():
             child, parent = np.nonzero(inside)[0], up[inside]
             while True:  # each pass carries last-descendant ids one level up
@@ -642,8 +669,9 @@ class PerfettoTraceSink:
         return group, md, arrivals
 
     def _hold_back(self, rows: np.ndarray, extras: list[bytes],
-                   arrivals: list[tuple[int, int]]) -> tuple[np.ndarray, list[bytes]]:
-        """Rows to write now; keeps each awaited parent's earliest-timestamp rows until it arrives."""
+                   arrivals: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rows with the indices of those to write now (None: all); keeps each awaited parent's
+        earliest-timestamp rows until it arrives. ``extras`` may grow (rows given back)."""
         held = self._held
         parts = [rows]
         for sid, g in arrivals:
@@ -663,23 +691,29 @@ class PerfettoTraceSink:
                 if mine:
                     parts.extend(self._readd(r, x, extras) for r, x in mine.values())
         rows = np.concatenate(parts) if len(parts) > 1 else rows
-        waiting = rows[:, C_G] != 0
-        if not waiting.any():
-            return rows, extras
-        w = rows[waiting]
-        w = w[np.lexsort((w[:, C_TS], w[:, C_G], w[:, C_TRACK]))]
+        waiting = np.flatnonzero(rows[:, C_G])
+        if not len(waiting):
+            return rows, None
+        w = rows[waiting][:, [C_TRACK, C_G, C_TS]]
+        o = np.lexsort((w[:, 2], w[:, 1], w[:, 0]))
+        w, waiting = w[o], waiting[o]
         start = np.ones(len(w), bool)
-        start[1:] = (w[1:, C_TRACK] != w[:-1, C_TRACK]) | (w[1:, C_G] != w[:-1, C_G])
-        first = w[np.maximum.accumulate(np.where(start, np.arange(len(w)), 0)), C_TS]
-        keep = w[:, C_TS] == first
-        kept = w[keep]
+        start[1:] = (w[1:, 0] != w[:-1, 0]) | (w[1:, 1] != w[:-1, 1])
+        first = w[np.maximum.accumulate(np.where(start, np.arange(len(w)), 0)), 2]
+        keep = w[:, 2] == first
+        now = np.ones(len(rows), bool)
+        now[waiting[keep]] = False
+        kept = rows[waiting[keep]]
         for (track, g), lo, hi in _runs(kept[:, [C_TRACK, C_G]]):
             r = kept[lo:hi]
             held.setdefault(g, {})[track] = (r, [extras[i] if i >= 0 else None for i in r[:, C_EXTRA].tolist()])
-        now = [rows[~waiting], w[~keep]]
-        while len(held) > _MAX_HELD_GROUPS:  # parents that never come: write their oldest rows
-            now.extend(self._readd(r, x, extras) for r, x in held.pop(next(iter(held))).values())
-        return np.concatenate(now), extras
+        if len(held) > _MAX_HELD_GROUPS:  # parents that never come: write their oldest rows
+            late = []
+            while len(held) > _MAX_HELD_GROUPS:
+                late.extend(self._readd(r, x, extras) for r, x in held.pop(next(iter(held))).values())
+            rows = np.concatenate([rows, *late])
+            now = np.concatenate([now, np.ones(len(rows) - len(now), bool)])
+        return rows, np.flatnonzero(now)
 
     @staticmethod
     def _readd(r: np.ndarray, x: list[bytes | None], extras: list[bytes]) -> np.ndarray:
@@ -691,19 +725,20 @@ class PerfettoTraceSink:
         return r
 
     # -- encoding -------------------------------------------------------------------
-    def _encode(self, rows: np.ndarray, extras: list[bytes]) -> bytes:
+    def _encode(self, rows: np.ndarray, extras: list[bytes], select: np.ndarray | None = None) -> bytes:
+        """Packets for ``rows`` (or the rows at ``select``), in the order trace processor needs."""
+        if select is not None:
+            rows = rows[select[_order(rows[select])]] if len(select) else rows[:0]
+        elif len(rows):
+            rows = rows[_order(rows)]
         if not len(rows):
             return b""
-        rows = rows[np.lexsort((rows[:, C_K3], rows[:, C_K2], rows[:, C_K1], rows[:, C_TS], rows[:, C_TRACK]))]
         n = len(rows)
         ts = rows[:, C_TS]
         prev = np.empty(n, np.int64)
         head: list[bytes] = []
         tails = np.empty(n, np.int64)
-        span_hdr = np.empty(n, np.int64)
-        parent_hdr = np.empty(n, np.int64)
-        start_hdr = np.empty(n, np.int64)
-        end_hdr = np.empty(n, np.int64)
+        hdrs = np.empty((len(_STANDARD_ANNS), n), np.int64)
         for track, lo, hi in _runs(rows[:, [C_TRACK]]):
             seq = self._seqs[track[0]]
             if seq.last is None:
@@ -712,46 +747,47 @@ class PerfettoTraceSink:
             if seq.pending:
                 head.append(_frame(P_SEQ + _uv(seq.id) + P_INTERNED + _uv(len(seq.pending)) + bytes(seq.pending)))
                 seq.pending.clear()
-            run = np.maximum.accumulate(ts[lo:hi])
             prev[lo] = seq.last
-            prev[lo + 1:hi] = np.maximum(run[:-1], seq.last)
-            seq.last = max(seq.last, int(run[-1]))
-            tails[lo:hi] = seq.tail  # seq.tail + 1: the same fields after an absolute clock id
-            span_hdr[lo:hi] = seq.anns[A_SPAN]
-            parent_hdr[lo:hi] = seq.anns[A_PARENT]
-            start_hdr[lo:hi] = seq.anns[A_DEV_START]
-            end_hdr[lo:hi] = seq.anns[A_DEV_END]
-        absolute = ts < prev
-        tsv = np.where(absolute, ts + self._mono, ts - prev)
-        sid = rows[:, C_SID]
-        flow = rows[:, C_FLOW]
-        spanann = rows[:, C_SPANANN] != 0
-        parent = rows[:, C_PARENT]
-        has_parent = parent != 0
-        raw = rows[:, C_RAW] != 0
+            prev[lo + 1:hi] = np.maximum(ts[lo:hi - 1], seq.last)  # rows are sorted by time per track
+            seq.last = max(seq.last, int(ts[hi - 1]))
+            tails[lo:hi] = seq.tail
+            hdrs[:, lo:hi] = np.array([seq.anns[a] for a in _STANDARD_ANNS])[:, None]
+        absolute = np.flatnonzero(ts < prev)
+        tsv = ts - prev
+        tsv[absolute] = ts[absolute] + self._mono
+        typed = np.empty((n, 2), np.uint8)
+        typed[:, 0] = TE_TYPE[0]
+        typed[:, 1] = _TYPES[rows[:, C_K2]]
 
-        xpool = _Pool()
-        xpool.items = extras
         lay = _Layout(n)
-        lay.const(_PACKET)
-        body_len = lay.varint(np.zeros(n, np.int64))  # placeholder, replaced below
-        body_field = len(lay.fields) - 1
-        te_fields = []
-        body = [lay.const(_P_TS), lay.varint(tsv), lay.pooled(tails + absolute, self._pool)]
-        te_len_at = len(lay.fields)
-        te_len = lay.varint(np.zeros(n, np.int64))
-        te_fields.append(lay.pooled(rows[:, C_PRE], self._pool))
-        te_fields.append(lay.fixed64(_FLOW_TAGS[flow], sid, flow != 0))
-        for hdr, vals, mask in ((span_hdr, sid, spanann), (parent_hdr, parent, has_parent),
-                                (start_hdr, rows[:, C_RAWS], raw), (end_hdr, rows[:, C_RAWE], raw)):
-            vl = _vlen(vals.view(_U64))
-            te_fields.append(lay.pooled(np.where(mask, hdr + vl - 1, -1), self._pool))
-            te_fields.append(lay.varint(vals, mask))
-        te_fields.append(lay.pooled(rows[:, C_EXTRA], xpool))
-        te_total = np.sum(te_fields, axis=0)
-        lay.fields[te_len_at] = ("v", te_total.view(_U64), None, _vlen(te_total.view(_U64)))
-        body_total = np.sum(body, axis=0) + lay.fields[te_len_at][3] + te_total
-        lay.fields[body_field] = ("v", body_total.view(_U64), None, _vlen(body_total.view(_U64)))
+        lay.const(bytes((_PACKET,)))
+        body_at = lay.length()
+        lay.const(bytes((_P_TS,)))
+        lay.varint(tsv)
+        lay.const(_ABS_CLOCK, absolute)
+        lay.pooled(tails, self._pool)
+        te_at = lay.length()
+        lay.fixed(typed)
+        named = np.flatnonzero(rows[:, C_PRE] >= 0)
+        lay.pooled(rows[named, C_PRE], self._pool, named)
+        flowing = np.flatnonzero(rows[:, C_FLOW])
+        if len(flowing):
+            rec = np.empty((len(flowing), 10), np.uint8)  # tag, then the span id as fixed64
+            rec[:, :2] = _FLOW_TAGS[rows[flowing, C_FLOW]]
+            rec[:, 2:] = rows[flowing, C_SID].astype("<u8").reshape(-1, 1).view(np.uint8)
+            lay.fixed(rec, flowing)
+        for k, (col, has) in enumerate(((C_SID, C_SPANANN), (C_PARENT, C_PARENT), (C_RAWS, C_RAW), (C_RAWE, C_RAW))):
+            sel = np.flatnonzero(rows[:, has])
+            if len(sel):
+                lay.annotation(hdrs[k, sel], rows[sel, col], self._pool, sel)
+        extra = np.flatnonzero(rows[:, C_EXTRA] >= 0)
+        if len(extra):
+            xpool = _Pool()
+            xpool.items = extras
+            lay.pooled(rows[extra, C_EXTRA], xpool, extra)
+        te = lay.total(te_at + 1)
+        lay.set_length(te_at, te)
+        lay.set_length(body_at, lay.total(body_at + 1))
         self.packets_written += n + len(head)
         return b"".join(head) + lay.bytes()
 
@@ -782,9 +818,7 @@ class PerfettoTraceSink:
             desc = pb.TrackDescriptor(uuid=track.id, parent_uuid=self._process_uuid, name=track.name)
         head.append(self._descriptor(desc))
         seq = self._seqs[track_id] = _Seq(track_id + 1, track.id, track_id)
-        tail = P_SEQ + _uv(seq.id) + P_FLAGS + _uv(SEQ_NEEDS) + P_TE
-        seq.tail = self._pool.add(tail)
-        self._pool.add(P_CLOCK + _uv(MONOTONIC) + tail)
+        seq.tail = self._pool.add(P_SEQ + _uv(seq.id) + P_FLAGS + _uv(SEQ_NEEDS) + P_TE)
         for name in _STANDARD_ANNS:
             dn = seq.dname(name)
             seq.anns[name] = len(self._pool.items)
@@ -803,12 +837,11 @@ class PerfettoTraceSink:
 
     def _prefix(self, track: int, cat: str, name: str) -> int:
         seq = self._seqs[track]
-        return self._pool.add(TE_TYPE + _uv(BEGIN) + TE_CAT + _uv(seq.intern(_CATS, cat))
-                              + TE_NAME + _uv(seq.intern(_NAMES, name)))
+        return self._pool.add(TE_CAT + _uv(seq.intern(_CATS, cat)) + TE_NAME + _uv(seq.intern(_NAMES, name)))
 
     def _prefix_counter(self, seq: _Seq) -> int:
         if seq.counter_prefix < 0:
-            seq.counter_prefix = self._pool.add(TE_TYPE + _uv(COUNTER) + TE_UUID + _uv(seq.counter))
+            seq.counter_prefix = self._pool.add(TE_UUID + _uv(seq.counter))
         return seq.counter_prefix
 
     def _extra(self, s: Span, track: int) -> bytes:
@@ -868,6 +901,31 @@ class PerfettoTraceSink:
         if data:
             self._fh.write(data)  # type: ignore[union-attr]
             self.bytes_written += len(data)
+
+
+def _order(rows: np.ndarray) -> np.ndarray:
+    """Row order for writing: by track and time; rows tied on both by the nesting keys (module docstring)."""
+    ts = rows[:, C_TS]
+    rel = ts - ts.min()
+    _, rank = np.unique(rows[:, C_TRACK], return_inverse=True)
+    rank = rank.astype(np.int64)
+    if int(rel.max()) < (1 << 40) and int(rank.max()) < (1 << 22):
+        key = (rank << 40) | rel
+        order = np.argsort(key, kind="stable")
+        key = key[order]
+        tied = key[1:] == key[:-1]
+    else:  # a held row from long ago: sort on two keys
+        order = np.lexsort((ts, rank))
+        tied = (ts[order][1:] == ts[order][:-1]) & (rank[order][1:] == rank[order][:-1])
+    if tied.any():
+        in_tie = np.zeros(len(order), bool)
+        in_tie[1:] |= tied
+        in_tie[:-1] |= tied
+        pos = np.flatnonzero(in_tie)
+        run = np.cumsum(np.concatenate(([True], ~tied)))[pos]
+        r = order[pos]
+        order[pos] = r[np.lexsort((rows[r, C_K3], rows[r, C_K2], rows[r, C_K1], run))]
+    return order
 
 
 def _runs(keys: np.ndarray) -> list[tuple[tuple[int, ...], int, int]]:
