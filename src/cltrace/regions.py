@@ -17,6 +17,7 @@ import pyopencl as cl
 
 from . import _state
 from .errors import ProfilingNotEnabledError
+from . import queues as _queues
 from .queues import active_queue, has_profiling
 from .recorder import RECORDER, new_id
 from .spans import KERNEL, REGION, REGION_CATS, STATUS_ERROR
@@ -27,6 +28,8 @@ _perf = time.perf_counter_ns
 _marker = cl.enqueue_marker
 _get_ident = threading.get_ident
 _push = RECORDER.push
+_pending = RECORDER.pending
+_pending_append = _pending.append
 _ROOT: tuple[int, tuple[str, ...]] = (0, ())
 
 
@@ -53,7 +56,7 @@ def current_parent() -> tuple[int, tuple[str, ...]]:
 
 
 class _Region:
-    __slots__ = ("name", "queue", "attrs", "cat", "_id", "_parent", "_path", "_hb", "_ev0")
+    __slots__ = ("name", "queue", "attrs", "cat", "_st", "_id", "_parent", "_path", "_hb", "_ev0")
 
     def __init__(self, name: str, queue: Any, attrs: dict[str, Any] | None, cat: str = REGION) -> None:
         self.name = name
@@ -62,31 +65,35 @@ class _Region:
         self.cat = cat
 
     def __enter__(self) -> "_Region":
-        st = _stack()
+        self._st = st = _tls.stack  # a region closes on the thread that opened it
         parent, ppath = st[-1] if st else _ROOT
-        sid = new_id()
-        self._id = sid
+        self._id = sid = new_id()
         self._parent = parent
         self._path = path = ppath + (self.name,)
         st.append((sid, path))
-        self._hb = _perf()
         q = self.queue
-        self._ev0 = _marker(q) if q is not None else None
+        self._hb = _perf()  # host bracket encloses the markers' QUEUED stamps
+        self._ev0 = None if q is None else _marker(q)
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         q = self.queue
-        ev1 = _marker(q) if q is not None else None
+        ev1 = None if q is None else _marker(q)
         he = _perf()
-        st = _stack()
-        if st and st[-1][0] == self._id:
+        st = self._st
+        sid = self._id
+        if st and st[-1][0] == sid:
             st.pop()
         else:  # closed out of order (generator/async misuse): remove wherever it is
-            st[:] = [e for e in st if e[0] != self._id]
-        _push((self.cat, self.name, self._id, self._parent, self._path, _get_ident(), self._hb, he,
-               q, self._ev0, ev1, self.attrs,
-               STATUS_ERROR if et is not None else None,
-               f"{et.__name__}: {ev}" if et is not None else None))
+            st[:] = [e for e in st if e[0] != sid]
+        if et is None:
+            _pending_append((self.cat, self.name, sid, self._parent, self._path, _get_ident(), self._hb, he,
+                             q, self._ev0, ev1, self.attrs, None, None))
+        else:
+            _pending_append((self.cat, self.name, sid, self._parent, self._path, _get_ident(), self._hb, he,
+                             q, self._ev0, ev1, self.attrs, STATUS_ERROR, f"{et.__name__}: {ev}"))
+        if len(_pending) >= RECORDER._room:
+            RECORDER._drain_backpressure()
 
     def set(self, key: str, value: Any) -> None:
         """Attach an attribute to this region."""
@@ -147,7 +154,13 @@ def timing_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = N
         _last_queue = queue
         _last_attrs = attrs
         return NOOP
-    return _open(name, queue, attrs, REGION)
+    if queue is None:
+        queue = _queues._default_queue
+        if queue is None:
+            return _Region(name, None, attrs)
+    if not has_profiling(queue):  # the message is built only on failure
+        raise ProfilingNotEnabledError(f"timing_region({name!r})")
+    return _Region(name, queue, attrs)
 
 
 def category_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = None,

@@ -99,13 +99,10 @@ DA_DOUBLE = _tag(pb.DebugAnnotation, "double_value", _FIXED64)
 DA_STRING = _tag(pb.DebugAnnotation, "string_value", _LEN)
 DA_DICT = _tag(pb.DebugAnnotation, "dict_entries", _LEN)
 DA_ARRAY = _tag(pb.DebugAnnotation, "array_values", _LEN)
-_TABLES = (  # interned tables: (InternedData field tag, iid tag, name tag)
-    tuple(_tag(m, f, w) for m, f, w in ((pb.InternedData, table, _LEN), (entry, "iid", _VARINT),
-                                          (entry, "name", _LEN)))
+_TABLES = tuple(  # interned tables: (InternedData field tag, iid tag, name tag)
+    (_tag(pb.InternedData, table, _LEN), _tag(entry, "iid", _VARINT), _tag(entry, "name", _LEN))
     for table, entry in (("event_categories", pb.EventCategory), ("event_names", pb.EventName),
-                         ("debug_annotation_names", pb.DebugAnnotationName))
-)
-_TABLES = tuple(_TABLES)
+                         ("debug_annotation_names", pb.DebugAnnotationName)))
 _CATS, _NAMES, _DNAMES = 0, 1, 2
 
 BEGIN, END, INSTANT, COUNTER = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
@@ -211,8 +208,8 @@ def _vlen(u: np.ndarray) -> np.ndarray:
 class _Pool:
     """Byte strings that packet rows refer to by index."""
 
-    def __init__(self) -> None:
-        self.items: list[bytes] = []
+    def __init__(self, items: list[bytes] | None = None) -> None:
+        self.items: list[bytes] = [] if items is None else items
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def add(self, b: bytes) -> int:
@@ -636,11 +633,13 @@ class PerfettoTraceSink:
         outside, inverse = np.unique(np.where(inside, 0, par), return_inverse=True)
         waits = np.array([p if p and p not in arrived else 0 for p in outside.tolist()], np.int64)
         top = up
-        while True:  # topmost in-batch ancestor (pointer doubling)
+        for _ in range(64):  # topmost in-batch ancestor, by pointer doubling
             nxt = top[top]
             if np.array_equal(nxt, top):
                 break
             top = nxt
+        else:
+            raise ValueError("spans whose parents form a cycle")
         group = waits[inverse][top]
         md = ids.copy()
         pend = self._pend_md
@@ -653,7 +652,7 @@ class PerfettoTraceSink:
                 md[i] = m
         if inside.any():
             child, parent = np.nonzero(inside)[0], up[inside]
-            while True:  # each pass carries last-descendant ids one level up
+            while True:  # each pass carries last-descendant ids one level up (ids only grow: it ends)
                 before = md[parent].copy()
                 np.maximum.at(md, parent, md[child])
                 if np.array_equal(before, md[parent]):
@@ -710,7 +709,9 @@ class PerfettoTraceSink:
         if len(held) > _MAX_HELD_GROUPS:  # parents that never come: write their oldest rows
             late = []
             while len(held) > _MAX_HELD_GROUPS:
-                late.extend(self._readd(r, x, extras) for r, x in held.pop(next(iter(held))).values())
+                g = next(iter(held))
+                self._pend_md.pop(g, None)
+                late.extend(self._readd(r, x, extras) for r, x in held.pop(g).values())
             rows = np.concatenate([rows, *late])
             now = np.concatenate([now, np.ones(len(rows) - len(now), bool)])
         return rows, np.flatnonzero(now)
@@ -782,9 +783,7 @@ class PerfettoTraceSink:
                 lay.annotation(hdrs[k, sel], rows[sel, col], self._pool, sel)
         extra = np.flatnonzero(rows[:, C_EXTRA] >= 0)
         if len(extra):
-            xpool = _Pool()
-            xpool.items = extras
-            lay.pooled(rows[extra, C_EXTRA], xpool, extra)
+            lay.pooled(rows[extra, C_EXTRA], _Pool(extras), extra)
         te = lay.total(te_at + 1)
         lay.set_length(te_at, te)
         lay.set_length(body_at, lay.total(body_at + 1))
