@@ -15,6 +15,7 @@ import numpy as np
 import pyopencl as cl
 
 from . import regions, session
+from .compiler import compile as compile_program
 from .queues import default_device, profiling_queue
 from .recorder import RECORDER
 from .report import PerfCounter
@@ -111,14 +112,14 @@ class _MLP:
         self.db1, self.db2 = empty(h), empty(c)
         self.loss = empty(n)
         self.loss_host = np.empty(n, np.float32)
-        prg = cl.Program(ctx, SOURCE).build()
-        self.k = {name: getattr(prg, name) for name in
+        prg = compile_program(SOURCE, context=ctx)  # through the program cache: compile spans
+        self.k = {name: prg.kernel(name) for name in
                   ("gemm", "bias_act", "softmax_xent", "relu_backward", "colsum", "sgd")}
 
     def _gemm(self, m: int, n: int, k: int, a: Any, sa: tuple[int, int], b: Any, sb: tuple[int, int], c: Any) -> None:
         i32 = np.int32
-        regions.launch(self.k["gemm"], self.q, (m, n), None, i32(m), i32(n), i32(k),
-                       a, i32(sa[0]), i32(sa[1]), b, i32(sb[0]), i32(sb[1]), c)
+        self.k["gemm"][(m, n), None, self.q](i32(m), i32(n), i32(k), a, i32(sa[0]), i32(sa[1]),
+                                             b, i32(sb[0]), i32(sb[1]), c)
 
     def upload(self) -> None:
         with regions.timing_region("upload", self.q):
@@ -132,26 +133,25 @@ class _MLP:
             regions.record_launch("copy Y h2d", self.q, ev_y, t0, t1, "transfer", {"bytes": self.y_host.nbytes})
 
     def step(self, lr: float) -> None:
-        n, d, h, c, i32, q = self.n, self.d, self.h, self.c, np.int32, self.q
-        L = regions.launch
+        n, d, h, c, i32, q, k = self.n, self.d, self.h, self.c, np.int32, self.q, self.k
         with regions.timing_region("forward", q):
             self._gemm(n, h, d, self.X, (d, 1), self.W1, (h, 1), self.H1)
-            L(self.k["bias_act"], q, (n * h,), None, self.H1, self.b1, i32(h), i32(1))
+            k["bias_act"][(n * h,), None, q](self.H1, self.b1, i32(h), i32(1))
             self._gemm(n, c, h, self.H1, (h, 1), self.W2, (c, 1), self.Z2)
-            L(self.k["bias_act"], q, (n * c,), None, self.Z2, self.b2, i32(c), i32(0))
-            L(self.k["softmax_xent"], q, (n,), None, self.Z2, self.Y, i32(n), i32(c), self.dZ2, self.loss)
+            k["bias_act"][(n * c,), None, q](self.Z2, self.b2, i32(c), i32(0))
+            k["softmax_xent"][(n,), None, q](self.Z2, self.Y, i32(n), i32(c), self.dZ2, self.loss)
         with regions.timing_region("backward", q):
             self._gemm(h, c, n, self.H1, (1, h), self.dZ2, (c, 1), self.dW2)
-            L(self.k["colsum"], q, (c,), None, self.dZ2, i32(n), i32(c), self.db2)
+            k["colsum"][(c,), None, q](self.dZ2, i32(n), i32(c), self.db2)
             self._gemm(n, h, c, self.dZ2, (c, 1), self.W2, (1, c), self.dH1)
-            L(self.k["relu_backward"], q, (n * h,), None, self.dH1, self.H1)
+            k["relu_backward"][(n * h,), None, q](self.dH1, self.H1)
             self._gemm(d, h, n, self.X, (1, d), self.dH1, (h, 1), self.dW1)
-            L(self.k["colsum"], q, (h,), None, self.dH1, i32(n), i32(h), self.db1)
+            k["colsum"][(h,), None, q](self.dH1, i32(n), i32(h), self.db1)
         with regions.timing_region("optimizer", q):
             lr32 = np.float32(lr)
             for w, g, size in ((self.W1, self.dW1, d * h), (self.b1, self.db1, h),
                                (self.W2, self.dW2, h * c), (self.b2, self.db2, c)):
-                L(self.k["sgd"], q, (size,), None, w, g, lr32)
+                k["sgd"][(size,), None, q](w, g, lr32)
 
     def read_loss(self) -> float:
         with regions.timing_region("read_loss", self.q):
