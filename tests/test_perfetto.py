@@ -42,6 +42,7 @@ class Slice:
     ann: dict[str, Any]
     flow: list[int]
     tflow: list[int]
+    under: int  # span id of the slice it nests in on its track, as trace processor nests it (0: none)
 
 
 @dataclass
@@ -112,21 +113,40 @@ def decode(path: str) -> Decoded:
             events.setdefault(uuid, []).append((ts, i, te.type, payload))
     for uuid, evs in events.items():
         evs.sort(key=lambda e: (e[0], e[1]))
-        stack: list[tuple[int, Any]] = []
+        stack: list[tuple[int, Any, int]] = []
         for ts, _, kind, payload in evs:
             if kind == TE.TYPE_SLICE_BEGIN:
-                stack.append((ts, payload))
+                stack.append((ts, payload, _payload_id(stack[-1][1]) if stack else 0))
             elif stack:
-                b, (name, cat, ann, fl, tfl) = stack.pop()
-                out.slices.append(Slice(uuid, b, ts, name, cat, ann, fl, tfl))
+                b, (name, cat, ann, fl, tfl), under = stack.pop()
+                out.slices.append(Slice(uuid, b, ts, name, cat, ann, fl, tfl, under))
             else:
                 out.unmatched_ends += 1
         out.open_begins += len(stack)
     return out
 
 
+def _payload_id(payload: Any) -> int:
+    _, _, ann, fl, tfl = payload
+    return ann["span"] if "span" in ann else (fl or tfl)[0]
+
+
 def span_id(s: Slice) -> int:
     return s.ann["span"] if "span" in s.ann else (s.flow or s.tflow)[0]
+
+
+def wrong_parents(slices: list[Slice], parent_of: dict[int, int]) -> list[Slice]:
+    """Slices that trace processor would nest under something other than their nearest ancestor
+    placed on the same track."""
+    on_track = {(s.track, span_id(s)) for s in slices}
+    bad = []
+    for s in slices:
+        anc = parent_of.get(span_id(s), 0)
+        while anc and (s.track, anc) not in on_track:
+            anc = parent_of.get(anc, 0)
+        if s.under != anc:
+            bad.append(s)
+    return bad
 
 
 def misnested(slices: list[Slice]) -> list[tuple[Slice, Slice]]:
@@ -256,6 +276,7 @@ def test_slices_nest_and_match_chrome(traced: Traced) -> None:
 
 def test_children_inside_parents(traced: Traced) -> None:
     dec = traced.decoded
+    assert not wrong_parents(dec.slices, {s.id: s.parent for s in traced.chrome[0]})
     host = {span_id(s): s for s in dec.slices if "device.start" not in s.ann}
     device = {span_id(s): s for s in dec.slices if "device.start" in s.ann}
     nested = 0
@@ -450,6 +471,7 @@ def _expect(decoded: Decoded, spans: list[Span]) -> None:
             want[("device", s.id)] = (s.dev_start, s.dev_end, 0)
     assert {k: v[:2] for k, v in got.items()} == {k: v[:2] for k, v in want.items()}
     assert not misnested(decoded.slices)
+    assert not wrong_parents(decoded.slices, {s.id: s.parent for s in spans})
 
 
 def test_ties_and_zero_length_slices_nest_across_batches(tmp_path: Any, queue: Any) -> None:
@@ -466,19 +488,21 @@ def test_ties_and_zero_length_slices_nest_across_batches(tmp_path: Any, queue: A
             s.raw_start, s.raw_end = s.dev_start + off, s.dev_end + off
         return s
 
-    # Region 1 is widened to its children on the device: same start as k2, same end as k4;
-    # k3 ends where k4 starts; k4 is zero length at 1's end; 6 is a zero-length root right after.
+    # On the device, region 1 is widened to its children (same start as 2, same end as 4), 3 ends where
+    # 4 ends, 5 is zero length at 3's end and 6, the next command, is zero length at 1's end. Writes
+    # deliver children before parents, and 6 one write before 1, as the recorder can; host times are
+    # distinct clock reads except within a write.
     spans = [
         sp(1, 0, "R", "region", (0, 100), (1000, 2000)),
         sp(2, 1, "k", "kernel", (10, 20), (1000, 1500)),
         sp(3, 1, "inner", "region", (30, 60), (1500, 2000)),
         sp(4, 3, "k", "kernel", (40, 50), (1500, 2000)),
         sp(5, 3, "z", "kernel", (55, 55), (2000, 2000)),
-        sp(6, 0, "z2", "kernel", (100, 100), (2000, 2000)),
-        sp(7, 0, "after", "region", (100, 150), None),
+        sp(6, 0, "z2", "kernel", (101, 102), (2000, 2000)),
+        sp(7, 0, "after", "region", (103, 150), None),
     ]
     by_id = {s.id: s for s in spans}
-    for batch in ([2], [4, 6], [5], [3, 7], [1]):  # children before parents, split across writes
+    for batch in ([2], [4, 5], [3, 6, 7], [1]):
         sink.write([by_id[i] for i in batch])
     sink.close(rec.metadata())
     _expect(decode(path), spans)

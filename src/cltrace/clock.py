@@ -11,12 +11,14 @@ by interpolating between calibration points.
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 _perf = time.perf_counter_ns
+log = logging.getLogger("cltrace")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class DeviceClock:
         self._lock = threading.Lock()
         self.points: list[CalibrationPoint] = []
         self.rejected = 0
+        self.failures = 0
         self._hosts: list[int] = []
         self.calibrate()
         self.domain = classify_domain(self.points[0].offset_ns)
@@ -90,10 +93,15 @@ class DeviceClock:
                 h1 = _perf()
                 brackets.append((h0, h1, ev))
             q.finish()
-            tight = sorted(
-                ((h1 - h0, h0, h1, ev.profile.queued) for h0, h1, ev in brackets),
-                key=lambda s: s[0],
-            )[: self.keep]
+            stamped = []
+            for h0, h1, ev in brackets:
+                try:
+                    stamped.append((h1 - h0, h0, h1, ev.profile.queued))
+                except cl.Error:  # a driver may withhold one marker's stamps; use the others
+                    continue
+            if not stamped:
+                raise RuntimeError("clock calibration: the driver returned no marker timestamps")
+            tight = sorted(stamped, key=lambda s: s[0])[: self.keep]
             lo = max(qd - h1 for _, _, h1, qd in tight)
             hi = min(qd - h0 for _, h0, _, qd in tight)
             res = self.resolution_ns
@@ -213,7 +221,11 @@ class ClockRegistry:
             return
         self._last = now
         for clk in list(self._clocks.values()):
-            clk.calibrate()
+            try:
+                clk.calibrate()
+            except Exception as exc:  # keep mapping with the points we have
+                clk.failures += 1
+                log.warning("cltrace: recalibrating %s failed: %s", clk.device.name.strip(), exc)
 
     def metadata(self) -> dict[str, dict[str, Any]]:
         out = {}

@@ -30,9 +30,15 @@ Order: trace processor sorts packets by timestamp and breaks ties by file
 position, so events at equal timestamps must be written in nesting order.
 cltrace assigns span ids in pre-order on each thread, so within a write
 BEGIN(Y) sorts as (ts, id(Y)) and END(X) as (ts, last descendant id of X,
-1, -id(X)). A parent arrives after its children; for each parent still to
-come, the events at the earliest timestamp of its known subtree (which its
-BEGIN may tie with) are held back and written right after it.
+1, -id(X)). Across writes two things are held back so that late events can
+still go first: (1) a parent arrives after its children, so for each parent
+still to come the events at the earliest timestamp of its known subtree
+(which its BEGIN may tie with) wait for it; (2) a span on a device queue may
+arrive one write after the next command (it was still running when that
+one's status was read), so each track's events at its latest timestamp wait
+for the next write. Host times are distinct clock reads, so they do not tie
+across writes. Held events reach the file with the write that releases them,
+or at close.
 """
 from __future__ import annotations
 
@@ -406,7 +412,8 @@ class PerfettoTraceSink:
         self._dropped_written = -1
         self._mono = 0
         self._pend_md: dict[int, int] = {}  # parent still to come -> last descendant id seen
-        self._held: dict[int, dict[int, tuple[np.ndarray, list[bytes | None]]]] = {}
+        self._held: dict[int, dict[int, tuple[np.ndarray, list[bytes | None]]]] = {}  # parent -> track -> rows
+        self._tail: tuple[np.ndarray, list[bytes | None]] | None = None  # each track's latest-timestamp rows
         self._arrived: set[int] = set()
         self._arrived_order: collections.deque[int] = collections.deque()
         self._bytes: dict[int, int] = {}  # track -> cumulative bytes transferred
@@ -474,6 +481,9 @@ class PerfettoTraceSink:
         if fh is None:
             return
         parts = [(r, x) for per_track in self._held.values() for r, x in per_track.values()]
+        if self._tail is not None:
+            parts.append(self._tail)
+            self._tail = None
         self._held.clear()
         self._pend_md.clear()
         if parts:
@@ -668,11 +678,14 @@ class PerfettoTraceSink:
         return group, md, arrivals
 
     def _hold_back(self, rows: np.ndarray, extras: list[bytes],
-                   arrivals: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray | None]:
-        """Rows with the indices of those to write now (None: all); keeps each awaited parent's
-        earliest-timestamp rows until it arrives. ``extras`` may grow (rows given back)."""
+                   arrivals: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Rows, with the indices of those to write now; stashes the rest (see "Order" in the module
+        docstring) and brings back earlier stashed rows. ``extras`` may grow."""
         held = self._held
         parts = [rows]
+        if self._tail is not None:
+            parts.append(self._readd(*self._tail, extras))
+            self._tail = None
         for sid, g in arrivals:
             mine = held.pop(sid, None)
             if mine:
@@ -690,34 +703,49 @@ class PerfettoTraceSink:
                 if mine:
                     parts.extend(self._readd(r, x, extras) for r, x in mine.values())
         rows = np.concatenate(parts) if len(parts) > 1 else rows
-        waiting = np.flatnonzero(rows[:, C_G])
-        if not len(waiting):
-            return rows, None
-        w = rows[waiting][:, [C_TRACK, C_G, C_TS]]
-        o = np.lexsort((w[:, 2], w[:, 1], w[:, 0]))
-        w, waiting = w[o], waiting[o]
-        start = np.ones(len(w), bool)
-        start[1:] = (w[1:, 0] != w[:-1, 0]) | (w[1:, 1] != w[:-1, 1])
-        first = w[np.maximum.accumulate(np.where(start, np.arange(len(w)), 0)), 2]
-        keep = w[:, 2] == first
         now = np.ones(len(rows), bool)
-        now[waiting[keep]] = False
-        kept = rows[waiting[keep]]
-        for (track, g), lo, hi in _runs(kept[:, [C_TRACK, C_G]]):
-            r = kept[lo:hi]
-            held.setdefault(g, {})[track] = (r, [extras[i] if i >= 0 else None for i in r[:, C_EXTRA].tolist()])
-        if len(held) > _MAX_HELD_GROUPS:  # parents that never come: write their oldest rows
-            late = []
-            while len(held) > _MAX_HELD_GROUPS:
-                g = next(iter(held))
-                self._pend_md.pop(g, None)
-                late.extend(self._readd(r, x, extras) for r, x in held.pop(g).values())
-            rows = np.concatenate([rows, *late])
-            now = np.concatenate([now, np.ones(len(rows) - len(now), bool)])
-        return rows, np.flatnonzero(now)
+        waiting = np.flatnonzero(rows[:, C_G])
+        if len(waiting):
+            w = rows[waiting][:, [C_TRACK, C_G, C_TS]]
+            o = np.lexsort((w[:, 2], w[:, 1], w[:, 0]))
+            w, waiting = w[o], waiting[o]
+            start = np.ones(len(w), bool)
+            start[1:] = (w[1:, 0] != w[:-1, 0]) | (w[1:, 1] != w[:-1, 1])
+            first = w[np.maximum.accumulate(np.where(start, np.arange(len(w)), 0)), 2]
+            keep = waiting[w[:, 2] == first]
+            now[keep] = False
+            kept = rows[keep]
+            for (track, g), lo, hi in _runs(kept[:, [C_TRACK, C_G]]):
+                held.setdefault(g, {})[track] = self._stash(kept[lo:hi], extras)
+            if len(held) > _MAX_HELD_GROUPS:  # parents that never come: write their oldest rows
+                late = []
+                while len(held) > _MAX_HELD_GROUPS:
+                    g = next(iter(held))
+                    self._pend_md.pop(g, None)
+                    late.extend(self._readd(r, x, extras) for r, x in held.pop(g).values())
+                rows = np.concatenate([rows, *late])
+                now = np.concatenate([now, np.ones(len(rows) - len(now), bool)])
+        sel = np.flatnonzero(now)
+        if len(sel):
+            _, track = np.unique(rows[sel, C_TRACK], return_inverse=True)
+            ts = rows[sel, C_TS]
+            latest = np.full(track.max() + 1, np.iinfo(np.int64).min)
+            np.maximum.at(latest, track, ts)
+            edge = ts == latest[track]
+            tail = rows[sel[edge]]
+            tail[:, C_G] = 0
+            self._tail = self._stash(tail, extras)
+            sel = sel[~edge]
+        return rows, sel
+
+    @staticmethod
+    def _stash(r: np.ndarray, extras: list[bytes]) -> tuple[np.ndarray, list[bytes | None]]:
+        """Rows kept for a later write, with their extras (the batch's extras list goes away)."""
+        return r, [extras[i] if i >= 0 else None for i in r[:, C_EXTRA].tolist()]
 
     @staticmethod
     def _readd(r: np.ndarray, x: list[bytes | None], extras: list[bytes]) -> np.ndarray:
+        """Stashed rows back into a batch whose extras list is ``extras``."""
         r = r.copy()
         for j, b in enumerate(x):
             if b is not None:
