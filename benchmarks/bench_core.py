@@ -141,6 +141,8 @@ def synth_spans(n: int, recorder: Recorder, queue: Any) -> list[Span]:
     t = recorder.start_ns + 1_000_000
     spans: list[Span] = []
     region = None
+    # One attrs dict per launch configuration, shared by its spans, as Kernel launchers record them.
+    launch_attrs = [{"global_size": (1024, 1024), "local_size": (16, 16), "kernel": k} for k in range(8)]
     for i in range(n):
         sid = i + 1
         if i % 10 == 0:
@@ -155,7 +157,7 @@ def synth_spans(n: int, recorder: Recorder, queue: Any) -> list[Span]:
         spans.append(Span(sid, region.id, "matmul_tiled" if i % 2 else "add", KERNEL, host, hb, hb + 3_100,
                           device_track=dev, dev_queued=hb + 500, dev_submit=hb + 900, dev_start=ds, dev_end=de,
                           raw_start=ds + 77_777, raw_end=de + 77_777, path=("step", "add"),
-                          attrs={"global_size": (1024, 1024), "local_size": (16, 16)}))
+                          attrs=launch_attrs[i % 8]))
         if i % 10 == 9:
             t += 700_000
     return spans

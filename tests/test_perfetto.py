@@ -174,7 +174,6 @@ class Traced:
     decoded: Decoded
     chrome: tuple[list[Span], dict[str, Any]]
     start_ns: int
-    worker_ident: int
 
 
 @pytest.fixture(scope="module")
@@ -183,10 +182,8 @@ def traced(tmp_path_factory: Any, reset: Any, kernels: Any, queue: Any) -> Trace
     d = tmp_path_factory.mktemp("pftrace")
     js, pf = str(d / "run.json"), str(d / "run.pftrace")
     host = np.ones(kernels.n, dtype=np.float32)
-    worker: dict[str, int] = {}
 
     def other_thread() -> None:
-        worker["ident"] = threading.get_ident()
         k = kernels.kernel("add")
         q2 = cltrace.profiling_queue(kernels.ctx)
         with cltrace.region("worker", q2):
@@ -216,7 +213,7 @@ def traced(tmp_path_factory: Any, reset: Any, kernels: Any, queue: Any) -> Trace
         with cltrace.region("after-compile", queue):
             prg.kernel("twice")[(kernels.n,), None, queue](kernels.a)
         start_ns = RECORDER.start_ns
-    return Traced(js, pf, decode(pf), load_chrome(js), start_ns, worker["ident"])
+    return Traced(js, pf, decode(pf), load_chrome(js), start_ns)
 
 
 def test_format_registered() -> None:
@@ -233,7 +230,8 @@ def test_track_descriptors(traced: Traced) -> None:
     for uuid, d in threads.items():
         assert tracks[uuid].name == d.thread.thread_name
         assert d.thread.pid == os.getpid()
-    device_queues = [t for t in tracks.values() if t.kind == "queue"]
+    used = {s.track for s in traced.decoded.slices}  # the registry also holds other tests' tracks
+    device_queues = [t for t in tracks.values() if t.kind == "queue" and t.id in used]
     assert len(device_queues) >= 2  # the main queue and the worker's queue
     for t in device_queues:
         d = desc[t.id]

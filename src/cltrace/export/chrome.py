@@ -72,6 +72,8 @@ class ChromeTraceSink:
         self._pids: dict[str, int] = {}
         self._dpids: dict[int, int] = {}  # device track -> its process's pid
         self._names: dict[str, str] = {}  # span name -> JSON string
+        # id(attrs) -> (attrs, encoded): the dict is held, so its id cannot be reused meanwhile.
+        self._attrs_json: dict[int, tuple[dict[str, Any], str]] = {}
         self._base = 0
         self._recorder: Any = None
         self._since_flush = 0
@@ -106,6 +108,7 @@ class ChromeTraceSink:
         host_pid = self._host_pid
         names = self._names
         dpids = self._dpids
+        enc_cache = self._attrs_json
         out: list[str] = []
         app = out.append
         packed = 0  # events written inside another's list entry
@@ -138,9 +141,16 @@ class ChromeTraceSink:
                 dev += f',"status":"error","error":{_esc(s.error or "")}'
             attrs = s.attrs
             if attrs:
-                a = _encode_attrs(attrs)
-                if len(a) > 2:
-                    dev += "," + a[1:-1]
+                hit = enc_cache.get(id(attrs))
+                if hit is not None and hit[0] is attrs:  # launchers share one attrs dict per configuration
+                    a = hit[1]
+                else:
+                    if len(enc_cache) >= 4096:
+                        enc_cache.clear()
+                    a = _encode_attrs(attrs)
+                    a = "," + a[1:-1] if len(a) > 2 else ""
+                    enc_cache[id(attrs)] = (attrs, a)
+                dev += a
             args = f'{{"span":{sid},"parent":{s.parent}{dev}}}'
             host = (f'{{"ph":"X","cat":"{cat}","name":{name},"pid":{host_pid},"tid":{th},'
                     f'"ts":{ts},"dur":{dur},"args":{args}}},')

@@ -48,7 +48,7 @@ import os
 import threading
 import time
 from itertools import compress, repeat
-from operator import attrgetter, is_, is_not, ne, not_
+from operator import attrgetter, is_not, ne, not_
 from typing import IO, Any, Sequence
 
 import numpy as np
@@ -172,6 +172,8 @@ def _mono_offset() -> int:
 
 def _value(v: Any) -> bytes:
     """The value fields of a DebugAnnotation for a Python attribute value."""
+    if isinstance(v, (np.generic, np.ndarray)):
+        v = v.tolist()
     if isinstance(v, bool):
         return DA_BOOL + (b"\x01" if v else b"\x00")
     if isinstance(v, int) and -(1 << 63) <= v < (1 << 63):
@@ -191,7 +193,7 @@ def _value(v: Any) -> bytes:
             inner = DA_NAME + _uv(len(key)) + key + _value(x)
             out += DA_DICT + _uv(len(inner)) + inner
         return bytes(out)
-    raw = (v if isinstance(v, str) else json.dumps(v, default=str)).encode("utf-8", "replace")
+    raw = str(v).encode("utf-8", "replace")
     return DA_STRING + _uv(len(raw)) + raw
 
 
@@ -202,6 +204,8 @@ _VLEN_EDGES = np.array([1 << (7 * k) for k in range(1, 10)], dtype=_U64)
 
 def _vlen(u: np.ndarray) -> np.ndarray:
     """Varint byte counts of uint64 values."""
+    if len(u) < 1024:
+        return np.searchsorted(_VLEN_EDGES, u, side="right") + 1
     n = np.ones(len(u), np.int64)
     for edge in _VLEN_EDGES:
         more = u >= edge
@@ -323,17 +327,15 @@ class _Layout:
 
 
 def _put_varints(out: np.ndarray, pos: np.ndarray, u: np.ndarray, ln: np.ndarray) -> None:
-    k = 0
-    while len(pos):
-        more = ln > k + 1
-        if not more.any():  # last byte of every remaining value
-            out[pos + k] = u.astype(np.uint8)
-            return
-        out[pos + k] = (u & _U64(0x7F)).astype(np.uint8) | (more.view(np.uint8) << 7)
-        if not more.all():
-            pos, u, ln = pos[more], u[more], ln[more]
-        u = u >> _U64(7)
-        k += 1
+    width = int(ln.max())
+    if width == 1:
+        out[pos] = u.astype(np.uint8)
+        return
+    k = np.arange(width)
+    groups = ((u[:, None] >> (k * 7).astype(_U64)) & _U64(0x7F)).astype(np.uint8)
+    groups |= (k < (ln - 1)[:, None]).view(np.uint8) << 7  # continuation bit on all but the last byte
+    used = k < ln[:, None]
+    out[(pos[:, None] + k)[used]] = groups[used]
 
 
 def _put_ragged(out: np.ndarray, dst: np.ndarray, buf: np.ndarray, src: np.ndarray, ln: np.ndarray) -> None:
@@ -402,9 +404,7 @@ class PerfettoTraceSink:
         self._recorder: Any = None
         self._seqs: dict[int, _Seq] = {}
         self._pool = _Pool()
-        self._prefixes: dict[int, int] = {}  # track << 32 | name code -> pool id of the BEGIN prefix
-        self._name_codes: dict[tuple[str, str], int] = {}  # (cat, name) -> code
-        self._code_list: list[tuple[str, str]] = []
+        self._prefixes: dict[tuple[int, str, str], int] = {}  # (track, cat, name) -> pool id
         self._device_uuids: dict[str, int] = {}
         self._next_uuid = SYNTHETIC_UUID + 1
         self._process_uuid = SYNTHETIC_UUID
@@ -521,9 +521,7 @@ class PerfettoTraceSink:
             need |= np.array(list(map(STATUS_OK.__ne__, statuses)))
         changed = np.ones(n, bool)  # launches repeat their attributes: encode each run of equal ones once
         if n > 1:
-            changed[1:] = (np.array(list(map(ne, attrs[1:], attrs[:-1]))) | (thr[1:] != thr[:-1])
-                           | np.array(list(map(ne, statuses[1:], statuses[:-1])))
-                           | np.array(list(map(ne, errors[1:], errors[:-1]))))
+            changed[1:] = (_differs(attrs) | (thr[1:] != thr[:-1]) | _differs(statuses) | _differs(errors))
         new = need & changed
         extras = [self._extra(spans[i], threads[i]) for i in np.flatnonzero(new).tolist()]
         xid = np.where(need, np.cumsum(new) - 1, -1)
@@ -540,7 +538,7 @@ class PerfettoTraceSink:
         h1[:, C_K2] = 1
         h1[:, C_K3] = -ids
         h0[:, C_G] = h1[:, C_G] = group
-        h0[:, C_PRE] = self._prefix_ids(thr, cats, names)
+        h0[:, C_PRE] = self._prefix_ids(threads, cats, names)
         h1[:, C_PRE] = -1
         h0[:, C_FLOW] = flows * _FLOW_OUT
         h0[:, C_SPANANN] = ~flows
@@ -561,8 +559,7 @@ class PerfettoTraceSink:
             d1[:, C_K2] = 1
             d1[:, C_K3] = -ids[idx]
             d0[:, C_G] = d1[:, C_G] = group[idx]
-            d0[:, C_PRE] = self._prefix_ids(d0[:, C_TRACK], list(compress(cats, placed)),
-                                            list(compress(names, placed)))
+            d0[:, C_PRE] = self._prefix_ids(dtrack, list(compress(cats, placed)), list(compress(names, placed)))
             d1[:, C_PRE] = -1
             f = flows[idx]
             d0[:, C_FLOW] = f * _FLOW_IN
@@ -581,24 +578,12 @@ class PerfettoTraceSink:
             rows = np.concatenate([rows, counters])
         return rows, extras, arrivals
 
-    def _prefix_ids(self, tracks: np.ndarray, cats: list[str], names: list[str]) -> np.ndarray:
-        """Pool ids of the BEGIN prefixes (type, category, name) of rows on the given tracks."""
-        codes = list(map(self._name_codes.get, zip(cats, names)))
-        if None in codes:
-            for k in set(compress(zip(cats, names), map(is_, codes, repeat(None)))):
-                self._name_codes[k] = len(self._name_codes)
-                self._code_list.append(k)
-            codes = list(map(self._name_codes.__getitem__, zip(cats, names)))
-        combo = (tracks << 32) | np.array(codes, np.int64)
-        uniq, inverse = np.unique(combo, return_inverse=True)
-        pool_ids = []
-        for c in uniq.tolist():
-            pid = self._prefixes.get(c)
-            if pid is None:
-                cat, name = self._code_list[c & 0xFFFFFFFF]
-                pid = self._prefixes[c] = self._prefix(c >> 32, cat, name)
-            pool_ids.append(pid)
-        return np.array(pool_ids, np.int64)[inverse]
+    def _prefix_ids(self, tracks: list[int], cats: list[str], names: list[str]) -> np.ndarray:
+        """Pool ids of the BEGIN templates (category and name iids) of rows on the given tracks."""
+        ids = list(map(self._prefixes.get, zip(tracks, cats, names)))  # zip's tuples are transient
+        if None in ids:
+            ids = [i if i is not None else self._prefix(*k) for i, k in zip(ids, zip(tracks, cats, names))]
+        return np.array(ids, np.int64)
 
     def _counter_rows(self, spans: list[Span], cats: tuple, attrs: tuple, group: np.ndarray, md: np.ndarray,
                       head: list[bytes], extras: list[bytes]) -> np.ndarray | None:
@@ -727,9 +712,9 @@ class PerfettoTraceSink:
                 now = np.concatenate([now, np.ones(len(rows) - len(now), bool)])
         sel = np.flatnonzero(now)
         if len(sel):
-            _, track = np.unique(rows[sel, C_TRACK], return_inverse=True)
+            track = rows[sel, C_TRACK]
             ts = rows[sel, C_TS]
-            latest = np.full(track.max() + 1, np.iinfo(np.int64).min)
+            latest = np.full(int(track.max()) + 1, np.iinfo(np.int64).min)
             np.maximum.at(latest, track, ts)
             edge = ts == latest[track]
             tail = rows[sel[edge]]
@@ -864,7 +849,9 @@ class PerfettoTraceSink:
 
     def _prefix(self, track: int, cat: str, name: str) -> int:
         seq = self._seqs[track]
-        return self._pool.add(TE_CAT + _uv(seq.intern(_CATS, cat)) + TE_NAME + _uv(seq.intern(_NAMES, name)))
+        pid = self._prefixes[(track, cat, name)] = self._pool.add(
+            TE_CAT + _uv(seq.intern(_CATS, cat)) + TE_NAME + _uv(seq.intern(_NAMES, name)))
+        return pid
 
     def _prefix_counter(self, seq: _Seq) -> int:
         if seq.counter_prefix < 0:
@@ -953,6 +940,14 @@ def _order(rows: np.ndarray) -> np.ndarray:
         r = order[pos]
         order[pos] = r[np.lexsort((rows[r, C_K3], rows[r, C_K2], rows[r, C_K1], run))]
     return order
+
+
+def _differs(values: list[Any]) -> np.ndarray:
+    """values[i + 1] != values[i], for each i (all True where values do not compare, e.g. arrays)."""
+    try:
+        return np.array(list(map(ne, values[1:], values[:-1])), bool)
+    except (TypeError, ValueError):
+        return np.ones(len(values) - 1, bool)
 
 
 def _runs(keys: np.ndarray) -> list[tuple[tuple[int, ...], int, int]]:
