@@ -48,7 +48,7 @@ import os
 import threading
 import time
 from itertools import compress, repeat
-from operator import attrgetter, is_not, ne, not_
+from operator import attrgetter, is_, is_not, ne, not_
 from typing import IO, Any, Sequence
 
 import numpy as np
@@ -582,10 +582,12 @@ class PerfettoTraceSink:
         """Pool ids of the BEGIN templates (category and name iids) of rows on the given tracks."""
         ids = list(map(self._prefixes.get, zip(tracks, cats, names)))  # zip's tuples are transient
         if None in ids:
-            ids = [i if i is not None else self._prefix(*k) for i, k in zip(ids, zip(tracks, cats, names))]
+            for key in set(compress(zip(tracks, cats, names), map(is_, ids, repeat(None)))):
+                self._prefix(*key)
+            ids = list(map(self._prefixes.__getitem__, zip(tracks, cats, names)))
         return np.array(ids, np.int64)
 
-    def _counter_rows(self, spans: list[Span], cats: tuple, attrs: tuple, group: np.ndarray, md: np.ndarray,
+    def _counter_rows(self, spans: list[Span], cats: list[str], attrs: list[Any], group: np.ndarray, md: np.ndarray,
                       head: list[bytes], extras: list[bytes]) -> np.ndarray | None:
         """Cumulative bytes-transferred samples, at the end of each transfer that says its size."""
         if TRANSFER not in cats:
@@ -741,12 +743,11 @@ class PerfettoTraceSink:
     # -- encoding -------------------------------------------------------------------
     def _encode(self, rows: np.ndarray, extras: list[bytes], select: np.ndarray | None = None) -> bytes:
         """Packets for ``rows`` (or the rows at ``select``), in the order trace processor needs."""
-        if select is not None:
-            rows = rows[select[_order(rows[select])]] if len(select) else rows[:0]
-        elif len(rows):
-            rows = rows[_order(rows)]
-        if not len(rows):
+        if select is None:
+            select = np.arange(len(rows))
+        if not len(select):
             return b""
+        rows = rows[select[_order(rows, select)]]
         n = len(rows)
         ts = rows[:, C_TS]
         prev = np.empty(n, np.int64)
@@ -917,12 +918,13 @@ class PerfettoTraceSink:
             self.bytes_written += len(data)
 
 
-def _order(rows: np.ndarray) -> np.ndarray:
-    """Row order for writing: by track and time; rows tied on both by the nesting keys (module docstring)."""
-    ts = rows[:, C_TS]
-    rel = ts - ts.min()
-    _, rank = np.unique(rows[:, C_TRACK], return_inverse=True)
+def _order(rows: np.ndarray, select: np.ndarray) -> np.ndarray:
+    """Order of the rows at ``select`` for writing: by track and time, rows tied on both by the nesting
+    keys (see the module docstring). Only the key columns are gathered."""
+    ts = rows[select, C_TS]
+    _, rank = np.unique(rows[select, C_TRACK], return_inverse=True)
     rank = rank.astype(np.int64)
+    rel = ts - ts.min()
     if int(rel.max()) < (1 << 40) and int(rank.max()) < (1 << 22):
         key = (rank << 40) | rel
         order = np.argsort(key, kind="stable")
@@ -937,8 +939,8 @@ def _order(rows: np.ndarray) -> np.ndarray:
         in_tie[:-1] |= tied
         pos = np.flatnonzero(in_tie)
         run = np.cumsum(np.concatenate(([True], ~tied)))[pos]
-        r = order[pos]
-        order[pos] = r[np.lexsort((rows[r, C_K3], rows[r, C_K2], rows[r, C_K1], run))]
+        r = select[order[pos]]
+        order[pos] = order[pos][np.lexsort((rows[r, C_K3], rows[r, C_K2], rows[r, C_K1], run))]
     return order
 
 
