@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 import cltrace
-from cltrace.autotune import Autotuner, Config
+from cltrace.tuning import Autotuner, Config
 from cltrace.compiler import default_queue
 from cltrace.kernels.matmul import MATMUL, MatmulProblem
 

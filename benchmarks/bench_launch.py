@@ -82,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     perf = time.perf_counter_ns
 
     def raw_recorded() -> None:
-        """The floor of any traced launch: the raw enqueue, two clock reads, one record_launch."""
+        """A traced launch through the public API: the raw enqueue, two clock reads, one record_launch.
+
+        Kernel launchers append the same record to the recorder themselves, without record_launch's calls.
+        """
         hb = perf()
         ev = enqueue(q, raw, gs, ls)
         cltrace.record_launch("add", q, ev, hb, perf())

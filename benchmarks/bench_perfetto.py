@@ -27,8 +27,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
 from cltrace.export.chrome import ChromeTraceSink
-from cltrace.export.perfetto import PerfettoTraceSink
-from cltrace.export.perfetto_reader import iter_packets
+from cltrace.export.perfetto import PerfettoTraceSink, iter_packets
 from cltrace.recorder import Recorder
 from cltrace.spans import Span
 

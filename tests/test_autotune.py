@@ -17,7 +17,7 @@ import pytest
 import cltrace
 from cltrace.regions import category_region
 from cltrace import tunedb
-from cltrace.autotune import AutotuneResult, Autotuner, Config, DeviceLimits, KernelTemplate, Trial, autotune
+from cltrace.tuning import AutotuneResult, Autotuner, Config, DeviceLimits, KernelTemplate, Trial, autotune
 from cltrace.compiler import device_key
 from cltrace.kernels.matmul import MATMUL, MatmulProblem
 from cltrace.tracefile import load
@@ -418,6 +418,26 @@ def test_autotune_function_matches_the_seed_signature(queue: Any, problem: Matmu
                    n_warmup=1, n=2, queue=queue, progress=False, persist=False)
     assert res.best_config is not None and len(res.measurements) == 2
     assert all(len(t.times_ns) == 2 for t in res.measurements)
+
+
+COMPAT_SCRIPT = """
+import json
+from cltrace.autotune import (FAILED, OK, AutotuneResult, Autotuner, Config, DeviceLimits, KernelTemplate, Trial,
+                              autotune, compare, standard_defines)
+import cltrace, cltrace.tuning as tuning
+old = dict(FAILED=FAILED, OK=OK, AutotuneResult=AutotuneResult, Autotuner=Autotuner, Config=Config,
+           DeviceLimits=DeviceLimits, KernelTemplate=KernelTemplate, Trial=Trial, autotune=autotune, compare=compare,
+           standard_defines=standard_defines)
+print(json.dumps({"same": sorted(k for k, v in old.items() if getattr(tuning, k) is v),
+                  "function": cltrace.autotune is tuning.autotune}))
+"""
+
+
+def test_the_old_import_path_gives_the_same_names_and_keeps_the_function() -> None:
+    got = _py(COMPAT_SCRIPT, dict(os.environ))
+    assert got["same"] == sorted(["FAILED", "OK", "AutotuneResult", "Autotuner", "Config", "DeviceLimits",
+                                  "KernelTemplate", "Trial", "autotune", "compare", "standard_defines"])
+    assert got["function"], "importing cltrace.autotune replaced the cltrace.autotune function with the module"
 
 
 def test_cli_tune(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:

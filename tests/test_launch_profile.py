@@ -1,7 +1,9 @@
 """LaunchProfile on real OpenCL (PoCL): first and later launches, compile kept apart from kernel
-time, accumulation over reused profiles, and launches nested in regions (Chrome JSON)."""
+time, accumulation over reused profiles, launches nested in regions (Chrome JSON), and traced
+launches from another thread under the recorder's back-pressure."""
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -178,3 +180,42 @@ def test_launches_nest_in_regions_with_flows(cl_ctx: Any, queue: Any, bufs: Any,
     b0, e0 = tr.interval(dev)
     assert abs((e0 - b0) - p.kernel_ns) <= 1
     assert abs(b0 - (p.start_ns - RECORDER.start_ns)) <= 1
+
+
+def test_traced_launches_keep_back_pressure_and_their_thread(cl_ctx: Any, queue: Any, plain_queue: Any,
+                                                            bufs: Any) -> None:
+    """The launcher appends its records to the recorder itself: same cap, same thread, same fields."""
+    prg = cltrace.compile(SOURCE, context=cl_ctx)
+    a, b = bufs
+    RECORDER.configure(max_pending=16)
+    outstanding = 0
+    worker: list[int] = []
+
+    def launch_many() -> None:
+        nonlocal outstanding
+        worker.append(threading.get_ident())
+        with cltrace.region("batch"):
+            for _ in range(40):
+                prg.add[N, 64, queue](a, b)
+                prg.add[N, 64, plain_queue](a, b)
+                outstanding = max(outstanding, len(RECORDER.pending) + len(RECORDER.resolver.waiting))
+
+    with cltrace.trace():
+        t = threading.Thread(target=launch_many, name="launch-worker")
+        t.start()
+        t.join()
+    assert outstanding <= 16
+    spans = RECORDER.spans()
+    (batch,) = [s for s in spans if s.cat == "region"]
+    kernels = [s for s in spans if s.cat == "kernel"]
+    assert len(kernels) == 80 and len({s.id for s in kernels}) == 80
+    assert RECORDER.tracks.get(batch.thread).name == "launch-worker"
+    assert RECORDER.tracks.host_thread(worker[0]) == batch.thread
+    for s in kernels:
+        assert (s.name, s.parent, s.path, s.thread) == ("add", batch.id, ("batch", "add"), batch.thread)
+        assert s.attrs["global_size"] == [N] and s.attrs["local_size"] == [64]
+    device = [s for s in kernels if s.source == "device"]
+    host = [s for s in kernels if s.source == "host"]
+    assert len(device) == len(host) == 40
+    assert all(s.attrs["cltrace.device_time"].startswith("unavailable") for s in host)
+    assert not any("cltrace.device_time" in s.attrs for s in device)

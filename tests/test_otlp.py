@@ -32,6 +32,7 @@ from cltrace.export.otlp import (
 )
 from cltrace.recorder import RECORDER
 from cltrace.spans import BUILD, COMPILE, KERNEL, REGION, Span
+from cltrace.tracefile import load as load_trace
 from otlp_collector import RotelCollector, free_port
 
 PROTOCOLS = ["grpc", "http/protobuf"]
@@ -387,11 +388,18 @@ def test_full_queue_drops_and_counts(queue: Any) -> None:
     assert st["failed"] + st["dropped"] + st["in_flight"] == 17
 
 
-def run_script(body: str) -> tuple[subprocess.CompletedProcess, float]:
+def run_script(body: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-c", textwrap.dedent(body)], capture_output=True, text=True,
-                       timeout=60)
+                       timeout=60, env=env)
     return p, time.monotonic() - t0
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without OTEL_* and CLTRACE* variables, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "CLTRACE"))}
+    env.update(extra)
+    return env
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -429,3 +437,49 @@ def test_undelivered_spans_reported_at_exit() -> None:
     assert "UNAVAILABLE" in report[0] or "failed to connect" in report[0], p.stderr
     assert "Traceback" not in p.stderr
     assert took < 30
+
+
+def test_opentelemetry_is_loaded_only_when_otlpsink_is_used() -> None:
+    p, _ = run_script("""
+        import sys
+        import cltrace
+        assert cltrace.enabled()
+        assert not [m for m in sys.modules if m.startswith("opentelemetry")], "loaded at import"
+        sink_class = cltrace.OtlpSink
+        assert "opentelemetry.sdk.trace" in sys.modules
+        from cltrace.export.otlp import OtlpSink
+        assert sink_class is OtlpSink
+        try:
+            cltrace.NoSuchName
+        except AttributeError as exc:
+            print(exc)
+    """, env=clean_env(CLTRACE="1"))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "module 'cltrace' has no attribute 'NoSuchName'"
+
+
+@pytest.mark.parametrize("var, protocol", [("OTEL_EXPORTER_OTLP_ENDPOINT", GRPC),
+                                           ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", HTTP)])
+def test_cltrace_env_also_sends_to_the_otel_endpoint(var: str, protocol: str, collector: RotelCollector,
+                                                     tmp_path: Any) -> None:
+    # The protocol comes from the endpoint's look: no OTEL_EXPORTER_OTLP_PROTOCOL here.
+    url = f"http://127.0.0.1:{collector.grpc_port}" if protocol == GRPC else collector.http_endpoint
+    service = f"env-start-{protocol}"
+    out = tmp_path / "run.json"
+    p, _ = run_script("""
+        import cltrace
+        with cltrace.region("from env"):
+            pass
+    """, env=clean_env(CLTRACE="1", CLTRACE_OUT=str(out), OTEL_SERVICE_NAME=service, **{var: url}))
+    assert p.returncode == 0, p.stderr
+    assert "cltrace" not in p.stderr, p.stderr
+
+    def of_service(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [s for s in spans if s["resource"].get("service.name") == service]
+
+    got = of_service(collector.wait_for(lambda spans: len(of_service(spans)) >= 2))
+    assert sorted(s["name"] for s in got) == ["cltrace.run", "from env"]
+    root, region = sorted(got, key=lambda s: s["name"])
+    assert region["trace_id"] == root["trace_id"] and region["parent_id"] == root["span_id"]
+    spans, _ = load_trace(out)
+    assert [s.name for s in spans] == ["from env"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,8 +22,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
 from cltrace.errors import TraceFileError
-from cltrace.export.perfetto import PerfettoTraceSink
-from cltrace.export.perfetto_reader import iter_packets, load_pftrace
+from cltrace.export.perfetto import PerfettoTraceSink, iter_packets, load_pftrace
 from cltrace.recorder import RECORDER, Recorder
 from cltrace.session import format_for
 from cltrace.spans import Span
@@ -426,6 +427,26 @@ def test_garbage_and_non_traces_raise(tmp_path: Any) -> None:
     p.write_bytes(b"\x0a" + bytes(random.Random(2).randrange(256) for _ in range(300)))
     with pytest.raises(TraceFileError):
         load(p)
+
+
+def test_load_names_a_missing_perfetto_package_and_nothing_else(traced: Traced) -> None:
+    def load_with(blocked: str) -> subprocess.CompletedProcess[str]:
+        code = ("import sys\n"
+                f"sys.modules[{blocked!r}] = None\n"
+                "from cltrace.errors import TraceFileError\n"
+                "from cltrace.tracefile import load\n"
+                "try:\n"
+                f"    load({traced.pftrace!r})\n"
+                "except TraceFileError as exc:\n"
+                "    print('TraceFileError:', exc)\n")
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    missing = load_with("perfetto")
+    assert missing.returncode == 0, missing.stderr
+    assert missing.stdout.strip() == "TraceFileError: reading .pftrace needs the perfetto package (pip install perfetto)"
+    broken = load_with("google.protobuf")  # what the reader needs besides perfetto: a real error, shown as it is
+    assert broken.returncode == 1 and "TraceFileError" not in broken.stdout
+    assert "ModuleNotFoundError" in broken.stderr and "google.protobuf" in broken.stderr
 
 
 def test_flushed_file_is_readable_before_close(tmp_path: Any, kernels: Any, queue: Any) -> None:

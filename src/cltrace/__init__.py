@@ -17,7 +17,8 @@ from .timing import EventTimer, timing
 from .compiler import BuildError, Kernel, Program, ProgramCache, compile
 from .instrument import instrument, uninstrument
 from .profile import LaunchProfile
-from .autotune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, autotune
+from . import autotune  # the old module path, loaded first so that no later import of it rebinds the name below
+from .tuning import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, autotune
 
 __all__ = [
     "CltraceError", "EventTimerError", "ProfilingNotEnabledError", "TraceFileError",
@@ -27,6 +28,15 @@ __all__ = [
     "compile", "Program", "Kernel", "LaunchProfile", "instrument", "uninstrument", "ProgramCache", "BuildError",
     "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``cltrace.OtlpSink``, imported on first use: importing cltrace does not load OpenTelemetry."""
+    if name == "OtlpSink":
+        from .export.otlp import OtlpSink
+
+        return OtlpSink
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _init_from_env() -> None:

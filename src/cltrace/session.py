@@ -80,7 +80,14 @@ def trace(*outputs: str | Any, capacity: int | None = None, overflow: str | None
 
 
 def start_from_env() -> None:
-    """``CLTRACE=1`` turns tracing on at import; ``CLTRACE_OUT`` names the output file(s)."""
+    """``CLTRACE=1`` turns tracing on at import; ``CLTRACE_OUT`` names the output file(s);
+    OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT also sends the spans there (``otlp_sink_from_env``)."""
     if os.environ.get("CLTRACE", "").strip().lower() in ("1", "true", "yes", "on"):
-        outs = [p for p in os.environ.get("CLTRACE_OUT", "").split(os.pathsep) if p]
+        outs: list[Any] = [p for p in os.environ.get("CLTRACE_OUT", "").split(os.pathsep) if p]
+        if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            from .export.otlp import otlp_sink_from_env
+
+            sink = otlp_sink_from_env()
+            if sink is not None:
+                outs.append(sink)
         start(*outs)

@@ -124,9 +124,11 @@ def load(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, Any]]:
     if kind == "json":
         return load_chrome(p)
     try:
-        from .export.perfetto_reader import load_pftrace
-    except ImportError:
-        raise TraceFileError("reading .pftrace needs the perfetto exporter") from None
+        from .export.perfetto import load_pftrace
+    except ModuleNotFoundError as exc:  # a broken install of anything else must not read as this
+        if not (exc.name or "").startswith("perfetto"):
+            raise
+        raise TraceFileError("reading .pftrace needs the perfetto package (pip install perfetto)") from None
     return load_pftrace(p)
 
 

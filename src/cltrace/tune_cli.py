@@ -82,7 +82,7 @@ def _gflops(trial: Any, flops: float) -> str:
 
 def main_tune(args: argparse.Namespace) -> int:
     """Run the sweep, print the ranked table and the default-vs-tuned GFLOP/s; 0 if a trial succeeded."""
-    from .autotune import Autotuner
+    from .tuning import Autotuner
     from .kernels.matmul import MATMUL, MatmulProblem
     from .compiler import default_queue
     from .session import trace

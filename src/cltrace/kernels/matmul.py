@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyopencl as cl
 
-from ..autotune import Config, DeviceLimits, KernelTemplate
+from ..tuning import Config, DeviceLimits, KernelTemplate
 
 TILE_K = 16  # depth of the k-slices staged in local memory (must match SOURCE)
 

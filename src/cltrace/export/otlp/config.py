@@ -1,0 +1,88 @@
+"""OTLP sink settings: protocol, endpoint URL, headers and timeout, from arguments or the
+standard ``OTEL_EXPORTER_OTLP_*`` variables, with a clear error for a bad value."""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+from urllib.parse import urlparse
+
+GRPC = "grpc"
+HTTP = "http/protobuf"
+_PROTOCOLS = {"grpc": GRPC, "http/protobuf": HTTP, "http": HTTP}
+
+DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_CLOSE_TIMEOUT_S = 5.0
+DEFAULT_MAX_QUEUE_SPANS = 131_072
+DEFAULT_MAX_BATCH_SPANS = 4096
+DEFAULT_MAX_REQUEST_BYTES = 3 << 20  # collectors (otelcol, rotel) refuse gRPC messages over 4 MiB
+
+ENDPOINT_VARS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def env(*names: str) -> str | None:
+    """The first of the variables ``names`` that is set and not empty, stripped."""
+    for n in names:
+        v = os.environ.get(n)
+        if v:
+            return v.strip()
+    return None
+
+
+def resolve_protocol(protocol: str | None, endpoint: str | None) -> str:
+    """``grpc`` or ``http/protobuf``: argument, then OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL,
+    then the look of the endpoint (None: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT): port 4318
+    or a ``/v1/traces`` path mean HTTP, else gRPC."""
+    p = protocol or env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+    if p:
+        key = p.strip().lower()
+        if key not in _PROTOCOLS:
+            raise ValueError(f"OTLP protocol {p!r} is not supported: use 'grpc' or 'http/protobuf'")
+        return _PROTOCOLS[key]
+    if endpoint is None:
+        endpoint = env(*ENDPOINT_VARS)
+    if endpoint:
+        u = urlparse(endpoint if "://" in endpoint else "//" + endpoint)
+        if u.path.rstrip("/").endswith("/v1/traces") or u.port == 4318:
+            return HTTP
+    return GRPC
+
+
+def http_url(endpoint: str) -> str:
+    """The OTLP/HTTP traces URL for ``endpoint``: ``http://`` when no scheme, ``/v1/traces`` when no path."""
+    url = endpoint if "://" in endpoint else "http://" + endpoint
+    u = urlparse(url)
+    if u.path in ("", "/"):
+        url = url.rstrip("/") + "/v1/traces"
+    return url
+
+
+def grpc_url(endpoint: str | None) -> str | None:
+    """A bare ``host:port`` is a plain-text collector: ``http://host:port``."""
+    if endpoint is not None and "://" not in endpoint:
+        return "http://" + endpoint
+    return endpoint
+
+
+def parse_headers(headers: Mapping[str, str] | str | None) -> dict[str, str] | None:
+    """Request headers from a mapping or ``"k=v,k2=v2"`` (None: the exporter reads the environment)."""
+    if headers is None or isinstance(headers, Mapping):
+        return dict(headers) if headers is not None else None
+    out = {}
+    for part in headers.split(","):
+        if part.strip():
+            k, sep, v = part.partition("=")
+            if not sep:
+                raise ValueError(f"OTLP headers {headers!r}: expected 'key=value[,key=value]'")
+            out[k.strip()] = v.strip()
+    return out
+
+
+def timeout_from_env() -> float | None:
+    """OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT in seconds, as the OpenTelemetry Python exporters read it."""
+    raw = env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"OTEL_EXPORTER_OTLP_TIMEOUT={raw!r} is not a number of seconds") from None

@@ -1,0 +1,208 @@
+"""cltrace Span -> OpenTelemetry span fields, and the ``cltrace.*`` attribute naming.
+
+Span ids are ``(run salt << 32) XOR cltrace span id``; the ``cltrace.run`` root is cltrace
+id 0, which is what ``Span.parent == 0`` means. Times are Unix-epoch ns: host
+``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
+host call that issued the work to the later of the host return and the device END.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from opentelemetry.sdk.trace import Event, ReadableSpan
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from ...spans import KERNEL, STATUS_ERROR, Span
+
+# Record attribute keys with a name of their own; every other key K becomes "cltrace.K".
+_KEY_NAMES = {"global_size": "cltrace.kernel.global_size", "local_size": "cltrace.kernel.local_size"}
+# Attributes cltrace sets itself; a record attribute never overrides one.
+_FIXED_KEYS = frozenset({
+    "cltrace.category", "cltrace.thread", "cltrace.path", "cltrace.kernel.name", "cltrace.time.source",
+    "cltrace.queue", "cltrace.device.name", "cltrace.device.platform", "cltrace.host.duration_ns",
+    "cltrace.device.duration_ns",
+})
+_INT64 = 1 << 63
+EVENT_NAMES = ("QUEUED", "SUBMIT", "START", "END")
+CACHE_MAX = 8192  # entries per mapping or encoding cache; past it, compute afresh
+
+
+def attr_value(v: Any) -> Any:
+    """A valid OpenTelemetry attribute value for ``v`` (None: leave the attribute out).
+
+    str/bool/float/int64 and homogeneous tuples or lists of them pass; numpy scalars are
+    unwrapped; anything else (mixed sequences, dicts, huge ints, objects) becomes ``str(v)``.
+    """
+    t = type(v)
+    if t is str or t is bool or t is float:
+        return v
+    if t is int:
+        return v if -_INT64 <= v < _INT64 else str(v)
+    if v is None:
+        return None
+    if t is tuple or t is list:
+        if not v:
+            return v
+        t0 = type(v[0])
+        if t0 is int:
+            if all(type(x) is int and -_INT64 <= x < _INT64 for x in v):
+                return v
+        elif (t0 is str or t0 is bool or t0 is float) and all(type(x) is t0 for x in v):
+            return v
+        return str(v)
+    if isinstance(v, int):
+        return attr_value(int(v))
+    if isinstance(v, float):
+        return float(v)
+    if isinstance(v, str):
+        return str.__str__(v)
+    item = getattr(v, "item", None)  # numpy scalars
+    if callable(item) and getattr(v, "ndim", None) == 0:
+        try:
+            return attr_value(item())
+        except Exception:
+            pass
+    return str(v)
+
+
+def attr_key(k: Any) -> str:
+    """OTel name of a record attribute: see _KEY_NAMES; else ``cltrace.K`` (``K`` as is when it
+    already starts with ``cltrace.``), or ``cltrace.attr.K`` where that would shadow a fixed one."""
+    k = str(k)
+    name = _KEY_NAMES.get(k)
+    if name is not None:
+        return name
+    name = k if k.startswith("cltrace.") else "cltrace." + k
+    return "cltrace.attr." + k if name in _FIXED_KEYS else name
+
+
+class Mapper:
+    """cltrace Span -> OTel span record ``(name, span_id, parent_id, start, end, attrs, events,
+    status_code, status_message)``: one mapping shared by both encoders."""
+
+    def __init__(self, recorder: Any, trace_id: int, salt: int,
+                 root_parent: int | None = None, root_parent_remote: bool = False) -> None:
+        self.tracks = recorder.tracks
+        self.offset = recorder.start_unix_ns - recorder.start_ns
+        self.trace_id = trace_id
+        self.key = salt << 32
+        self.root_parent = root_parent
+        self.root_parent_remote = root_parent_remote
+        self._threads: dict[int, str] = {}
+        self._queues: dict[int, tuple[str, str, str]] = {}
+        self._static: dict[tuple, dict[str, Any]] = {}
+
+    def span_id(self, cltrace_id: int) -> int:
+        return cltrace_id ^ self.key
+
+    def _thread(self, tid: int) -> str:
+        name = self._threads.get(tid)
+        if name is None:
+            try:
+                name = self.tracks.get(tid).name
+            except KeyError:
+                name = f"track {tid}"
+            self._threads[tid] = name
+        return name
+
+    def _queue(self, tid: int) -> tuple[str, str, str]:
+        info = self._queues.get(tid)
+        if info is None:
+            try:
+                track = self.tracks.get(tid)
+                dev = self.tracks.devices.get(track.device)
+                info = (track.name, dev.name if dev else "?", dev.platform if dev else "?")
+            except KeyError:
+                info = (f"track {tid}", "?", "?")
+            self._queues[tid] = info
+        return info
+
+    def static_attrs(self, s: Span) -> dict[str, Any]:
+        """The string attributes, shared by every span of one name, kind, path, thread and
+        queue (cached: do not modify the dict)."""
+        key = (s.cat, s.thread, s.path, s.name, s.device_track)
+        attrs = self._static.get(key)
+        if attrs is not None:
+            return attrs
+        attrs = {"cltrace.category": s.cat, "cltrace.thread": self._thread(s.thread)}
+        if s.path:
+            attrs["cltrace.path"] = "/".join(s.path)
+        if s.cat == KERNEL:
+            attrs["cltrace.kernel.name"] = s.name
+        if s.dev_start is not None:
+            attrs["cltrace.time.source"] = "device"
+            qname, dname, pname = self._queue(s.device_track)
+            attrs["cltrace.queue"] = qname
+            attrs["cltrace.device.name"] = dname
+            attrs["cltrace.device.platform"] = pname
+        else:
+            attrs["cltrace.time.source"] = "host"
+        if len(self._static) < CACHE_MAX:
+            self._static[key] = attrs
+        return attrs
+
+    def convert(self, s: Span) -> tuple:
+        off = self.offset
+        start = s.host_begin + off
+        end = s.host_end + off
+        attrs = dict(self.static_attrs(s))
+        attrs["cltrace.host.duration_ns"] = s.host_end - s.host_begin
+        events: tuple = ()
+        if s.dev_start is not None:
+            attrs["cltrace.device.duration_ns"] = s.raw_end - s.raw_start
+            dend = s.dev_end + off
+            events = (("QUEUED", s.dev_queued + off), ("SUBMIT", s.dev_submit + off),
+                      ("START", s.dev_start + off), ("END", dend))
+            if dend > end:
+                end = dend
+        if s.attrs:
+            for k, v in s.attrs.items():
+                v = attr_value(v)
+                if v is not None:
+                    attrs[attr_key(k)] = v
+        key = self.key
+        if s.status == STATUS_ERROR:
+            return (s.name, s.id ^ key, s.parent ^ key, start, end, attrs, events, 2, s.error or "error")
+        return (s.name, s.id ^ key, s.parent ^ key, start, end, attrs, events, 0, None)
+
+    def root(self, begin_ns: int, end_ns: int, meta: Mapping[str, Any], counts: Mapping[str, int]) -> tuple:
+        """The ``cltrace.run`` span (cltrace id 0) that every top-level span hangs under."""
+        off = self.offset
+        attrs: dict[str, Any] = {
+            "cltrace.category": "run",
+            "cltrace.spans.recorded": int(meta.get("recorded_spans", 0)),
+            "cltrace.spans.dropped": int(meta.get("dropped_spans", 0)),
+            "cltrace.otlp.dropped": counts["dropped"],
+            "cltrace.otlp.failed": counts["failed"],
+        }
+        clocks = meta.get("clocks") or {}
+        if clocks:
+            keys = sorted(clocks)
+            attrs["cltrace.clock.devices"] = keys
+            attrs["cltrace.clock.bound_ns"] = [int(clocks[k].get("bound_ns", 0)) for k in keys]
+            attrs["cltrace.clock.drift_ns"] = [int(clocks[k].get("drift_ns", 0)) for k in keys]
+            attrs["cltrace.clock.domain"] = [str(clocks[k].get("domain", "")) for k in keys]
+            attrs["cltrace.clock.method"] = [str(clocks[k].get("method", "")) for k in keys]
+        return ("cltrace.run", self.key, self.root_parent, begin_ns + off, end_ns + off, attrs, (), 0, None)
+
+
+def readable_span(rec: tuple, trace_id: int, resource: Any, scope: Any,
+                  parent_remote: bool = False) -> Any:
+    """A Mapper record as an SDK ``ReadableSpan`` (for user exporters, tracer providers and
+    the SDK encoder)."""
+    name, sid, pid, start, end, attrs, events, code, msg = rec
+    flags = TraceFlags(TraceFlags.SAMPLED)
+    parent = SpanContext(trace_id, pid, parent_remote, flags) if pid is not None else None
+    return ReadableSpan(
+        name=name,
+        context=SpanContext(trace_id, sid, False, flags),
+        parent=parent,
+        resource=resource,
+        attributes=attrs,
+        events=[Event(n, None, ts) for n, ts in events],
+        kind=SpanKind.INTERNAL,
+        status=Status(StatusCode.ERROR, msg) if code else Status(StatusCode.UNSET),
+        start_time=start,
+        end_time=end,
+        instrumentation_scope=scope,
+    )

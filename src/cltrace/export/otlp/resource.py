@@ -1,0 +1,49 @@
+"""The OTLP resource of a run: service name and user attributes from the environment, and
+the host, process and OpenCL devices cltrace detected."""
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from typing import Any, Mapping
+
+from opentelemetry.sdk.resources import Resource
+
+from ...recorder import _version
+
+
+def base_resource(service_name: str | None) -> dict[str, Any]:
+    """Resource attributes from the environment (OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME)
+    and the SDK, with an explicit ``service_name`` over both; default name ``cltrace``.
+
+    Computed once, before any export: the SDK runs its resource detectors on a thread
+    pool, which no longer accepts work while the interpreter shuts down.
+    """
+    attrs = dict(Resource.create({"service.name": service_name} if service_name else {}).attributes)
+    if str(attrs.get("service.name", "")).startswith("unknown_service"):
+        attrs["service.name"] = "cltrace"
+    return attrs
+
+
+def resource_attributes(recorder: Any, base: Mapping[str, Any]) -> dict[str, Any]:
+    """Detected host/process/OpenCL facts, overridden by ``base`` (see ``base_resource``)."""
+    devices = list(recorder.tracks.devices.values())
+    detected: dict[str, Any] = {
+        "host.name": socket.gethostname(),
+        "host.arch": platform.machine(),
+        "os.type": platform.system().lower(),
+        "process.pid": os.getpid(),
+        "process.executable.path": sys.executable,
+        "process.command_args": [str(a) for a in sys.argv],
+        "process.runtime.name": sys.implementation.name,
+        "process.runtime.version": platform.python_version(),
+        "cltrace.version": _version(),
+        "cltrace.host.unix_offset_ns": recorder.start_unix_ns - recorder.start_ns,
+        "cltrace.opencl.device.names": [d.name for d in devices],
+        "cltrace.opencl.device.types": [d.type for d in devices],
+        "cltrace.opencl.device.versions": [d.version for d in devices],
+        "cltrace.opencl.driver.versions": [d.driver for d in devices],
+        "cltrace.opencl.platform.names": [d.platform for d in devices],
+    }
+    return {**detected, **base}

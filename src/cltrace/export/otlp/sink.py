@@ -1,0 +1,304 @@
+"""OtlpSink: the SpanSink that streams spans to OTLP without ever blocking the traced program.
+
+``write`` only queues (bounded; overflow is dropped and counted), worker threads convert
+and export, ``close`` waits a bounded time, and undelivered spans are counted
+(``stats()``) and reported in one log line.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections import deque
+from typing import Any, Mapping, Sequence
+
+from opentelemetry import trace as otel_trace
+
+from ...spans import Span
+from .batch import Batch, BatchExporter
+from .config import (
+    DEFAULT_CLOSE_TIMEOUT_S,
+    DEFAULT_MAX_BATCH_SPANS,
+    DEFAULT_MAX_QUEUE_SPANS,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_TIMEOUT_S,
+    ENDPOINT_VARS,
+    env,
+    timeout_from_env,
+)
+from .logs import ExporterLogFilter
+from .mapping import Mapper
+from .resource import base_resource
+from .transport import destination
+
+log = logging.getLogger("cltrace")
+
+_perf = time.perf_counter_ns
+
+
+class OtlpSink:
+    """Streams spans to an OTLP endpoint, a user's ``SpanExporter`` or a ``TracerProvider``.
+
+    ``endpoint``: ``host:port`` or URL (default: ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``,
+    else localhost:4317 / :4318). ``protocol``: ``"grpc"`` or ``"http/protobuf"`` (see
+    ``resolve_protocol``). ``headers``: dict or ``"k=v,k2=v2"``. ``timeout_s``: per export
+    request, retries included (default: OTEL_EXPORTER_OTLP_TIMEOUT, else 2 s).
+    ``close_timeout_s``: the most ``close`` waits for delivery. ``max_request_bytes`` keeps
+    requests under collectors' usual 4 MiB limit. Counters: ``delivered``, ``failed`` (export
+    refused or timed out), ``dropped`` (never sent: queue full, written after close, or still
+    queued when close gave up).
+
+    With its own OTLP exporters the sink runs ``senders`` workers, each with its own exporter
+    (an exporter is never called concurrently), so one encodes while another waits on the
+    network; a user's exporter or tracer provider gets one worker. ``sdk_encoder=True`` sends
+    ``ReadableSpan`` batches through the stock encoder instead of cltrace's direct encoding.
+    """
+
+    def __init__(self, endpoint: str | None = None, protocol: str | None = None,
+                 headers: Mapping[str, str] | str | None = None, timeout_s: float | None = None,
+                 exporter: Any = None, service_name: str | None = None, *,
+                 tracer_provider: Any = None, close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
+                 max_queue_spans: int = DEFAULT_MAX_QUEUE_SPANS,
+                 max_batch_spans: int = DEFAULT_MAX_BATCH_SPANS,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+                 senders: int = 2, sdk_encoder: bool = False) -> None:
+        if exporter is not None and tracer_provider is not None:
+            raise ValueError("OtlpSink: pass exporter or tracer_provider, not both")
+        if timeout_s is None:
+            timeout_s = timeout_from_env() or DEFAULT_TIMEOUT_S
+        if not timeout_s > 0 or not close_timeout_s >= 0:
+            raise ValueError("OtlpSink: timeout_s must be > 0 and close_timeout_s >= 0")
+        if min(max_queue_spans, max_batch_spans, max_request_bytes, senders) < 1:
+            raise ValueError("OtlpSink: max_queue_spans, max_batch_spans, max_request_bytes "
+                             "and senders must be >= 1")
+        self.timeout_s = float(timeout_s)
+        self.close_timeout_s = float(close_timeout_s)
+        self.max_queue_spans = max_queue_spans
+        self.max_batch_spans = max_batch_spans
+        self.max_request_bytes = max_request_bytes
+        self.service_name = service_name
+        self._base_resource = base_resource(service_name)
+        self._dest = dest = destination(endpoint, protocol, headers, self.timeout_s, exporter,
+                                        tracer_provider, senders, sdk_encoder)
+        self.protocol = dest.protocol
+        self.endpoint = dest.endpoint
+        self.exporters = dest.exporters
+        if dest.own and not dest.wire:
+            self.max_batch_spans = min(max_batch_spans, 512)  # the SDK encoder cannot split by size
+        self.delivered = 0
+        self.failed = 0
+        self.dropped = 0
+        self.exports = 0
+        self.failed_exports = 0
+        self.received = 0
+        self._last_error: str | None = None
+        self._warned = False
+        self._queue: deque[tuple[bool, list]] = deque()
+        self._queued = 0
+        self._inflight = 0
+        self._cv = threading.Condition()
+        self._closing = False
+        self._closed = False
+        self._workers: list[threading.Thread] = []
+        self._log_filter = ExporterLogFilter(self._error)
+        self._recorder: Any = None
+        self.mapper: Mapper | None = None
+        self._batches: BatchExporter | None = None
+        self.trace_id = 0
+        self._begin_ns: int | None = None
+
+    # -- SpanSink -------------------------------------------------------------------------
+    def start(self, recorder: Any) -> None:
+        if self._recorder is not None:
+            return
+        self._recorder = recorder
+        self._begin_ns = _perf()
+        ctx = otel_trace.get_current_span().get_span_context()
+        salt = random.getrandbits(32) or 1
+        if ctx.is_valid:
+            self.trace_id = ctx.trace_id
+            self.mapper = Mapper(recorder, ctx.trace_id, salt, ctx.span_id, ctx.is_remote)
+        else:
+            self.trace_id = random.getrandbits(128) or 1
+            self.mapper = Mapper(recorder, self.trace_id, salt)
+        dest = self._dest
+        self._batches = BatchExporter(recorder, self.mapper, self._base_resource, wire=dest.wire,
+                                      processor=dest.processor, provider_resource=dest.resource,
+                                      max_request_bytes=self.max_request_bytes, on_error=self._error)
+        self._log_filter.install()
+        for i, exp in enumerate(self.exporters):
+            t = threading.Thread(target=self._run, args=(exp,), name=f"cltrace-otlp-{i}", daemon=True)
+            self._workers.append(t)
+            t.start()
+
+    def write(self, spans: Sequence[Span]) -> None:
+        """Queue a batch for the workers; never waits. What does not fit is dropped and counted."""
+        n = len(spans)
+        if not n:
+            return
+        with self._cv:
+            self.received += n
+            if self._closed or not self._workers:
+                self.dropped += n
+                return
+            room = self.max_queue_spans - self._queued
+            if room < n:
+                self.dropped += n - max(room, 0)
+                if room <= 0:
+                    return
+                spans = spans[:room]
+                n = room
+            self._queue.append((False, list(spans)))
+            self._queued += n
+            self._cv.notify()
+
+    def flush(self, meta: dict[str, Any]) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def close(self, meta: dict[str, Any]) -> None:
+        """Send the root span, wait at most ``close_timeout_s`` for delivery, report losses."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._finish(meta)
+        except Exception as exc:
+            log.warning("cltrace: closing the OTLP sink failed: %s", exc)
+        finally:
+            self._log_filter.remove()
+
+    def _finish(self, meta: dict[str, Any]) -> None:
+        if not self._workers or self.mapper is None:
+            return
+        root = self.mapper.root(self._begin_ns or 0, _perf(), meta, self.stats())
+        with self._cv:
+            self.received += 1
+            self._queue.append((True, [root]))
+            self._queued += 1
+            self._closing = True
+            self._cv.notify_all()
+        deadline = time.monotonic() + self.close_timeout_s
+        for t in self._workers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in self._workers):
+            with self._cv:
+                self.dropped += self._queued
+                self._queue.clear()
+                self._queued = 0
+                if not self._last_error:
+                    self._last_error = f"gave up after close_timeout_s={self.close_timeout_s:g}"
+        if self._dest.own:
+            for exp in self.exporters:
+                try:
+                    exp.shutdown()  # also cuts short a retry still in flight
+                except Exception:
+                    pass
+        deadline = time.monotonic() + min(1.0, self.timeout_s)
+        for t in self._workers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._report()
+
+    # -- public helpers -------------------------------------------------------------------
+    def force_flush(self, timeout_s: float | None = None) -> bool:
+        """Wait (at most ``timeout_s``, default ``close_timeout_s``) until nothing is queued or in flight."""
+        deadline = time.monotonic() + (self.close_timeout_s if timeout_s is None else timeout_s)
+        with self._cv:
+            self._cv.notify_all()
+            while self._queued or self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0 or not any(t.is_alive() for t in self._workers):
+                    return False
+                self._cv.wait(left)
+        return True
+
+    def span_id(self, cltrace_id: int) -> int:
+        """The OTel span id a cltrace span id is exported under (0: the ``cltrace.run`` root)."""
+        if self.mapper is None:
+            raise RuntimeError("OtlpSink.span_id: the sink has not been started")
+        return self.mapper.span_id(cltrace_id)
+
+    def stats(self) -> dict[str, Any]:
+        with self._cv:
+            return {
+                "endpoint": self.endpoint,
+                "protocol": self.protocol,
+                "received": self.received,
+                "delivered": self.delivered,
+                "failed": self.failed,
+                "dropped": self.dropped,
+                "queued": self._queued,
+                "in_flight": self._inflight,
+                "exports": self.exports,
+                "failed_exports": self.failed_exports,
+                "last_error": self._last_error,
+            }
+
+    def __repr__(self) -> str:
+        return f"<OtlpSink {self.protocol} {self.endpoint}>"
+
+    # -- workers --------------------------------------------------------------------------
+    def _run(self, exporter: Any) -> None:
+        self._log_filter.threads.add(threading.get_ident())
+        cv = self._cv
+        while True:
+            with cv:
+                while not self._queue and not self._closing:
+                    cv.wait()
+                if not self._queue:
+                    return
+                batch: Batch = []
+                n = 0
+                while self._queue and n < self.max_batch_spans:
+                    is_record, items = self._queue.popleft()
+                    take = self.max_batch_spans - n
+                    if len(items) > take:
+                        self._queue.appendleft((is_record, items[take:]))
+                        items = items[:take]
+                    batch.append((is_record, items))
+                    n += len(items)
+                self._queued -= n
+                self._inflight += n
+            results = self._batches.export(exporter, batch, n)
+            with cv:
+                for count, ok in results:
+                    self.exports += 1
+                    if ok:
+                        self.delivered += count
+                    else:
+                        self.failed += count
+                        self.failed_exports += 1
+                self._inflight -= n
+                cv.notify_all()
+                warn = not self._warned and not all(ok for _, ok in results)
+                if warn:
+                    self._warned = True
+            if warn:
+                log.warning("cltrace: OTLP export to %s failed (%s); tracing goes on, undelivered "
+                            "spans are counted and reported at exit", self.endpoint,
+                            self._last_error or "exporter returned FAILURE")
+
+    def _error(self, message: str, final: bool = True) -> None:
+        """Keep ``message`` as the last error (one not ``final`` only where there is none yet)."""
+        if final or not self._last_error:
+            self._last_error = message
+
+    def _report(self) -> None:
+        st = self.stats()
+        lost = st["received"] - st["delivered"]
+        if lost <= 0:
+            return
+        inflight = f", {st['in_flight']} still in flight" if st["in_flight"] else ""
+        log.warning("cltrace: OTLP: %d of %d spans not delivered to %s (%d failed, %d dropped%s%s)",
+                    lost, st["received"], self.endpoint, st["failed"], st["dropped"], inflight,
+                    f"; last error: {st['last_error']}" if st["last_error"] else "")
+
+
+def otlp_sink_from_env(**kwargs: Any) -> OtlpSink | None:
+    """An OtlpSink configured by the OTEL_EXPORTER_OTLP_* variables, or None when neither
+    OTEL_EXPORTER_OTLP_TRACES_ENDPOINT nor OTEL_EXPORTER_OTLP_ENDPOINT is set."""
+    if not env(*ENDPOINT_VARS):
+        return None
+    return OtlpSink(**kwargs)

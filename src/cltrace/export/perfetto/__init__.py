@@ -1,0 +1,21 @@
+"""Perfetto protobuf (``.pftrace``): a streaming writer and a reader for what it writes.
+
+A span is a TYPE_SLICE_BEGIN/END pair on its host thread's track and, where it ran on a device,
+another on its device queue's track; flows join a launch's host slice to its device slice. Each
+track writes on its own packet sequence with interned names and an incremental clock, and a batch's
+packets are laid out column by column with numpy, so Python touches each span only for dictionary
+look-ups.
+
+Modules, in the order the data goes: ``rows`` (spans to packet rows), ``order`` (hold-back and
+tie-breaking that keep slices nested across batches), ``tracks`` (descriptors, sequences, interning),
+``packets`` and ``layout`` (rows to bytes), ``wire`` (field tags and shared names), ``sink`` (the
+SpanSink, registered as "pftrace"), ``reader`` (``load_pftrace``).
+"""
+from .reader import iter_packets, load_pftrace
+from .sink import PerfettoTraceSink
+from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, BOOTTIME, COUNTER,
+                   DROPPED_TRACK, END, HOST_CLOCK, INSTANT, META_SEQ, METADATA_EVENT, MONOTONIC)
+
+__all__ = ["PerfettoTraceSink", "load_pftrace", "iter_packets", "A_DEV_END", "A_DEV_START", "A_ERROR", "A_PARENT",
+           "A_SPAN", "A_STATUS", "BEGIN", "BOOTTIME", "COUNTER", "DROPPED_TRACK", "END", "HOST_CLOCK", "INSTANT",
+           "META_SEQ", "METADATA_EVENT", "MONOTONIC"]

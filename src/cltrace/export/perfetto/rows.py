@@ -1,0 +1,142 @@
+"""A batch of spans as packet rows: one row per packet, one int64 column per field.
+
+Per span: a host BEGIN/END pair and, where it ran on a device, a device BEGIN/END pair; per transfer
+that says its size, a sample of the cumulative bytes-transferred counter. A launch's host BEGIN
+carries ``flow_ids`` = [span id] and its device BEGIN ``terminating_flow_ids`` = [span id]; other
+BEGINs carry the span id as an annotation, next to parent, the raw device stamps and the (pooled)
+status, error and attribute annotations. K1..K3 are the tie-breaking keys and G the parent the row
+waits for (see ``order``).
+"""
+from __future__ import annotations
+
+from itertools import compress, repeat
+from operator import attrgetter, is_not, ne
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ...spans import REGION_CATS, STATUS_OK, TRANSFER, Span
+from .wire import TE_COUNTER, uv
+
+if TYPE_CHECKING:
+    from .order import HoldBack
+    from .tracks import Tracks
+
+(C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G, C_PRE, C_FLOW, C_SID, C_SPANANN, C_PARENT, C_EXTRA,
+ C_RAW, C_RAWS, C_RAWE) = range(15)
+NCOLS = 15
+FLOW_OUT, FLOW_IN = 1, 2
+K2_BEGIN, K2_END, K2_COUNTER = 0, 1, 2
+
+# Columns are read one attribute at a time: lists of ints and strings are not tracked by the
+# garbage collector, whereas a tuple per span would trigger collections on every batch.
+_SPAN_FIELDS = tuple(map(attrgetter, ("id", "parent", "thread", "host_begin", "host_end", "cat", "name",
+                                      "device_track", "attrs", "status", "error")))
+_DEVICE_FIELDS = tuple(map(attrgetter, ("device_track", "dev_start", "dev_end", "raw_start", "raw_end")))
+
+
+def batch_rows(spans: list[Span], tracks: Tracks, hold: HoldBack,
+               head: list[bytes]) -> tuple[np.ndarray, list[bytes], list[tuple[int, int]]]:
+    """The rows of a batch, the byte strings their C_EXTRA refers to, and (id, group) of the spans that
+    may be parents, for ``HoldBack.hold_back``. Descriptors of new tracks go to ``head``."""
+    n = len(spans)
+    (sids, parents, threads, hbs, hes, cats, names, dts, attrs, statuses, errors) = [
+        list(map(f, spans)) for f in _SPAN_FIELDS]
+    ids = np.array(sids, np.int64)
+    par = np.array(parents, np.int64)
+    tracks.open(set(threads).union(dts), head)
+    group, md, arrivals = hold.groups(cats, ids, par)
+    placed = list(map(is_not, dts, repeat(None)))
+    flows = np.array(placed) & ~np.array(list(map(REGION_CATS.__contains__, cats)))
+    thr = np.array(threads, np.int64)
+    need = np.array(list(map(bool, attrs)))
+    if statuses.count(STATUS_OK) != n:
+        need |= np.array(list(map(STATUS_OK.__ne__, statuses)))
+    changed = np.ones(n, bool)  # launches repeat their attributes: encode each run of equal ones once
+    if n > 1:
+        changed[1:] = (_differs(attrs) | (thr[1:] != thr[:-1]) | _differs(statuses) | _differs(errors))
+    new = need & changed
+    extras = [tracks.seqs[threads[i]].extra(spans[i]) for i in np.flatnonzero(new).tolist()]
+    xid = np.where(need, np.cumsum(new) - 1, -1)
+    dv = list(compress(range(n), placed))
+    m = len(dv)
+    rows = np.zeros((2 * n + 2 * m, NCOLS), np.int64)
+    h0, h1 = rows[:n], rows[n:2 * n]
+    _pair(h0, h1, thr, np.array(hbs, np.int64), np.array(hes, np.int64), ids, md, group)
+    h0[:, C_PRE] = tracks.prefix_ids(threads, cats, names)
+    h0[:, C_FLOW] = flows * FLOW_OUT
+    h0[:, C_SPANANN] = ~flows
+    h0[:, C_PARENT] = par
+    h0[:, C_EXTRA] = xid
+    if m:
+        dsp = list(compress(spans, placed))
+        dtrack, dstart, dend, raws, rawe = [list(map(f, dsp)) for f in _DEVICE_FIELDS]
+        idx = np.array(dv, np.int64)
+        d0, d1 = rows[2 * n:2 * n + m], rows[2 * n + m:]
+        _pair(d0, d1, np.array(dtrack, np.int64), np.array(dstart, np.int64), np.array(dend, np.int64),
+              ids[idx], md[idx], group[idx])
+        d0[:, C_PRE] = tracks.prefix_ids(dtrack, list(compress(cats, placed)), list(compress(names, placed)))
+        f = flows[idx]
+        d0[:, C_FLOW] = f * FLOW_IN
+        d0[:, C_SPANANN] = ~f
+        d0[:, C_EXTRA] = -1
+        if None in raws or None in rawe:  # device placement without raw stamps: no annotations
+            d0[:, C_RAW] = [a is not None and b is not None for a, b in zip(raws, rawe)]
+            raws = [a or 0 for a in raws]
+            rawe = [b or 0 for b in rawe]
+        else:
+            d0[:, C_RAW] = 1
+        d0[:, C_RAWS] = np.array(raws, np.int64)
+        d0[:, C_RAWE] = np.array(rawe, np.int64)
+    counters = _counter_rows(spans, cats, attrs, group, md, tracks, head, extras)
+    if counters is not None:
+        rows = np.concatenate([rows, counters])
+    return rows, extras, arrivals
+
+
+def _pair(b: np.ndarray, e: np.ndarray, track: np.ndarray, begin: np.ndarray, end: np.ndarray, ids: np.ndarray,
+          md: np.ndarray, group: np.ndarray) -> None:
+    """The columns a BEGIN/END pair shares: BEGIN(Y) sorts as (ts, Y), END(X) as (ts, md(X), 1, -X)."""
+    b[:, C_TRACK] = e[:, C_TRACK] = track
+    b[:, C_TS] = begin
+    e[:, C_TS] = end
+    b[:, C_K1] = b[:, C_SID] = ids
+    e[:, C_K1] = md
+    e[:, C_K2] = K2_END
+    e[:, C_K3] = -ids
+    b[:, C_G] = e[:, C_G] = group
+    e[:, C_PRE] = e[:, C_EXTRA] = -1
+
+
+def _counter_rows(spans: list[Span], cats: list[str], attrs: list[Any], group: np.ndarray, md: np.ndarray,
+                  tracks: Tracks, head: list[bytes], extras: list[bytes]) -> np.ndarray | None:
+    """Cumulative bytes-transferred samples, at the end of each transfer that says its size."""
+    if TRANSFER not in cats:
+        return None
+    out = []
+    for i, (c, a) in enumerate(zip(cats, attrs)):
+        if c != TRANSFER or not a:
+            continue
+        nbytes = a.get("bytes")
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
+            continue
+        s = spans[i]
+        track = s.device_track if s.device_track is not None else s.thread
+        seq = tracks.counter(track, head)
+        seq.moved += nbytes
+        row = np.zeros(NCOLS, np.int64)
+        row[[C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G]] = (
+            track, s.dev_end if s.device_track is not None else s.host_end, md[i], K2_COUNTER, -s.id, group[i])
+        row[C_PRE] = seq.counter_prefix
+        row[C_EXTRA] = len(extras)
+        extras.append(TE_COUNTER + uv(seq.moved))
+        out.append(row)
+    return np.array(out) if out else None
+
+
+def _differs(values: list[Any]) -> np.ndarray:
+    """values[i + 1] != values[i], for each i (all True where values do not compare, e.g. arrays)."""
+    try:
+        return np.array(list(map(ne, values[1:], values[:-1])), bool)
+    except (TypeError, ValueError):
+        return np.ones(len(values) - 1, bool)

@@ -1,0 +1,190 @@
+"""The trace's tracks, each written on its own packet sequence.
+
+Tracks (TrackDescriptor): the host process; one thread track per host thread; the compile track
+inside the process; per device a parent track ("OpenCL: <device>") holding one track per (queue,
+submitting thread), named as the TrackRegistry names it; counter tracks for bytes transferred.
+
+Each sequence opens with TracePacketDefaults that name its track and a sequence-scoped incremental
+clock (id 64, tied by a ClockSnapshot to BUILTIN_CLOCK_MONOTONIC, which ``perf_counter_ns`` reads on
+Linux). Event names, categories and annotation names are interned per sequence; the byte templates
+that packet rows share (sequence fields, name and category iids, annotation headers) live in one pool.
+"""
+from __future__ import annotations
+
+import threading
+from itertools import compress, repeat
+from operator import is_
+from typing import Any
+
+import numpy as np
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from ...spans import STATUS_OK, Span
+from ...tracks import DEVICE_QUEUE, HOST_THREAD
+from .layout import Pool
+from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID, DNAMES,
+                   HOST_CLOCK, META_SEQ, MONOTONIC, NAMES, P_FLAGS, P_SEQ, P_TE, SEQ_CLEARED, SEQ_NEEDS,
+                   SYNTHETIC_UUID, TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_UUID, proto_packet, uv, value)
+
+# Int annotations with a pooled header per value length, in the order the encoder writes them.
+STANDARD_ANNS = (A_SPAN, A_PARENT, A_DEV_START, A_DEV_END)
+
+
+class Seq:
+    """One packet sequence (one track): interning tables, incremental clock, row templates."""
+
+    __slots__ = ("id", "uuid", "last", "iids", "pending", "tail", "anns", "counter", "counter_prefix", "moved",
+                 "extras")
+
+    def __init__(self, seq_id: int, uuid: int) -> None:
+        self.id = seq_id
+        self.uuid = uuid
+        self.last: int | None = None  # None until the sequence's first packet is written
+        self.iids: list[dict[str, int]] = [{}, {}, {}]
+        self.pending = bytearray()  # interned entries not yet written
+        self.tail = -1  # pool id: the fields between the timestamp and the TrackEvent
+        self.anns: dict[str, int] = {}  # annotation name -> pool id of its header for a 1-byte value
+        self.counter: int | None = None  # uuid of this track's bytes counter
+        self.counter_prefix = -1
+        self.moved = 0  # bytes transferred so far
+        self.extras: dict[Any, bytes] = {}
+
+    def intern(self, table: int, text: str) -> int:
+        ids = self.iids[table]
+        iid = ids.get(text)
+        if iid is None:
+            iid = ids[text] = len(ids) + 1
+            t_table, t_iid, t_name = TABLES[table]
+            raw = text.encode("utf-8", "replace")
+            entry = t_iid + uv(iid) + t_name + uv(len(raw)) + raw
+            self.pending += t_table + uv(len(entry)) + entry
+        return iid
+
+    def dname(self, name: str) -> bytes:
+        return DA_NAME_IID + uv(self.intern(DNAMES, name))
+
+    def annotation(self, name: str, v: bytes) -> bytes:
+        inner = self.dname(name) + v
+        return TE_DEBUG + uv(len(inner)) + inner
+
+    def extra(self, s: Span) -> bytes:
+        """Annotations for status, error and attributes (cached when the values are hashable)."""
+        a = s.attrs
+        try:
+            key = (s.status, s.error, tuple(a.items()) if a else ())
+            hit = self.extras.get(key)
+        except TypeError:
+            key, hit = None, None
+        if hit is not None:
+            return hit
+        parts = []
+        if s.status != STATUS_OK:
+            parts.append(self.annotation(A_STATUS, value(s.status)))
+            parts.append(self.annotation(A_ERROR, value(s.error or "")))
+        for k, v in (a or {}).items():
+            if v is not None:
+                parts.append(self.annotation(str(k), value(v)))
+        out = b"".join(parts)
+        if key is not None and len(self.extras) < 4096:
+            self.extras[key] = out
+        return out
+
+
+class Tracks:
+    """Descriptors and sequences of the tracks spans are written on, and the templates in ``pool``."""
+
+    def __init__(self, registry: Any, mono: int) -> None:
+        self.registry = registry  # the recorder's TrackRegistry
+        self.mono = mono  # MONOTONIC - perf_counter_ns
+        self.seqs: dict[int, Seq] = {}  # track id -> its sequence
+        self.pool = Pool()
+        self.process_uuid = SYNTHETIC_UUID
+        self._next_uuid = SYNTHETIC_UUID + 1
+        self._device_uuids: dict[str, int] = {}
+        self._prefixes: dict[tuple[int, str, str], int] = {}  # (track, cat, name) -> pool id
+
+    def new_uuid(self) -> int:
+        u = self._next_uuid
+        self._next_uuid += 1
+        return u
+
+    @staticmethod
+    def descriptor(desc: Any) -> bytes:
+        return proto_packet(pb.TracePacket(trusted_packet_sequence_id=META_SEQ, track_descriptor=desc))
+
+    def open(self, track_ids: Any, head: list[bytes]) -> None:
+        """Descriptors (into ``head``) and sequences for the tracks not seen yet (None: no track)."""
+        for t in track_ids:
+            if t is not None and t not in self.seqs:
+                self._open(t, head)
+
+    def _open(self, track_id: int, head: list[bytes]) -> None:
+        track = self.registry.get(track_id)
+        if track.kind == HOST_THREAD:
+            desc = pb.TrackDescriptor(uuid=track.id, thread=pb.ThreadDescriptor(
+                pid=self.registry.pid, tid=_native_tid(track.attrs.get("thread.id")) or track.id,
+                thread_name=track.name))
+        elif track.kind == DEVICE_QUEUE:
+            parent = self._device_uuids.get(track.process)
+            if parent is None:
+                parent = self._device_uuids[track.process] = self.new_uuid()
+                head.append(self.descriptor(pb.TrackDescriptor(
+                    uuid=parent, name=track.process, child_ordering=pb.TrackDescriptor.EXPLICIT)))
+            desc = pb.TrackDescriptor(uuid=track.id, parent_uuid=parent, name=track.name,
+                                      sibling_order_rank=track.id)
+        else:  # the compile track, or any other host-side track
+            desc = pb.TrackDescriptor(uuid=track.id, parent_uuid=self.process_uuid, name=track.name)
+        head.append(self.descriptor(desc))
+        seq = self.seqs[track_id] = Seq(track_id + 1, track.id)
+        seq.tail = self.pool.add(P_SEQ + uv(seq.id) + P_FLAGS + uv(SEQ_NEEDS) + P_TE)
+        for name in STANDARD_ANNS:
+            dn = seq.dname(name)
+            seq.anns[name] = len(self.pool.items)
+            for vlen in range(1, 11):
+                self.pool.add(TE_DEBUG + uv(len(dn) + len(DA_INT) + vlen) + dn + DA_INT)
+
+    def header(self, seq: Seq, t0: int) -> bytes:
+        """The packet that opens a sequence: defaults and the clock snapshot for its first time ``t0``."""
+        snap = pb.ClockSnapshot(primary_trace_clock=MONOTONIC)
+        snap.clocks.add(clock_id=HOST_CLOCK, timestamp=t0, is_incremental=True)
+        snap.clocks.add(clock_id=MONOTONIC, timestamp=t0 + self.mono)
+        return proto_packet(pb.TracePacket(
+            trusted_packet_sequence_id=seq.id, sequence_flags=SEQ_CLEARED, first_packet_on_sequence=True,
+            trace_packet_defaults=pb.TracePacketDefaults(
+                timestamp_clock_id=HOST_CLOCK, track_event_defaults=pb.TrackEventDefaults(track_uuid=seq.uuid)),
+            clock_snapshot=snap))
+
+    def prefix_ids(self, tracks: list[int], cats: list[str], names: list[str]) -> np.ndarray:
+        """Pool ids of the BEGIN templates (category and name iids) of rows on the given tracks."""
+        ids = list(map(self._prefixes.get, zip(tracks, cats, names)))  # zip's tuples are transient
+        if None in ids:
+            for key in set(compress(zip(tracks, cats, names), map(is_, ids, repeat(None)))):
+                self._prefix(*key)
+            ids = list(map(self._prefixes.__getitem__, zip(tracks, cats, names)))
+        return np.array(ids, np.int64)
+
+    def _prefix(self, track: int, cat: str, name: str) -> None:
+        seq = self.seqs[track]
+        self._prefixes[(track, cat, name)] = self.pool.add(
+            TE_CAT + uv(seq.intern(CATS, cat)) + TE_NAME + uv(seq.intern(NAMES, name)))
+
+    def counter(self, track_id: int, head: list[bytes]) -> Seq:
+        """The sequence of a track whose bytes counter is written, its counter track described."""
+        seq = self.seqs[track_id]
+        if seq.counter is None:
+            track = self.registry.get(track_id)
+            seq.counter = self.new_uuid()
+            parent = (self._device_uuids.get(track.process, self.process_uuid) if track.kind == DEVICE_QUEUE
+                      else self.process_uuid)
+            head.append(self.descriptor(pb.TrackDescriptor(
+                uuid=seq.counter, parent_uuid=parent, name=f"{track.name} · bytes transferred",
+                counter=pb.CounterDescriptor(unit=pb.CounterDescriptor.UNIT_SIZE_BYTES))))
+            seq.counter_prefix = self.pool.add(TE_UUID + uv(seq.counter))
+        return seq
+
+
+def _native_tid(ident: Any) -> int | None:
+    for t in threading.enumerate():
+        if t.ident == ident:
+            return t.native_id
+    return None

@@ -1,0 +1,113 @@
+"""Protobuf wire format of the packets cltrace writes: field tags (numbers taken from the ``perfetto``
+package's descriptors), the enum values and names the writer and reader share, and the encoding of
+single values."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+VARINT, FIXED64, LEN = 0, 1, 2
+
+
+def uv(n: int) -> bytes:
+    """Varint of an unsigned (or, as two's complement, a negative int64) integer."""
+    n &= 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _tag(msg: Any, name: str, wire: int) -> bytes:
+    return uv((msg.DESCRIPTOR.fields_by_name[name].number << 3) | wire)
+
+
+def _byte(tag: bytes) -> int:
+    assert len(tag) == 1, "field number too large for a one-byte tag"
+    return tag[0]
+
+
+PACKET = _byte(_tag(pb.Trace, "packet", LEN))
+P_TS = _byte(_tag(pb.TracePacket, "timestamp", VARINT))
+P_CLOCK = _tag(pb.TracePacket, "timestamp_clock_id", VARINT)
+P_SEQ = _tag(pb.TracePacket, "trusted_packet_sequence_id", VARINT)
+P_FLAGS = _tag(pb.TracePacket, "sequence_flags", VARINT)
+P_TE = _tag(pb.TracePacket, "track_event", LEN)
+P_INTERNED = _tag(pb.TracePacket, "interned_data", LEN)
+TE_TYPE = _tag(pb.TrackEvent, "type", VARINT)
+TE_CAT = _tag(pb.TrackEvent, "category_iids", VARINT)
+TE_NAME = _tag(pb.TrackEvent, "name_iid", VARINT)
+TE_UUID = _tag(pb.TrackEvent, "track_uuid", VARINT)
+TE_COUNTER = _tag(pb.TrackEvent, "counter_value", VARINT)
+TE_FLOW = _tag(pb.TrackEvent, "flow_ids", FIXED64)
+TE_TFLOW = _tag(pb.TrackEvent, "terminating_flow_ids", FIXED64)
+TE_DEBUG = _tag(pb.TrackEvent, "debug_annotations", LEN)
+DA_NAME_IID = _tag(pb.DebugAnnotation, "name_iid", VARINT)
+DA_NAME = _tag(pb.DebugAnnotation, "name", LEN)
+DA_BOOL = _tag(pb.DebugAnnotation, "bool_value", VARINT)
+DA_INT = _tag(pb.DebugAnnotation, "int_value", VARINT)
+DA_DOUBLE = _tag(pb.DebugAnnotation, "double_value", FIXED64)
+DA_STRING = _tag(pb.DebugAnnotation, "string_value", LEN)
+DA_DICT = _tag(pb.DebugAnnotation, "dict_entries", LEN)
+DA_ARRAY = _tag(pb.DebugAnnotation, "array_values", LEN)
+TABLES = tuple(  # interned tables: (InternedData field tag, iid tag, name tag)
+    (_tag(pb.InternedData, table, LEN), _tag(entry, "iid", VARINT), _tag(entry, "name", LEN))
+    for table, entry in (("event_categories", pb.EventCategory), ("event_names", pb.EventName),
+                         ("debug_annotation_names", pb.DebugAnnotationName)))
+CATS, NAMES, DNAMES = 0, 1, 2
+
+BEGIN, END, INSTANT, COUNTER = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
+                                pb.TrackEvent.TYPE_INSTANT, pb.TrackEvent.TYPE_COUNTER)
+SEQ_CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+SEQ_NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+MONOTONIC = pb.BUILTIN_CLOCK_MONOTONIC
+BOOTTIME = pb.BUILTIN_CLOCK_BOOTTIME
+HOST_CLOCK = 64  # sequence-scoped, incremental; its values are perf_counter_ns
+META_SEQ = 1  # descriptors, dropped-span counter and metadata; absolute MONOTONIC timestamps
+SYNTHETIC_UUID = 1 << 32  # uuids of tracks the TrackRegistry does not number
+METADATA_EVENT = "cltrace.metadata"
+DROPPED_TRACK = "cltrace: dropped spans"
+
+# Debug annotation names the reader takes as span fields rather than attributes.
+A_SPAN, A_PARENT, A_STATUS, A_ERROR = "span", "parent", "status", "error"
+A_DEV_START, A_DEV_END = "device.start", "device.end"
+
+
+def frame(body: bytes) -> bytes:
+    """``body`` as one ``Trace.packet`` field."""
+    return bytes((PACKET,)) + uv(len(body)) + body
+
+
+def proto_packet(p: Any) -> bytes:
+    return frame(p.SerializeToString())
+
+
+def value(v: Any) -> bytes:
+    """The value fields of a DebugAnnotation for a Python attribute value."""
+    if isinstance(v, (np.generic, np.ndarray)):
+        v = v.tolist()
+    if isinstance(v, bool):
+        return DA_BOOL + (b"\x01" if v else b"\x00")
+    if isinstance(v, int) and -(1 << 63) <= v < (1 << 63):
+        return DA_INT + uv(v)
+    if isinstance(v, float):
+        return DA_DOUBLE + np.float64(v).tobytes()
+    if isinstance(v, (list, tuple)) and v:
+        out = bytearray()
+        for x in v:
+            inner = value(x)
+            out += DA_ARRAY + uv(len(inner)) + inner
+        return bytes(out)
+    if isinstance(v, dict) and v:
+        out = bytearray()
+        for k, x in v.items():
+            key = str(k).encode("utf-8", "replace")
+            inner = DA_NAME + uv(len(key)) + key + value(x)
+            out += DA_DICT + uv(len(inner)) + inner
+        return bytes(out)
+    raw = str(v).encode("utf-8", "replace")
+    return DA_STRING + uv(len(raw)) + raw
