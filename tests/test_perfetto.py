@@ -269,7 +269,9 @@ def test_slices_nest_and_match_chrome(traced: Traced) -> None:
     for s in device:
         c = by_id[span_id(s)]
         assert (s.begin - traced.start_ns, s.end - traced.start_ns) == (c.dev_start, c.dev_end)
-        assert (s.ann["device.start"], s.ann["device.end"]) == (c.raw_start, c.raw_end)
+        assert s.ann["device.start"] == c.raw_start
+        assert "device.end" not in s.ann  # it follows: the raw END - START is the slice's length
+        assert c.raw_end - c.raw_start == c.dev_end - c.dev_start
         assert s.track == c.device_track
 
 
@@ -443,7 +445,8 @@ def test_load_names_a_missing_perfetto_package_and_nothing_else(traced: Traced) 
 
     missing = load_with("perfetto")
     assert missing.returncode == 0, missing.stderr
-    assert missing.stdout.strip() == "TraceFileError: reading .pftrace needs the perfetto package (pip install perfetto)"
+    assert missing.stdout.strip() == ("TraceFileError: reading .pftrace needs the perfetto package "
+                                      "(pip install perfetto)")
     broken = load_with("google.protobuf")  # what the reader needs besides perfetto: a real error, shown as it is
     assert broken.returncode == 1 and "TraceFileError" not in broken.stdout
     assert "ModuleNotFoundError" in broken.stderr and "google.protobuf" in broken.stderr
@@ -526,12 +529,28 @@ def test_ties_and_zero_length_slices_nest_across_batches(tmp_path: Any, queue: A
     sink.close(rec.metadata())
     _expect(decode(path), spans)
     spans_back, _ = load_pftrace(path)
-    assert [(s.id, s.host_begin, s.host_end, s.dev_start, s.dev_end, s.raw_start) for s in
+    assert [(s.id, s.host_begin, s.host_end, s.dev_start, s.dev_end, s.raw_start, s.raw_end) for s in
             sorted(spans_back, key=lambda s: s.id)] == [
-        (s.id, s.host_begin, s.host_end, s.dev_start, s.dev_end, s.raw_start) for s in spans]
+        (s.id, s.host_begin, s.host_end, s.dev_start, s.dev_end, s.raw_start, s.raw_end) for s in spans]
     packets = decode(path).packets
     assert any(p.timestamp_clock_id == MONOTONIC for p in packets if p.HasField("track_event")), \
         "a parent written after its children needs an absolute timestamp"
+
+
+def test_raw_end_is_written_where_it_does_not_follow(tmp_path: Any, queue: Any) -> None:
+    sink, rec, th, dt, path = _sink_for(tmp_path, queue)
+    t = 10**12
+    same = Span(1, 0, "k", "kernel", th, t, t + 10, dt, t + 20, t + 20, t + 20, t + 50, t + 20 - 7, t + 50 - 7)
+    # A span whose raw stamps were mapped with two offsets (a recalibration between START and END).
+    apart = Span(2, 0, "k", "kernel", th, t + 60, t + 70, dt, t + 80, t + 80, t + 80, t + 90, t + 80 - 7, t + 90 - 9)
+    sink.write([same, apart])
+    sink.close(rec.metadata())
+    anns = {span_id(s): s.ann for s in decode(path).slices if "device.start" in s.ann}
+    assert anns[1] == {"device.start": same.raw_start}
+    assert anns[2] == {"device.start": apart.raw_start, "device.end": apart.raw_end}
+    back = {s.id: s for s in load_pftrace(path)[0]}
+    for s in (same, apart):
+        assert (back[s.id].raw_start, back[s.id].raw_end, back[s.id].device_ns) == (s.raw_start, s.raw_end, s.device_ns)
 
 
 def test_shuffled_batches_of_generated_trees_nest(tmp_path: Any, queue: Any) -> None:

@@ -12,7 +12,8 @@ import numpy as np
 
 from .layout import Layout, Pool
 from .order import order, runs
-from .rows import C_EXTRA, C_FLOW, C_K2, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWS, C_SID, C_SPANANN, C_TRACK, C_TS
+from .rows import (C_EXTRA, C_FLOW, C_K2, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS, C_SID, C_SPANANN, C_TRACK,
+                   C_TS)
 from .tracks import STANDARD_ANNS, Tracks
 from .wire import (BEGIN, COUNTER, END, MONOTONIC, P_CLOCK, P_INTERNED, P_SEQ, P_TS, PACKET, TE_FLOW, TE_TFLOW,
                    TE_TYPE, frame, uv)
@@ -20,7 +21,7 @@ from .wire import (BEGIN, COUNTER, END, MONOTONIC, P_CLOCK, P_INTERNED, P_SEQ, P
 _FLOW_TAGS = np.frombuffer(b"\0\0" + TE_FLOW + TE_TFLOW, np.uint8).reshape(3, 2)  # by C_FLOW
 _TYPES = np.array([BEGIN, END, COUNTER], np.uint8)  # by C_K2
 _ABS_CLOCK = P_CLOCK + uv(MONOTONIC)
-_ANN_COLUMNS = ((C_SID, C_SPANANN), (C_PARENT, C_PARENT), (C_RAWS, C_RAW), (C_RAWE, C_RAW))  # by STANDARD_ANNS
+_ANN_COLUMNS = ((C_SID, C_SPANANN), (C_PARENT, C_PARENT), (C_RAWS, C_RAW), (C_RAWE, C_RAWEND))  # by STANDARD_ANNS
 
 
 def encode(tracks: Tracks, rows: np.ndarray, extras: list[bytes],

@@ -206,7 +206,11 @@ class _Reader:
             d = device.get(sid)
             if d is not None:  # a device slice whose END was cut off leaves the span host-only
                 sp.device_track, sp.dev_start, sp.dev_end, dann = d
-                sp.raw_start, sp.raw_end = dann.get(A_DEV_START), dann.get(A_DEV_END)
+                sp.raw_start = raw = dann[A_DEV_START]
+                if A_DEV_END in dann:
+                    sp.raw_end = dann[A_DEV_END]
+                elif isinstance(raw, int):  # left out where END - START equals the slice's length
+                    sp.raw_end = raw + (sp.dev_end - sp.dev_start)
             spans[sp.id] = sp
         _fill_paths(spans)
         return sorted(spans.values(), key=lambda s: (s.host_begin, s.id))

@@ -3,9 +3,10 @@
 Per span: a host BEGIN/END pair and, where it ran on a device, a device BEGIN/END pair; per transfer
 that says its size, a sample of the cumulative bytes-transferred counter. A launch's host BEGIN
 carries ``flow_ids`` = [span id] and its device BEGIN ``terminating_flow_ids`` = [span id]; other
-BEGINs carry the span id as an annotation, next to parent, the raw device stamps and the (pooled)
-status, error and attribute annotations. K1..K3 are the tie-breaking keys and G the parent the row
-waits for (see ``order``).
+BEGINs carry the span id as an annotation. Host BEGINs also carry parent and the (pooled) status,
+error and attribute annotations; device BEGINs the raw device stamps: "device.start" always,
+"device.end" only where it does not follow from it (raw END - START differs from the slice's
+length). K1..K3 are the tie-breaking keys and G the parent the row waits for (see ``order``).
 """
 from __future__ import annotations
 
@@ -23,10 +24,10 @@ if TYPE_CHECKING:
     from .tracks import Tracks
 
 (C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G, C_PRE, C_FLOW, C_SID, C_SPANANN, C_PARENT, C_EXTRA,
- C_RAW, C_RAWS, C_RAWE) = range(15)
-NCOLS = 15
+ C_RAW, C_RAWS, C_RAWE, C_RAWEND) = range(16)
+NCOLS = 16
 FLOW_OUT, FLOW_IN = 1, 2
-K2_BEGIN, K2_END, K2_COUNTER = 0, 1, 2
+K2_END, K2_COUNTER = 1, 2  # BEGIN rows: 0
 
 # Columns are read one attribute at a time: lists of ints and strings are not tracked by the
 # garbage collector, whereas a tuple per span would trigger collections on every batch.
@@ -88,6 +89,7 @@ def batch_rows(spans: list[Span], tracks: Tracks, hold: HoldBack,
             d0[:, C_RAW] = 1
         d0[:, C_RAWS] = np.array(raws, np.int64)
         d0[:, C_RAWE] = np.array(rawe, np.int64)
+        d0[:, C_RAWEND] = d0[:, C_RAW] & (d0[:, C_RAWE] - d0[:, C_RAWS] != d1[:, C_TS] - d0[:, C_TS])
     counters = _counter_rows(spans, cats, attrs, group, md, tracks, head, extras)
     if counters is not None:
         rows = np.concatenate([rows, counters])

@@ -2,8 +2,8 @@
 
 The file is a ``perfetto.protos.Trace``: a run of ``Trace.packet`` entries appended write by
 write, so a run cut off after a flush still loads up to its last complete packet. Sequence 1 (see
-``wire.META_SEQ``) carries the descriptors of the process and the dropped-spans counter, that
-counter's samples and the metadata, with absolute MONOTONIC timestamps.
+``wire.META_SEQ``) carries the track descriptors, the dropped-spans counter and the metadata, with
+absolute MONOTONIC timestamps.
 """
 from __future__ import annotations
 
