@@ -61,6 +61,16 @@ def reset() -> Callable[[], None]:
     return reset_cltrace
 
 
+def expected_domain(device: Any) -> str:
+    """The clock a driver is known to stamp with: NVIDIA's OpenCL uses Unix-epoch ns, PoCL CLOCK_MONOTONIC."""
+    return "unix-epoch" if "NVIDIA" in device.platform.name else "monotonic"
+
+
+@pytest.fixture(scope="session")
+def clock_domain(queue: Any) -> str:
+    return expected_domain(queue.device)
+
+
 @pytest.fixture(scope="session")
 def cl_ctx() -> Any:
     return cl.Context([cltrace.default_device()])
