@@ -58,6 +58,7 @@ def test_demo_trace_has_nested_regions_on_the_host_and_kernels_on_a_queue_track_
     ends = {e["id"] for e in events if e.get("ph") == "f"}
     assert {e["args"]["span"] for e in kernels} <= starts & ends
     assert any(e["cat"] == "compile" for e in host.values())
+    assert any(e["cat"] == "transfer" and e["args"]["bytes"] > 0 for e in host.values())
 
 
 def test_summary_reads_both_formats_the_same(demo_dir):

@@ -15,18 +15,7 @@ from cltrace.compiler import ProgramCache, default_cache
 from cltrace.errors import CltraceError, ProfilingNotEnabledError
 from cltrace.recorder import RECORDER
 
-SOURCE = """
-__kernel void add(__global float *a, __global const float *b) {
-    int i = get_global_id(0);
-    a[i] += b[i];
-}
-__kernel void spin(__global float *a, const int iters) {
-    int i = get_global_id(0);
-    float x = a[i];
-    for (int k = 0; k < iters; ++k) x = x * 0.999f + 0.5f;
-    a[i] = x;
-}
-"""
+from conftest import KERNEL_SOURCE as SOURCE  # noqa: E402  (tests/ is on sys.path under pytest)
 N = 1024
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .errors import CltraceError, EventTimerError, ProfilingNotEnabledError, TraceFileError
 from .queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
 from .recorder import RECORDER
-from .regions import launch, record_launch, region, timing_region
+from .regions import copy, launch, record_launch, region, timing_region
 from .report import PerfCounter
 from .session import enabled, start, stop, trace
 from .spans import Span
@@ -23,7 +23,7 @@ from .tuning import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, au
 __all__ = [
     "CltraceError", "EventTimerError", "ProfilingNotEnabledError", "TraceFileError",
     "active_queue", "default_device", "has_profiling", "profiling_queue", "set_queue",
-    "RECORDER", "launch", "record_launch", "region", "timing_region", "PerfCounter",
+    "RECORDER", "copy", "launch", "record_launch", "region", "timing_region", "PerfCounter",
     "enabled", "start", "stop", "trace", "Span", "EventTimer", "timing",
     "compile", "Program", "Kernel", "LaunchProfile", "instrument", "uninstrument", "ProgramCache", "BuildError",
     "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial",

@@ -123,14 +123,8 @@ class _MLP:
 
     def upload(self) -> None:
         with regions.timing_region("upload", self.q):
-            t0 = time.perf_counter_ns()
-            ev_x = cl.enqueue_copy(self.q, self.X, self.x_host, is_blocking=False)
-            t1 = time.perf_counter_ns()
-            regions.record_launch("copy X h2d", self.q, ev_x, t0, t1, "transfer", {"bytes": self.x_host.nbytes})
-            t0 = time.perf_counter_ns()
-            ev_y = cl.enqueue_copy(self.q, self.Y, self.y_host, is_blocking=False)
-            t1 = time.perf_counter_ns()
-            regions.record_launch("copy Y h2d", self.q, ev_y, t0, t1, "transfer", {"bytes": self.y_host.nbytes})
+            regions.copy(self.q, self.X, self.x_host, "copy X h2d")
+            regions.copy(self.q, self.Y, self.y_host, "copy Y h2d")
 
     def step(self, lr: float) -> None:
         n, d, h, c, i32, q, k = self.n, self.d, self.h, self.c, np.int32, self.q, self.k
@@ -155,10 +149,7 @@ class _MLP:
 
     def read_loss(self) -> float:
         with regions.timing_region("read_loss", self.q):
-            t0 = time.perf_counter_ns()
-            ev = cl.enqueue_copy(self.q, self.loss_host, self.loss, is_blocking=False)
-            t1 = time.perf_counter_ns()
-            regions.record_launch("copy loss d2h", self.q, ev, t0, t1, "transfer", {"bytes": self.loss_host.nbytes})
+            ev = regions.copy(self.q, self.loss_host, self.loss, "copy loss d2h")
         ev.wait()
         return float(self.loss_host.mean())
 

@@ -20,7 +20,7 @@ from .errors import ProfilingNotEnabledError
 from . import queues as _queues
 from .queues import active_queue, has_profiling
 from .recorder import RECORDER, new_id
-from .spans import KERNEL, REGION, REGION_CATS, STATUS_ERROR
+from .spans import KERNEL, REGION, REGION_CATS, STATUS_ERROR, TRANSFER
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -218,4 +218,20 @@ def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: An
     record_launch(name or kernel.function_name, queue, ev, hb, he, KERNEL,
                   {"global_size": tuple(global_size),
                    "local_size": tuple(local_size) if local_size else None})
+    return ev
+
+
+def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any) -> Any:
+    """``cl.enqueue_copy`` (non-blocking unless ``is_blocking=True``), recorded as a "transfer"
+    span with its byte count when tracing is on. Returns the event."""
+    kwargs.setdefault("is_blocking", False)
+    if not _state.ENABLED or _state.INSTRUMENTED:
+        return cl.enqueue_copy(queue, dest, src, **kwargs)
+    nbytes = next((getattr(b, "nbytes", None) for b in (src, dest) if getattr(b, "nbytes", None)), None)
+    if nbytes is None:
+        nbytes = next((b.size for b in (dest, src) if isinstance(b, cl.MemoryObject)), None)
+    hb = _perf()
+    ev = cl.enqueue_copy(queue, dest, src, **kwargs)
+    he = _perf()
+    record_launch(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes})
     return ev
