@@ -24,7 +24,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from . import _state
 from .clock import ClockRegistry
@@ -257,13 +257,3 @@ def is_enabled() -> bool:
 def _at_exit() -> None:
     RECORDER.shutdown()
 
-
-def iter_chunks(items: Iterable[Any], n: int) -> Iterable[list[Any]]:
-    chunk: list[Any] = []
-    for it in items:
-        chunk.append(it)
-        if len(chunk) >= n:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

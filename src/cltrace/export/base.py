@@ -6,7 +6,8 @@ raw events, never wait on the device, and must not raise into the program.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+import os
+from typing import IO, Any, Protocol, Sequence
 
 from ..spans import Span
 
@@ -23,3 +24,11 @@ class SpanSink(Protocol):
 
     def close(self, meta: dict[str, Any]) -> None:
         """Write final metadata (drop counts, clock bounds) and release resources."""
+
+
+def open_trace_file(path: str) -> IO[bytes]:
+    """Create the trace file (and its folder) for a streaming writer, with a large buffer."""
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    return open(path, "wb", buffering=1 << 20)

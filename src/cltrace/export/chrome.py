@@ -18,6 +18,7 @@ import json
 import os
 from typing import IO, Any, Sequence
 
+from .base import open_trace_file
 from ..spans import REGION_CATS, STATUS_OK, Span
 from ..tracks import DEVICE_QUEUE
 
@@ -86,10 +87,7 @@ class ChromeTraceSink:
             return
         self._recorder = recorder
         self._base = recorder.start_ns
-        d = os.path.dirname(self.path)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        self._fh = open(self.path, "wb", buffering=1 << 20)
+        self._fh = open_trace_file(self.path)
         self._host_pid = recorder.tracks.pid
         self._emit_lines([
             "[",

@@ -17,6 +17,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ... import session
 from ...spans import Span
+from ..base import open_trace_file
 from .order import HoldBack
 from .packets import encode
 from .rows import batch_rows
@@ -44,10 +45,7 @@ class PerfettoTraceSink:
         if self._fh is not None:
             return
         tracks = self._tracks = Tracks(recorder.tracks, _mono_offset())
-        d = os.path.dirname(self.path)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        self._fh = open(self.path, "wb", buffering=1 << 20)
+        self._fh = open_trace_file(self.path)
         snap = pb.ClockSnapshot(primary_trace_clock=MONOTONIC)
         boot = getattr(time, "CLOCK_BOOTTIME", None)
         if boot is not None:  # lets the trace line up with system traces (BOOTTIME)
