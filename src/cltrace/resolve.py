@@ -15,6 +15,7 @@ from .tracks import COMPILE_THREAD
 log = logging.getLogger("cltrace")
 
 _COMPLETE = 0
+_OUT_OF_ORDER = 1  # CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE
 
 
 def _profile(ev: Any) -> tuple[int, int, int, int]:
@@ -27,26 +28,54 @@ class Resolver:
         self.tracks = tracks
         self.clocks = clocks
         self.waiting: list[tuple] = []
-        self._queues: dict[tuple[int, int], tuple[int, Any]] = {}
+        self._queues: dict[tuple[int, int], tuple[int, Any, Any]] = {}
+        # (queue, thread) of an out-of-order queue -> end time of the last command on each lane
+        self._lanes: dict[tuple[int, int], list[int]] = {}
+        self._to_lane: list[tuple[Span, Any, int, Any]] = []
         # parent id -> {device track: [min dev_start, max dev_end] of resolved children}
         self._child_ext: dict[int, dict[int, list[int]]] = {}
 
-    def queue_info(self, queue: Any, thread: int) -> tuple[int, Any]:
-        """(device track id, DeviceClock) for work a thread submitted to a queue."""
+    def queue_info(self, queue: Any, thread: int) -> tuple[int, Any, Any]:
+        """(device track id, DeviceClock, lane key or None) for work a thread submitted to a queue.
+
+        For an out-of-order queue the track is the one its regions go on; commands get lanes.
+        """
         key = (queue.int_ptr, thread)
         info = self._queues.get(key)
         if info is None:
             dkey = self.tracks.register_device(queue.device).key
-            track = self.tracks.device_queue(queue, thread, dkey)
+            ooo = bool(queue.properties & _OUT_OF_ORDER)
+            track = self.tracks.device_queue(queue, thread, dkey, "regions" if ooo else None)
             clock = self.clocks.for_queue(queue, dkey)
-            info = self._queues[key] = (track, clock)
+            info = self._queues[key] = (track, clock, key if ooo else None)
         return info
+
+    def _assign_lanes(self) -> None:
+        """Put a batch's out-of-order commands, in start order, on the first lane free at their start."""
+        todo, self._to_lane = self._to_lane, []
+        todo.sort(key=lambda t: t[0].dev_start)
+        for span, queue, thread, key in todo:
+            ends = self._lanes.setdefault(key, [])
+            for i, last in enumerate(ends):
+                if last <= span.dev_start:
+                    ends[i] = span.dev_end
+                    break
+            else:
+                ends.append(span.dev_end)
+                i = len(ends) - 1
+            span.device_track = self.tracks.device_queue(queue, thread, None, str(i + 1))
 
     def resolve(self, batch: list[tuple], block: bool, limit: int | None = None) -> list[Span]:
         """Spans for every record whose events completed; with ``block``, wait for them first.
 
         ``limit`` (back-pressure) waits only for the oldest ``limit`` records.
         """
+        out = self._resolve(batch, block, limit)
+        if self._to_lane:
+            self._assign_lanes()
+        return out
+
+    def _resolve(self, batch: list[tuple], block: bool, limit: int | None = None) -> list[Span]:
         todo = self.waiting + batch if self.waiting else batch
         self.waiting = []
         if block:
@@ -55,7 +84,7 @@ class Resolver:
             if limit is not None:
                 ready, rest = todo[:limit], todo[limit:]
                 out = [self._one(rec) for rec in ready]
-                return out + self.resolve(rest, block=False)
+                return out + self._resolve(rest, block=False)
             return [self._one(rec) for rec in todo]
         out: list[Span] = []
         for rec in todo:
@@ -83,7 +112,7 @@ class Resolver:
         if queue is None or ev0 is None:
             return span
         try:
-            track, clock = self.queue_info(queue, thread)
+            track, clock, lanes = self.queue_info(queue, thread)
             if ev1 is None:
                 q, s, st, en = _profile(ev0)
             else:
@@ -114,7 +143,9 @@ class Resolver:
                     span.raw_end = ext[1] + off
         span.dev_start = span.raw_start - off
         span.dev_end = span.raw_end - off
-        if parent:
+        if lanes is not None and cat not in REGION_CATS:
+            self._to_lane.append((span, queue, thread, lanes))  # on a lane: does not widen its region
+        elif parent:
             per_track = self._child_ext.setdefault(parent, {})
             cur = per_track.get(track)
             if cur is None:

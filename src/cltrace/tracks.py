@@ -106,15 +106,18 @@ class TrackRegistry:
         self.devices.setdefault(info.key, info)
         return info
 
-    def device_queue(self, queue: Any, thread_ident: int, device_key: str | None = None) -> int:
+    def device_queue(self, queue: Any, thread_ident: int, device_key: str | None = None,
+                     lane: str | None = None) -> int:
         """Track for work a host thread submitted to a queue.
 
         In-order queues execute one command at a time, so a single submitting
         thread's regions and kernels nest on it; work from other threads on
-        the same queue gets its own track so slices never misnest.
+        the same queue gets its own track so slices never misnest. Out-of-order
+        queues run commands concurrently: their commands go to ``lane`` tracks
+        (``"regions"``, ``"1"``, ``"2"``...), each free of overlaps.
         """
         qptr = queue.int_ptr
-        key = ("queue", qptr, thread_ident)
+        key = ("queue", qptr, thread_ident, lane)
         tid = self._by_key.get(key)
         if tid is not None:
             return tid
@@ -127,14 +130,15 @@ class TrackRegistry:
                 self._queue_index[device_key] = idx + 1
                 self._queue_names[qptr] = (device_key, idx)
             _, idx = self._queue_names[qptr]
-            threads_on_queue = sum(1 for k in self._by_key if k[0] == "queue" and k[1] == qptr)
+            other_threads = any(k[0] == "queue" and k[1] == qptr and k[2] != thread_ident for k in self._by_key)
         name = f"{info.name} · queue {idx}"
-        if threads_on_queue:
+        if other_threads:
             host = self._by_key.get(("thread", thread_ident))
             name += f" · {self._tracks[host].name if host else _thread_name(thread_ident)}"
+        if lane is not None:
+            name += f" · {lane}" if not lane.isdigit() else f" · lane {lane}"
         return self._add(key, DEVICE_QUEUE, name, f"OpenCL: {info.name}", device=device_key,
-                         attrs={"queue.index": idx, "thread.id": thread_ident})
-
+                         attrs={"queue.index": idx, "thread.id": thread_ident, "queue.lane": lane})
 
 def _thread_name(ident: int) -> str:
     for t in threading.enumerate():
