@@ -7,7 +7,8 @@ from .recorder import RECORDER, Recorder
 from .stats import Stats
 
 
-def _fmt(ns: float | None) -> str:
+def format_ns(ns: float | None) -> str:
+    """A duration for a table: ns, us, ms or s."""
     if ns is None:
         return "-"
     if ns >= 1e9:
@@ -30,8 +31,8 @@ def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str 
             s = row[src]
             if s is None:
                 continue
-            vals = (str(s["count"]), _fmt(s["total_ns"]), _fmt(s["mean_ns"]), _fmt(s["min_ns"]),
-                    _fmt(s["max_ns"]), _fmt(s["p50_ns"]), _fmt(s["p99_ns"]))
+            vals = (str(s["count"]), format_ns(s["total_ns"]), format_ns(s["mean_ns"]), format_ns(s["min_ns"]),
+                    format_ns(s["max_ns"]), format_ns(s["p50_ns"]), format_ns(s["p99_ns"]))
             err = f"  errors={row['errors']}" if row["errors"] else ""
             lines.append(f"{label:<44} {src:<6}" + "".join(f"{v:>11}" for v in vals) + err)
             label = ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from .result import format_ns
+from ..report import format_ns
 from .runner import TrialRunner
 
 

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..report import format_ns
 from .config import Config, fmt_dims
 
 OK = "ok"
@@ -176,15 +177,4 @@ class AutotuneResult:
             "baseline": self.baseline.as_dict() if self.baseline is not None else None,
             "measurements": [t.as_dict() for t in self.measurements],
         }
-
-
-def format_ns(ns: float | None) -> str:
-    """A duration for a table: ns, us or ms."""
-    if ns is None:
-        return "-"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.3f}ms"
-    if ns >= 1e3:
-        return f"{ns / 1e3:.2f}us"
-    return f"{ns:.0f}ns"
 
