@@ -33,6 +33,8 @@ def _us(ns: int) -> str:
     return f"{ns // 1000}.{ns % 1000:03d}"
 
 
+_MS = tuple(f"{i:03d}" for i in range(1000))  # ns % 1000 -> its three decimals, without a format spec per number
+
 _esc = json.encoder.encode_basestring  # == json.dumps(s, ensure_ascii=False), in C
 
 
@@ -71,8 +73,10 @@ class ChromeTraceSink:
         self._fh: IO[bytes] | None = None
         self._tracks_written: set[int] = set()
         self._pids: dict[str, int] = {}
-        self._dpids: dict[int, int] = {}  # device track -> its process's pid
-        self._names: dict[str, str] = {}  # span name -> JSON string
+        # Track -> its events' constant '"pid":..,"tid":..,"ts":' text, once its metadata is out.
+        self._hheads: dict[int, str] = {}
+        self._dheads: dict[int, str] = {}
+        self._x_heads: dict[str, tuple[str, str]] = {}  # span name -> (cat, '{"ph":"X","cat":..,"name":..,')
         # id(attrs) -> (attrs, encoded): the dict is held, so its id cannot be reused meanwhile.
         self._attrs_json: dict[int, tuple[dict[str, Any], str]] = {}
         self._base = 0
@@ -89,6 +93,7 @@ class ChromeTraceSink:
         self._base = recorder.start_ns
         self._fh = open_trace_file(self.path)
         self._host_pid = recorder.tracks.pid
+        self._hheads.clear()  # they hold the host pid
         self._emit_lines([
             "[",
             self._meta("process_name", self._host_pid, 0, {"name": f"host (pid {self._host_pid})"}),
@@ -104,9 +109,11 @@ class ChromeTraceSink:
         seen = self._tracks_written
         base = self._base
         host_pid = self._host_pid
-        names = self._names
-        dpids = self._dpids
+        heads = self._x_heads
+        hheads = self._hheads
+        dheads = self._dheads
         enc_cache = self._attrs_json
+        ms = _MS
         out: list[str] = []
         app = out.append
         packed = 0  # events written inside another's list entry
@@ -117,70 +124,80 @@ class ChromeTraceSink:
                 self._emit_lines(out)
                 out.clear()
             th = s.thread
-            if th not in seen:
-                self._track_meta(tracks.get(th), out)
-            name = names.get(s.name)
-            if name is None:
-                if len(names) >= 4096:  # bounded even when every span has its own name
-                    names.clear()
-                name = names[s.name] = _esc(s.name)
+            hh = hheads.get(th)
+            if hh is None:
+                if th not in seen:
+                    self._track_meta(tracks.get(th), out)
+                hh = f'"pid":{host_pid},"tid":{th},"ts":'
+                if th in seen:
+                    hheads[th] = hh
             cat = s.cat
-            sid = s.id
+            head = heads.get(s.name)
+            if head is None or head[0] is not cat:
+                if len(heads) >= 4096:  # bounded even when every span has its own name
+                    heads.clear()
+                head = heads[s.name] = (cat, f'{{"ph":"X","cat":"{cat}","name":{_esc(s.name)},')
+            xh = head[1]
+            sid = f"{s.id}"
             hb = s.host_begin - base
-            ts = f"{hb // 1000}.{hb % 1000:03d}" if hb >= 0 else _us(hb)
+            ts = f"{hb // 1000}.{ms[hb % 1000]}" if hb >= 0 else _us(hb)
             hd = s.host_end - s.host_begin
-            dur = f"{hd // 1000}.{hd % 1000:03d}" if hd >= 0 else _us(hd)
-            if s.dev_start is not None:
-                dev = (f',"source":"device","queued_host_ns":{s.dev_queued},"submit_host_ns":{s.dev_submit},'
-                       f'"device.start":{s.raw_start},"device.end":{s.raw_end}')
-            else:
-                dev = ',"source":"host"'
+            dur = f"{hd // 1000}.{ms[hd % 1000]}" if hd >= 0 else _us(hd)
             if s.status != STATUS_OK:
-                dev += f',"status":"error","error":{_esc(s.error or "")}'
-            attrs = s.attrs
-            if attrs:
-                hit = enc_cache.get(id(attrs))
-                if hit is not None and hit[0] is attrs:  # launchers share one attrs dict per configuration
-                    a = hit[1]
+                args = self._error_args(s, sid)
+            else:
+                attrs = s.attrs
+                if attrs:
+                    hit = enc_cache.get(id(attrs))
+                    # launchers share one attrs dict per configuration
+                    a = hit[1] if hit is not None and hit[0] is attrs else self._attrs_text(attrs)
                 else:
-                    if len(enc_cache) >= 4096:
-                        enc_cache.clear()
-                    a = _encode_attrs(attrs)
-                    a = "," + a[1:-1] if len(a) > 2 else ""
-                    enc_cache[id(attrs)] = (attrs, a)
-                dev += a
-            args = f'{{"span":{sid},"parent":{s.parent}{dev}}}'
-            host = (f'{{"ph":"X","cat":"{cat}","name":{name},"pid":{host_pid},"tid":{th},'
-                    f'"ts":{ts},"dur":{dur},"args":{args}}},')
+                    a = ""
+                if s.dev_start is not None:
+                    args = (f'{{"span":{sid},"parent":{s.parent},"source":"device","queued_host_ns":{s.dev_queued},'
+                            f'"submit_host_ns":{s.dev_submit},"device.start":{s.raw_start},"device.end":{s.raw_end}'
+                            f'{a}}}')
+                else:
+                    args = f'{{"span":{sid},"parent":{s.parent},"source":"host"{a}}}'
             dt = s.device_track
             if dt is None:
-                app(host)
+                app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},')
                 continue
-            if dt not in seen:  # the device track's metadata goes between the two slices
-                app(host)
-                self._track_meta(tracks.get(dt), out)
-                lead = ""
-            else:
-                lead = host + "\n"
+            dh = dheads.get(dt)
+            if dh is None:  # first span on this device track in this sink
+                lead = f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n'
                 packed += 1
-            dpid = dpids.get(dt)
-            if dpid is None:
-                dpid = dpids[dt] = self._pids[tracks.get(dt).process]
-            ds = s.dev_start - base
-            dts = f"{ds // 1000}.{ds % 1000:03d}" if ds >= 0 else _us(ds)
-            dd = s.dev_end - s.dev_start
-            ddur = f"{dd // 1000}.{dd % 1000:03d}" if dd >= 0 else _us(dd)
-            if cat in REGION_CATS:
-                app(f'{lead}{{"ph":"X","cat":"{cat}","name":{name},"pid":{dpid},"tid":{dt},'
-                    f'"ts":{dts},"dur":{ddur},"args":{args}}},')
+                if dt not in seen:  # the device track's metadata goes between the two slices
+                    app(lead[:-1])
+                    self._track_meta(tracks.get(dt), out)
+                    lead = ""
+                    packed -= 1
+                dh = self._device_head(dt)
+                if dt in seen:
+                    dheads[dt] = dh
             else:
-                # Flow: from inside the host launch slice to the device slice (Kineto style).
-                app(f'{lead}{{"ph":"X","cat":"{cat}","name":{name},"pid":{dpid},"tid":{dt},'
-                    f'"ts":{dts},"dur":{ddur},"args":{args}}},\n'
-                    f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},"pid":{host_pid},'
-                    f'"tid":{th},"ts":{ts}}},\n'
-                    f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},'
-                    f'"pid":{dpid},"tid":{dt},"ts":{dts}}},')
+                lead = None
+            ds = s.dev_start - base
+            dts = f"{ds // 1000}.{ms[ds % 1000]}" if ds >= 0 else _us(ds)
+            dd = s.dev_end - s.dev_start
+            ddur = f"{dd // 1000}.{ms[dd % 1000]}" if dd >= 0 else _us(dd)
+            # Each f-string stays under 30 parts: CPython compiles longer ones to a slower list join.
+            if lead is None:
+                if cat in REGION_CATS:
+                    app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
+                    packed += 1
+                else:
+                    # Flow: from inside the host launch slice to the device slice (Kineto style).
+                    app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
+                        f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},{hh}{ts}}},\n'
+                        f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},{dh}{dts}}},')
+                    packed += 3
+            elif cat in REGION_CATS:
+                app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
+            else:
+                app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
+                    f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},{hh}{ts}}},\n'
+                    f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},{dh}{dts}}},')
                 packed += 2
         self.events_written += packed
         if out:
@@ -228,6 +245,34 @@ class ChromeTraceSink:
         self._fh.write(data)  # type: ignore[union-attr]
         self.bytes_written += len(data)
         self.events_written += len(lines)
+
+    def _error_args(self, s: Span, sid: str) -> str:
+        """The args object of a failed span: its placement, then the error, then its attrs."""
+        if s.dev_start is not None:
+            dev = (f',"source":"device","queued_host_ns":{s.dev_queued},"submit_host_ns":{s.dev_submit},'
+                   f'"device.start":{s.raw_start},"device.end":{s.raw_end}')
+        else:
+            dev = ',"source":"host"'
+        dev += f',"status":"error","error":{_esc(s.error or "")}'
+        attrs = s.attrs
+        if attrs:
+            hit = self._attrs_json.get(id(attrs))
+            dev += hit[1] if hit is not None and hit[0] is attrs else self._attrs_text(attrs)
+        return f'{{"span":{sid},"parent":{s.parent}{dev}}}'
+
+    def _attrs_text(self, attrs: dict[str, Any]) -> str:
+        """The attrs' members as JSON text after a comma, cached by the dict's identity."""
+        cache = self._attrs_json
+        if len(cache) >= 4096:
+            cache.clear()
+        a = _encode_attrs(attrs)
+        a = "," + a[1:-1] if len(a) > 2 else ""
+        cache[id(attrs)] = (attrs, a)
+        return a
+
+    def _device_head(self, dt: int) -> str:
+        dpid = self._pids[self._recorder.tracks.get(dt).process]
+        return f'"pid":{dpid},"tid":{dt},"ts":'
 
     def _flush_os(self) -> None:
         self._since_flush = 0
