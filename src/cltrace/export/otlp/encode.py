@@ -10,6 +10,8 @@ import struct
 from typing import Any, Mapping
 
 from ...spans import STATUS_ERROR, Span
+from ..protowire import SMALL as _SMALL
+from ..protowire import varint as _varint
 from .mapping import CACHE_MAX, EVENT_NAMES, Mapper, attr_key, attr_value
 
 _pack_fixed64 = struct.Struct("<Q").pack
@@ -17,25 +19,9 @@ _pack_id = struct.Struct(">Q").pack
 _pack_ids = struct.Struct(">2sQ2sQ").pack  # span_id and parent_span_id fields
 _pack_double = struct.Struct("<d").pack
 _pack_times = struct.Struct("<BBBQBQ").pack  # kind, start and end time fields
-_SMALL = [bytes((i,)) for i in range(128)]
 _FLAGS = b"\x85\x01" + struct.pack("<I", 0x100)  # SPAN_FLAGS_CONTEXT_HAS_IS_REMOTE_MASK
 _FLAGS_REMOTE_PARENT = b"\x85\x01" + struct.pack("<I", 0x300)
 _STATUS_UNSET = b"\x7a\x00"
-
-
-def _varint(n: int) -> bytes:
-    if n < 128:
-        return _SMALL[n]
-    if n < 16384:
-        return bytes(((n & 127) | 128, n >> 7))
-    if n < 2097152:
-        return bytes(((n & 127) | 128, ((n >> 7) & 127) | 128, n >> 14))
-    out = bytearray()
-    while n > 127:
-        out.append((n & 127) | 128)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
 
 
 def _ld(tag: bytes, payload: bytes) -> bytes:

@@ -8,18 +8,10 @@ from typing import Any
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from ..protowire import varint
+
 VARINT, FIXED64, LEN = 0, 1, 2
-
-
-def uv(n: int) -> bytes:
-    """Varint of an unsigned (or, as two's complement, a negative int64) integer."""
-    n &= 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+uv = varint  # unsigned, or a negative int64 as two's complement
 
 
 def _tag(msg: Any, name: str, wire: int) -> bytes:

@@ -1,0 +1,22 @@
+"""Protobuf wire-format pieces shared by the exporters that write protobuf by hand (OTLP, Perfetto)."""
+from __future__ import annotations
+
+SMALL = tuple(bytes((i,)) for i in range(128))
+
+
+def varint(n: int) -> bytes:
+    """Varint of ``n``; a negative ``n`` is written as its 64-bit two's complement (int64)."""
+    if n < 0:
+        n &= 0xFFFFFFFFFFFFFFFF
+    if n < 128:
+        return SMALL[n]
+    if n < 16384:
+        return bytes(((n & 127) | 128, n >> 7))
+    if n < 2097152:
+        return bytes(((n & 127) | 128, ((n >> 7) & 127) | 128, n >> 14))
+    out = bytearray()
+    while n > 127:
+        out.append((n & 127) | 128)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
