@@ -45,7 +45,7 @@ def reset_cltrace() -> None:
     RECORDER.configure(**RECORDER_DEFAULTS)
     RECORDER.meta.clear()
     cltrace.set_queue(None)
-    regions._tls.stack = []
+    regions._tls.stack.clear()
 
 
 @pytest.fixture(autouse=True)

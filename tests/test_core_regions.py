@@ -210,3 +210,24 @@ def test_record_launch_without_queue_is_host_only(queue):
     s = spans[sid]
     assert (s.source, s.cat, s.host_ns, s.path, s.attrs) == ("host", "transfer", 150, ("outer", "copy"), {"bytes": 4})
     assert spans[s.parent].name == "outer"
+
+
+def test_threads_that_reuse_an_ident_get_tracks_of_their_own(queue, kernels):
+    # Threads started one after another usually get the same ident from glibc (checked here).
+    def work(tag: str) -> None:
+        with cltrace.region(tag):
+            kernels.launch_add(queue)
+
+    with cltrace.trace():
+        for tag in ("first", "second", "third"):
+            t = threading.Thread(target=work, args=(tag,), name=f"worker-{tag}")
+            t.start()
+            t.join()
+    spans = RECORDER.spans()
+    regions_by_name = {s.name: s for s in spans if s.cat == "region"}
+    tracks = {name: s.thread for name, s in regions_by_name.items()}
+    assert len(set(tracks.values())) == 3
+    for name, track in tracks.items():
+        assert RECORDER.tracks.get(track).name == f"worker-{name}"
+    for k in (s for s in spans if s.cat == "kernel"):
+        assert k.thread == regions_by_name[k.path[0]].thread

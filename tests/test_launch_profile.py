@@ -11,6 +11,7 @@ import pyopencl as cl
 import pytest
 
 import cltrace
+from cltrace import regions
 from cltrace.compiler import ProgramCache, default_cache
 from cltrace.errors import CltraceError, ProfilingNotEnabledError
 from cltrace.recorder import RECORDER
@@ -182,7 +183,7 @@ def test_traced_launches_keep_back_pressure_and_their_thread(cl_ctx: Any, queue:
 
     def launch_many() -> None:
         nonlocal outstanding
-        worker.append(threading.get_ident())
+        worker.append(regions.thread_key())
         with cltrace.region("batch"):
             for _ in range(40):
                 prg.add[N, 64, queue](a, b)

@@ -33,7 +33,7 @@ from . import _state
 from .compiler import kernel_names
 from .queues import PROFILING
 from .recorder import RECORDER, new_id
-from .regions import current_parent, record_launch
+from .regions import current_parent, record_launch, thread_key
 from .spans import BUILD, FILL, KERNEL, STATUS_ERROR, TRANSFER
 from .tracks import COMPILE_THREAD
 
@@ -83,7 +83,7 @@ def _record(name: str, cat: str, queue: Any, ev: Any, hb: int, he: int, attrs: d
 
 def _record_failure(name: str, cat: str, hb: int, exc: BaseException, attrs: dict[str, Any]) -> None:
     parent, path = current_parent()
-    RECORDER.push((cat, name, new_id(), parent, path, threading.get_ident(), hb, _perf(),
+    RECORDER.push((cat, name, new_id(), parent, path, thread_key(), hb, _perf(),
                    None, None, None, attrs, STATUS_ERROR, f"{type(exc).__name__}: {exc}"))
 
 

@@ -10,7 +10,6 @@ that reads the flag, binds the arguments and enqueues.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -92,10 +91,10 @@ def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profi
             st = tls.stack
             parent, path = st[-1] if st else root
             if m.profiled:
-                append(({cat!r}, m.name, new_id(), parent, path, get_ident(), hb, he,
+                append(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
                         queue, ev, None, m.attrs, None, None))
             else:
-                append(({cat!r}, m.name, new_id(), parent, path, get_ident(), hb, he,
+                append(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
                         None, None, None, m.attrs, None, None))
             if len(pending) >= recorder._room:
                 recorder._drain_backpressure()
@@ -106,7 +105,7 @@ def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profi
 """
 # Read by the traced path as the generated module's globals: the recorder's deque and its
 # back-pressure check (as ``RECORDER.push``), and this thread's innermost open region.
-_RECORD_GLOBALS = {"tls": _tls, "root": _ROOT, "new_id": new_id, "get_ident": threading.get_ident,
+_RECORD_GLOBALS = {"tls": _tls, "root": _ROOT, "new_id": new_id,
                    "pending": RECORDER.pending, "append": RECORDER.pending.append, "recorder": RECORDER}
 _FACTORIES: dict[tuple[int, bool], Any] = {}
 

@@ -36,7 +36,7 @@ from .tracks import TrackRegistry
 log = logging.getLogger("cltrace")
 
 # Raw record layout (a plain tuple; the hot path builds nothing else):
-# (cat, name, span_id, parent_id, path, thread_ident, host_begin, host_end,
+# (cat, name, span_id, parent_id, path, thread_key, host_begin, host_end,
 #  queue, ev0, ev1, attrs, status, error)
 R_CAT, R_NAME, R_ID, R_PARENT, R_PATH, R_THREAD, R_HB, R_HE, R_QUEUE, R_EV0, R_EV1, R_ATTRS, R_STATUS, R_ERROR = range(14)
 

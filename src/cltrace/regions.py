@@ -34,13 +34,19 @@ _new_region = object.__new__
 _ROOT: tuple[int, tuple[str, ...]] = (0, ())
 
 
+class _Stack(list):
+    """A thread's open regions, (span id, path) each, and the thread key its records carry."""
+
+    __slots__ = ("key",)
+
+
 class _ThreadState(threading.local):
     """Per-thread region stack; created on a thread's first region or launch."""
 
     def __init__(self) -> None:
-        self.stack: list[tuple[int, tuple[str, ...]]] = []
-        # Name the host track now: by resolve time a short-lived thread has exited.
-        RECORDER.tracks.host_thread(_get_ident(), threading.current_thread().name)
+        self.stack = st = _Stack()
+        # The track is made and named now: by resolve time a short-lived thread has exited.
+        st.key = RECORDER.tracks.new_thread(_get_ident(), threading.current_thread().name)
 
 
 _tls = _ThreadState()
@@ -48,6 +54,11 @@ _tls = _ThreadState()
 
 def _stack() -> list[tuple[int, tuple[str, ...]]]:
     return _tls.stack
+
+
+def thread_key() -> int:
+    """The key this thread's records carry in their thread field (its OS ident, made unique)."""
+    return _tls.stack.key
 
 
 def current_parent() -> tuple[int, tuple[str, ...]]:
@@ -88,10 +99,10 @@ class _Region:
         else:  # closed out of order (generator/async misuse): remove wherever it is
             st[:] = [e for e in st if e[0] != sid]
         if et is None:
-            _pending_append((self.cat, self.name, sid, self._parent, self._path, _get_ident(), self._hb, he,
+            _pending_append((self.cat, self.name, sid, self._parent, self._path, st.key, self._hb, he,
                              q, self._ev0, ev1, self.attrs, None, None))
         else:
-            _pending_append((self.cat, self.name, sid, self._parent, self._path, _get_ident(), self._hb, he,
+            _pending_append((self.cat, self.name, sid, self._parent, self._path, st.key, self._hb, he,
                              q, self._ev0, ev1, self.attrs, STATUS_ERROR, f"{et.__name__}: {ev}"))
         if len(_pending) >= RECORDER._room:
             RECORDER._drain_backpressure()
@@ -199,7 +210,7 @@ def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: 
     st = _tls.stack
     parent, path = st[-1] if st else _ROOT
     sid = new_id()
-    _push((cat, name, sid, parent, path, _get_ident(), host_begin, host_end,
+    _push((cat, name, sid, parent, path, st.key, host_begin, host_end,
            queue, event, None, attrs, None, None))
     return sid
 

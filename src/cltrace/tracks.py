@@ -18,6 +18,7 @@ COMPILE = "compile"
 # Pseudo thread ident for raw records: the resolver places such (host-only) spans on
 # the compile track instead of a host thread track. Real thread idents are never 0.
 COMPILE_THREAD = 0
+_IDENT_MASK = (1 << 64) - 1  # a thread key's low bits are the OS thread ident
 
 
 @dataclass
@@ -67,6 +68,7 @@ class TrackRegistry:
         self._by_key: dict[Any, int] = {}
         self._queue_index: dict[str, int] = {}  # device key -> queues seen so far
         self._queue_names: dict[int, tuple[str, int]] = {}  # queue ptr -> (device key, index)
+        self._generations: dict[int, int] = {}  # OS thread ident -> threads seen with it, minus one
         self.devices: dict[str, DeviceInfo] = {}
         self.pid = os.getpid()
 
@@ -87,16 +89,26 @@ class TrackRegistry:
             return tid
 
     def host_thread(self, ident: int, name: str | None = None) -> int:
-        """Track of a host thread; a given ``name`` renames it (the OS reuses finished threads' idents)."""
+        """Track of a host thread, by the thread key its records carry (see ``new_thread``)."""
         tid = self._by_key.get(("thread", ident))
         if tid is not None:
-            if name is not None and self._tracks[tid].name != name:
-                self._tracks[tid].name = name
             return tid
-        if name is None:
-            name = _thread_name(ident)
-        return self._add(("thread", ident), HOST_THREAD, name, "host",
-                         attrs={"thread.id": ident})
+        os_ident = ident & _IDENT_MASK
+        return self._add(("thread", ident), HOST_THREAD, name or _thread_name(os_ident), "host",
+                         attrs={"thread.id": os_ident})
+
+    def new_thread(self, ident: int, name: str) -> int:
+        """The key a newly started thread's records carry, and its own track.
+
+        The OS reuses a finished thread's ident; a later thread with the same ident gets
+        a key of its own (the ident plus a generation above bit 64), so it gets its own track.
+        """
+        with self._lock:
+            gen = self._generations.get(ident)
+            self._generations[ident] = 0 if gen is None else gen + 1
+        key = ident if gen is None else ident + ((gen + 1) << 64)
+        self._add(("thread", key), HOST_THREAD, name, "host", attrs={"thread.id": ident})
+        return key
 
     def compile_track(self) -> int:
         return self._add(("compile",), COMPILE, "OpenCL compile", "host")
@@ -134,11 +146,11 @@ class TrackRegistry:
         name = f"{info.name} · queue {idx}"
         if other_threads:
             host = self._by_key.get(("thread", thread_ident))
-            name += f" · {self._tracks[host].name if host else _thread_name(thread_ident)}"
+            name += f" · {self._tracks[host].name if host else _thread_name(thread_ident & _IDENT_MASK)}"
         if lane is not None:
             name += f" · {lane}" if not lane.isdigit() else f" · lane {lane}"
         return self._add(key, DEVICE_QUEUE, name, f"OpenCL: {info.name}", device=device_key,
-                         attrs={"queue.index": idx, "thread.id": thread_ident, "queue.lane": lane})
+                         attrs={"queue.index": idx, "thread.id": thread_ident & _IDENT_MASK, "queue.lane": lane})
 
 def _thread_name(ident: int) -> str:
     for t in threading.enumerate():
