@@ -28,9 +28,9 @@ class Resolver:
         self.tracks = tracks
         self.clocks = clocks
         self.waiting: list[tuple] = []
-        self._queues: dict[tuple[int, int], tuple[int, Any, Any]] = {}
+        self._queues: dict[tuple[int, int, int], tuple[int, Any, Any]] = {}
         # (queue, thread) of an out-of-order queue -> end time of the last command on each lane
-        self._lanes: dict[tuple[int, int], list[int]] = {}
+        self._lanes: dict[tuple[int, int, int], list[int]] = {}
         self._to_lane: list[tuple[Span, Any, int, Any]] = []
         # parent id -> {device track: [min dev_start, max dev_end] of resolved children}
         self._child_ext: dict[int, dict[int, list[int]]] = {}
@@ -40,10 +40,12 @@ class Resolver:
 
         For an out-of-order queue the track is the one its regions go on; commands get lanes.
         """
-        key = (queue.int_ptr, thread)
+        dev = queue.device
+        # The device is part of the key: a freed queue's address may come back on another device.
+        key = (queue.int_ptr, dev.int_ptr, thread)
         info = self._queues.get(key)
         if info is None:
-            dkey = self.tracks.register_device(queue.device).key
+            dkey = self.tracks.register_device(dev).key
             ooo = bool(queue.properties & _OUT_OF_ORDER)
             track = self.tracks.device_queue(queue, thread, dkey, "regions" if ooo else None)
             clock = self.clocks.for_queue(queue, dkey)

@@ -67,7 +67,7 @@ class TrackRegistry:
         self._tracks: dict[int, Track] = {}
         self._by_key: dict[Any, int] = {}
         self._queue_index: dict[str, int] = {}  # device key -> queues seen so far
-        self._queue_names: dict[int, tuple[str, int]] = {}  # queue ptr -> (device key, index)
+        self._queue_names: dict[tuple[int, int], tuple[str, int]] = {}  # (queue, device) ptr -> (device key, index)
         self._generations: dict[int, int] = {}  # OS thread ident -> threads seen with it, minus one
         self.devices: dict[str, DeviceInfo] = {}
         self.pid = os.getpid()
@@ -128,7 +128,7 @@ class TrackRegistry:
         queues run commands concurrently: their commands go to ``lane`` tracks
         (``"regions"``, ``"1"``, ``"2"``...), each free of overlaps.
         """
-        qptr = queue.int_ptr
+        qptr = (queue.int_ptr, queue.device.int_ptr)  # an address may come back on another device
         key = ("queue", qptr, thread_ident, lane)
         tid = self._by_key.get(key)
         if tid is not None:
