@@ -26,10 +26,16 @@ def test_out_of_order_queue_commands_get_lanes_without_overlap(tmp_path, cl_ctx,
     kernel_tracks = {(e["pid"], e["tid"]) for e in trace.slices if e["cat"] == "kernel" and e["pid"] != trace.host_pid}
     region_tracks = {(e["pid"], e["tid"]) for e in trace.slices if e["cat"] == "region" and e["pid"] != trace.host_pid}
     assert all("lane" in names[t] for t in kernel_tracks)
-    assert len(kernel_tracks) > 1  # PoCL does run these concurrently: one track would misnest
     assert [names[t] for t in region_tracks] == [names[next(iter(region_tracks))]] and "regions" in names[next(iter(region_tracks))]
     spans = [s for s in RECORDER.spans() if s.cat == "kernel"]
     assert len(spans) == 24 and all(s.source == "device" for s in spans)
+    # As many lanes as commands ever ran at once (PoCL runs several; a driver that serialises needs one).
+    edges = sorted([(s.dev_start, 1) for s in spans] + [(s.dev_end, -1) for s in spans])
+    depth = most = 0
+    for _, d in edges:
+        depth += d
+        most = max(most, depth)
+    assert len(kernel_tracks) >= most
     assert all(s.dev_end - s.dev_start == s.raw_end - s.raw_start for s in spans)
 
 
