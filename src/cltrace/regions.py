@@ -52,10 +52,6 @@ class _ThreadState(threading.local):
 _tls = _ThreadState()
 
 
-def _stack() -> list[tuple[int, tuple[str, ...]]]:
-    return _tls.stack
-
-
 def thread_key() -> int:
     """The key this thread's records carry in their thread field (its OS ident, made unique)."""
     return _tls.stack.key
