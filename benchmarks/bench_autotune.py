@@ -17,9 +17,9 @@ import time
 from typing import Any
 
 import cltrace
-from cltrace.tuning import Autotuner, Config
-from cltrace.compiler import default_queue
-from cltrace.kernels.matmul import MATMUL, MatmulProblem
+from cltrace.tune import Autotuner, Config
+from cltrace.programs.compiler import default_queue
+from cltrace.tune.kernels.matmul import MATMUL, MatmulProblem
 
 
 def device_ns(queue: Any, config: Config, problem: MatmulProblem, runs: int) -> list[int]:
@@ -38,7 +38,7 @@ def main() -> int:
     a = ap.parse_args()
     os.environ.setdefault("CLTRACE_CACHE_DIR", tempfile.mkdtemp(prefix="cltrace-bench-"))
     queue = default_queue()
-    print(f"device: {queue.device.name.strip()} ({cltrace.compiler.device_key(queue.device)})")
+    print(f"device: {queue.device.name.strip()} ({cltrace.programs.compiler.device_key(queue.device)})")
     rows = []
     for size in (int(s) for s in a.sizes.split(",")):
         problem = MatmulProblem(queue, size, size, size)

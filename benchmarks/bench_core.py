@@ -33,8 +33,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import cltrace
 from cltrace.export.chrome import ChromeTraceSink
-from cltrace.recorder import RECORDER, Recorder
-from cltrace.spans import KERNEL, REGION, Span
+from cltrace.record.recorder import RECORDER, Recorder
+from cltrace.timeline.spans import KERNEL, REGION, Span
 
 CHUNK = 8192  # spans per sink.write, like one recorder flush
 

@@ -31,8 +31,8 @@ import pyopencl as cl
 
 import cltrace
 from cltrace import _state
-from cltrace.compiler import default_queue
-from cltrace.recorder import RECORDER
+from cltrace.programs.compiler import default_queue
+from cltrace.record.recorder import RECORDER
 
 SOURCE = """
 __kernel void add(__global float *a, __global const float *b) {

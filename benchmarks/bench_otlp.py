@@ -23,8 +23,8 @@ from otlp_collector import RotelCollector  # noqa: E402
 
 import cltrace  # noqa: E402
 from cltrace.export.otlp import OtlpSink  # noqa: E402
-from cltrace.recorder import RECORDER  # noqa: E402
-from cltrace.spans import KERNEL, REGION, Span  # noqa: E402
+from cltrace.record.recorder import RECORDER  # noqa: E402
+from cltrace.timeline.spans import KERNEL, REGION, Span  # noqa: E402
 
 TARGET = 50_000
 CHUNK = 8192  # spans per write, like one recorder flush

@@ -27,9 +27,10 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
 from cltrace.export.chrome import ChromeTraceSink
-from cltrace.export.perfetto import PerfettoTraceSink, iter_packets
-from cltrace.recorder import Recorder
-from cltrace.spans import Span
+from cltrace.export.perfetto import PerfettoTraceSink
+from cltrace.read.perfetto import iter_packets
+from cltrace.record.recorder import Recorder
+from cltrace.timeline.spans import Span
 
 TARGET_SPANS_PER_S = 300_000
 TARGET_BYTES_PER_KERNEL = 30

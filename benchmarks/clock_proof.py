@@ -17,7 +17,7 @@ import numpy as np
 import pyopencl as cl
 
 import cltrace
-from cltrace.recorder import RECORDER
+from cltrace.record.recorder import RECORDER
 
 SRC = "__kernel void axpy(__global float* y, __global const float* x, const float a)" \
       "{ const int i = get_global_id(0); y[i] = a * x[i] + y[i]; }"

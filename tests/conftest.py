@@ -17,8 +17,8 @@ import pyopencl as cl
 import pytest
 
 import cltrace
-from cltrace import regions
-from cltrace.recorder import RECORDER
+from cltrace.record import regions
+from cltrace.record.recorder import RECORDER
 
 RECORDER_DEFAULTS = {"capacity": 1_000_000, "overflow": "discard", "max_pending": 65_536}
 

@@ -12,11 +12,11 @@ import pyopencl as cl
 import pytest
 
 import cltrace
-from cltrace import tunedb
-from cltrace.compiler import ProgramCache, default_cache, default_queue, device_key
+from cltrace.programs import tunedb
+from cltrace.programs.compiler import ProgramCache, default_cache, default_queue, device_key
 from cltrace.errors import CltraceError
-from cltrace.recorder import RECORDER
-from cltrace.tracks import COMPILE
+from cltrace.record.recorder import RECORDER
+from cltrace.timeline.tracks import COMPILE
 
 SOURCE = """
 #ifndef SCALE

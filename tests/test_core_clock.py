@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import cltrace
-from cltrace.clock import DeviceClock, classify_domain
-from cltrace.recorder import RECORDER
+from cltrace.timeline.clock import DeviceClock, classify_domain
+from cltrace.record.recorder import RECORDER
 
 
 @pytest.fixture()

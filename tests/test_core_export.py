@@ -12,9 +12,11 @@ import threading
 import pytest
 
 import cltrace
-from cltrace import TraceFileError, tracefile
+from cltrace import TraceFileError
+from cltrace import read as tracefile
+from cltrace.analyze.summary import summarize
 from cltrace.export.chrome import ChromeTraceSink
-from cltrace.recorder import RECORDER
+from cltrace.record.recorder import RECORDER
 
 
 def _us(ns: int) -> str:
@@ -52,7 +54,7 @@ def test_round_trip_through_tracefile_load(tmp_path, queue, kernels, clock_domai
         _same(s, mem[s.id])
     assert meta["recorded_spans"] == 5 and meta["dropped_spans"] == 0
     assert all(c["domain"] == clock_domain for c in meta["clocks"].values())
-    stats, _ = tracefile.summarize(path)
+    stats, _ = summarize(path)
     assert stats.as_dict()["outer/host_only/spin"]["device"]["count"] == 1
 
 
@@ -168,7 +170,7 @@ def test_a_process_killed_after_a_flush_leaves_a_readable_trace(tmp_path):
         import os
         import cltrace
         import pyopencl as cl
-        from cltrace.recorder import RECORDER
+        from cltrace.record.recorder import RECORDER
 
         RECORDER.configure(flush_interval_s=3600)
         q = cltrace.profiling_queue()
@@ -234,7 +236,7 @@ def test_export_writes_the_spans_kept_in_memory(tmp_path, queue, kernels, chrome
 
 
 def _check_error(path, fragment: str) -> None:
-    for fn in (tracefile.load, tracefile.summarize):
+    for fn in (tracefile.load, summarize):
         with pytest.raises(TraceFileError) as e:
             fn(path)
         msg = str(e.value)

@@ -6,9 +6,9 @@ import threading
 import pytest
 
 import cltrace
-from cltrace import tracefile
+from cltrace import read as tracefile
 from cltrace.export.chrome import ChromeTraceSink
-from cltrace.recorder import RECORDER
+from cltrace.record.recorder import RECORDER
 
 
 class CollectingSink:

@@ -6,8 +6,9 @@ import threading
 import pytest
 
 import cltrace
-from cltrace import regions, tracefile
-from cltrace.recorder import RECORDER
+from cltrace.record import regions
+from cltrace import read as tracefile
+from cltrace.record.recorder import RECORDER
 
 
 def _by_name(spans):

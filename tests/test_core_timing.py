@@ -8,8 +8,9 @@ import pyopencl as cl
 import pytest
 
 import cltrace
-from cltrace import EventTimerError, ProfilingNotEnabledError
-from cltrace.recorder import RECORDER
+from cltrace import EventTimerError
+from cltrace import ProfilingNotEnabledError
+from cltrace.record.recorder import RECORDER
 
 
 def _dur(ev) -> int:

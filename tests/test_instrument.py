@@ -13,9 +13,9 @@ import pyopencl._cl as _cl
 import pytest
 
 import cltrace
-from cltrace.instrument import instrumented as is_instrumented
-from cltrace.recorder import RECORDER
-from cltrace.tracks import COMPILE
+from cltrace.cli.instrument import instrumented as is_instrumented
+from cltrace.record.recorder import RECORDER
+from cltrace.timeline.tracks import COMPILE
 
 PROFILING = cl.command_queue_properties.PROFILING_ENABLE
 N = 1000

@@ -11,10 +11,10 @@ import pyopencl as cl
 import pytest
 
 import cltrace
-from cltrace import regions
-from cltrace.compiler import ProgramCache, default_cache
+from cltrace.record import regions
+from cltrace.programs.compiler import ProgramCache, default_cache
 from cltrace.errors import CltraceError, ProfilingNotEnabledError
-from cltrace.recorder import RECORDER
+from cltrace.record.recorder import RECORDER
 
 from conftest import KERNEL_SOURCE as SOURCE  # noqa: E402  (tests/ is on sys.path under pytest)
 N = 1024

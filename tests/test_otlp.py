@@ -30,9 +30,9 @@ from cltrace.export.otlp import (
     resolve_protocol,
     resource_attributes,
 )
-from cltrace.recorder import RECORDER
-from cltrace.spans import BUILD, COMPILE, KERNEL, REGION, Span
-from cltrace.tracefile import load as load_trace
+from cltrace.record.recorder import RECORDER
+from cltrace.timeline.spans import BUILD, COMPILE, KERNEL, REGION, Span
+from cltrace.read import load as load_trace
 from otlp_collector import RotelCollector, free_port
 
 PROTOCOLS = ["grpc", "http/protobuf"]

@@ -5,7 +5,7 @@ import numpy as np
 import pyopencl as cl
 
 import cltrace
-from cltrace.recorder import RECORDER
+from cltrace.record.recorder import RECORDER
 
 
 def test_out_of_order_queue_commands_get_lanes_without_overlap(tmp_path, cl_ctx, kernels, chrome):

@@ -22,11 +22,13 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
 from cltrace.errors import TraceFileError
-from cltrace.export.perfetto import PerfettoTraceSink, iter_packets, load_pftrace
-from cltrace.recorder import RECORDER, Recorder
-from cltrace.session import format_for
-from cltrace.spans import Span
-from cltrace.tracefile import load, load_chrome
+from cltrace.export.perfetto import PerfettoTraceSink
+from cltrace.read.perfetto import iter_packets, load_pftrace
+from cltrace.record.recorder import RECORDER, Recorder
+from cltrace.export.formats import format_for
+from cltrace.timeline.spans import Span
+from cltrace.read import load
+from cltrace.read.chrome import load_chrome
 
 TE = pb.TrackEvent
 MONOTONIC = pb.BUILTIN_CLOCK_MONOTONIC
@@ -436,7 +438,7 @@ def test_load_names_a_missing_perfetto_package_and_nothing_else(traced: Traced) 
         code = ("import sys\n"
                 f"sys.modules[{blocked!r}] = None\n"
                 "from cltrace.errors import TraceFileError\n"
-                "from cltrace.tracefile import load\n"
+                "from cltrace.read import load\n"
                 "try:\n"
                 f"    load({traced.pftrace!r})\n"
                 "except TraceFileError as exc:\n"

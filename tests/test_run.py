@@ -13,9 +13,9 @@ import pyopencl as cl
 import pytest
 
 import cltrace
-from cltrace import tracefile
-from cltrace.instrument import instrumented
-from cltrace.runner import run_script
+from cltrace import read as tracefile
+from cltrace.cli.instrument import instrumented
+from cltrace.cli.run import run_script
 
 HELPER = '''
 SRC = "__kernel void twice(__global float *a) { a[get_global_id(0)] *= 2.0f; }"
@@ -55,7 +55,7 @@ def test_pyopencl_script_in_a_subprocess(tmp_path: Any) -> None:
     write(tmp_path, "helper.py", HELPER)
     script = write(tmp_path, "prog.py", SCRIPT)
     out = str(tmp_path / "traces" / "prog.json")
-    code = ("import sys; from cltrace.runner import run_script; "
+    code = ("import sys; from cltrace.cli.run import run_script; "
             "sys.exit(run_script(sys.argv[1], sys.argv[3:], [sys.argv[2]]))")
     env = {**os.environ, "CLTRACE_CACHE_DIR": str(tmp_path / "cache")}
     env.pop("CLTRACE", None)

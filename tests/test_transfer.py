@@ -5,7 +5,7 @@ import numpy as np
 import pyopencl as cl
 
 import cltrace
-from cltrace.recorder import RECORDER
+from cltrace.record.recorder import RECORDER
 
 
 def test_copy_records_a_transfer_span_with_bytes_and_device_time(queue):

@@ -7,18 +7,17 @@ and OTLP. Tracing is off until ``start()``/``trace()`` or ``CLTRACE=1``.
 from __future__ import annotations
 
 from .errors import CltraceError, EventTimerError, ProfilingNotEnabledError, TraceFileError
-from .queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
-from .recorder import RECORDER
-from .regions import copy, launch, record_launch, region, timing_region
-from .report import PerfCounter
-from .session import enabled, start, stop, trace
-from .spans import Span
-from .timing import EventTimer, timing
-from .compiler import BuildError, Kernel, Program, ProgramCache, compile
-from .instrument import instrument, uninstrument
-from .profile import LaunchProfile
-from . import autotune  # the old module path, loaded first so that no later import of it rebinds the name below
-from .tuning import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, autotune
+from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
+from .record.recorder import RECORDER
+from .record.regions import copy, launch, record_launch, region, timing_region
+from .analyze.report import PerfCounter
+from .capture.session import enabled, start, stop, trace
+from .timeline.spans import Span
+from .record.timing import EventTimer, timing
+from .programs.compiler import BuildError, Kernel, Program, ProgramCache, compile
+from .cli.instrument import instrument, uninstrument
+from .record.profile import LaunchProfile
+from .tune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, autotune
 
 __all__ = [
     "CltraceError", "EventTimerError", "ProfilingNotEnabledError", "TraceFileError",
@@ -40,7 +39,7 @@ def __getattr__(name: str) -> object:
 
 
 def _init_from_env() -> None:
-    from .session import start_from_env
+    from .capture.session import start_from_env
 
     start_from_env()
 

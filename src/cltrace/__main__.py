@@ -1,6 +1,6 @@
 """``python -m cltrace ...`` is the ``cltrace`` command."""
 import sys
 
-from .cli import main
+from .cli.commands import main
 
 sys.exit(main())

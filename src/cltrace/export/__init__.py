@@ -1,4 +1,8 @@
-"""Exporters: sinks that receive resolved spans (see base.SpanSink)."""
+"""Export: sinks that receive resolved spans (see ``base.SpanSink``) and write Chrome JSON, Perfetto, OTLP.
+
+Sinks know spans and tracks, never events, queues or the recorder's internals. May import ``timeline``,
+``record`` (never imported by it) and the top-level ``errors``/``_version``.
+"""
 from .base import SpanSink
 from .chrome import ChromeTraceSink
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import IO, Any, Protocol, Sequence
 
-from ..spans import Span
+from ..timeline.spans import Span
 
 
 class SpanSink(Protocol):

@@ -19,8 +19,8 @@ import os
 from typing import IO, Any, Sequence
 
 from .base import open_trace_file
-from ..spans import REGION_CATS, STATUS_OK, Span
-from ..tracks import DEVICE_QUEUE
+from ..timeline.spans import REGION_CATS, STATUS_OK, Span
+from ..timeline.tracks import DEVICE_QUEUE
 
 _DEVICE_PID_BASE = 1_000_000
 

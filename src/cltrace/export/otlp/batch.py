@@ -9,7 +9,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from ...recorder import _version
+from ..._version import version as _version
 from .encode import WireEncoder, chunks_by_size
 from .mapping import Mapper, readable_span
 from .resource import resource_attributes

@@ -9,7 +9,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Mapping
 
-from ...spans import STATUS_ERROR, Span
+from ...timeline.spans import STATUS_ERROR, Span
 from ..protowire import SMALL as _SMALL
 from ..protowire import varint as _varint
 from .mapping import CACHE_MAX, EVENT_NAMES, Mapper, attr_key, attr_value

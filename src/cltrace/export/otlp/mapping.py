@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from ...spans import KERNEL, STATUS_ERROR, Span
+from ...timeline.spans import KERNEL, STATUS_ERROR, Span
 
 # Record attribute keys with a name of their own; every other key K becomes "cltrace.K".
 _KEY_NAMES = {"global_size": "cltrace.kernel.global_size", "local_size": "cltrace.kernel.local_size"}

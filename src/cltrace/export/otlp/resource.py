@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from opentelemetry.sdk.resources import Resource
 
-from ...recorder import _version
+from ..._version import version as _version
 
 
 def base_resource(service_name: str | None) -> dict[str, Any]:

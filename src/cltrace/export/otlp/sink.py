@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from opentelemetry import trace as otel_trace
 
-from ...spans import Span
+from ...timeline.spans import Span
 from .batch import Batch, BatchExporter
 from .config import (
     DEFAULT_CLOSE_TIMEOUT_S,

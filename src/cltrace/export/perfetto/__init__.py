@@ -9,13 +9,12 @@ look-ups.
 Modules, in the order the data goes: ``rows`` (spans to packet rows), ``order`` (hold-back and
 tie-breaking that keep slices nested across batches), ``tracks`` (descriptors, sequences, interning),
 ``packets`` and ``layout`` (rows to bytes), ``wire`` (field tags and shared names), ``sink`` (the
-SpanSink, registered as "pftrace"), ``reader`` (``load_pftrace``).
+SpanSink; ``cltrace.read.perfetto`` reads it back).
 """
-from .reader import iter_packets, load_pftrace
 from .sink import PerfettoTraceSink
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, BOOTTIME, COUNTER,
                    DROPPED_TRACK, END, HOST_CLOCK, INSTANT, META_SEQ, METADATA_EVENT, MONOTONIC)
 
-__all__ = ["PerfettoTraceSink", "load_pftrace", "iter_packets", "A_DEV_END", "A_DEV_START", "A_ERROR", "A_PARENT",
+__all__ = ["PerfettoTraceSink", "A_DEV_END", "A_DEV_START", "A_ERROR", "A_PARENT",
            "A_SPAN", "A_STATUS", "BEGIN", "BOOTTIME", "COUNTER", "DROPPED_TRACK", "END", "HOST_CLOCK", "INSTANT",
            "META_SEQ", "METADATA_EVENT", "MONOTONIC"]

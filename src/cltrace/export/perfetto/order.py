@@ -20,8 +20,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ...spans import FILL, KERNEL, MARKER, TRANSFER
-from .rows import C_EXTRA, C_G, C_K1, C_K2, C_K3, C_TRACK, C_TS
+from ...timeline.spans import FILL, KERNEL, MARKER, TRANSFER
+from .columns import C_EXTRA, C_G, C_K1, C_K2, C_K3, C_TRACK, C_TS
 
 # Spans that never have children, so never a parent that events wait for.
 _LEAF_CATS = frozenset({KERNEL, TRANSFER, MARKER, FILL})

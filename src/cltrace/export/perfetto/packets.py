@@ -12,8 +12,8 @@ import numpy as np
 
 from .layout import Layout, Pool
 from .order import order, runs
-from .rows import (C_EXTRA, C_FLOW, C_K2, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS, C_SID, C_SPANANN, C_TRACK,
-                   C_TS)
+from .columns import (C_EXTRA, C_FLOW, C_K2, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS, C_SID, C_SPANANN, C_TRACK,
+                      C_TS)
 from .tracks import STANDARD_ANNS, Tracks
 from .wire import (BEGIN, COUNTER, END, MONOTONIC, P_CLOCK, P_INTERNED, P_SEQ, P_TS, PACKET, TE_FLOW, TE_TFLOW,
                    TE_TYPE, frame, uv)

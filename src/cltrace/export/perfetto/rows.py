@@ -16,18 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...spans import REGION_CATS, STATUS_OK, TRANSFER, Span
+from ...timeline.spans import REGION_CATS, STATUS_OK, TRANSFER, Span
 from .wire import TE_COUNTER, uv
 
+from .columns import (C_EXTRA, C_FLOW, C_G, C_K1, C_K2, C_K3, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS,
+                      C_SID, C_SPANANN, C_TRACK, C_TS, FLOW_IN, FLOW_OUT, K2_COUNTER, K2_END, NCOLS)
+from .order import HoldBack
+
 if TYPE_CHECKING:
-    from .order import HoldBack
     from .tracks import Tracks
 
-(C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G, C_PRE, C_FLOW, C_SID, C_SPANANN, C_PARENT, C_EXTRA,
- C_RAW, C_RAWS, C_RAWE, C_RAWEND) = range(16)
-NCOLS = 16
-FLOW_OUT, FLOW_IN = 1, 2
-K2_END, K2_COUNTER = 1, 2  # BEGIN rows: 0
 
 # Columns are read one attribute at a time: lists of ints and strings are not tracked by the
 # garbage collector, whereas a tuple per span would trigger collections on every batch.

@@ -1,4 +1,4 @@
-"""PerfettoTraceSink: streams spans to a ``.pftrace`` file, batch by batch, and registers the format.
+"""PerfettoTraceSink: streams spans to a ``.pftrace`` file, batch by batch.
 
 The file is a ``perfetto.protos.Trace``: a run of ``Trace.packet`` entries appended write by
 write, so a run cut off after a flush still loads up to its last complete packet. Sequence 1 (see
@@ -15,8 +15,7 @@ from typing import IO, Any, Sequence
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ... import session
-from ...spans import Span
+from ...timeline.spans import Span
 from ..base import open_trace_file
 from .order import HoldBack
 from .packets import encode
@@ -149,5 +148,3 @@ def _mono_offset() -> int:
         samples.append((p1 - p0, m - (p0 + p1) // 2))
     return min(samples)[1]
 
-
-session.register_format("pftrace", ".pftrace", PerfettoTraceSink)

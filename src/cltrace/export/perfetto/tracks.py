@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ...spans import STATUS_OK, Span
-from ...tracks import DEVICE_QUEUE, HOST_THREAD
+from ...timeline.spans import STATUS_OK, Span
+from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
 from .layout import Pool
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID, DNAMES,
                    HOST_CLOCK, META_SEQ, MONOTONIC, NAMES, P_FLAGS, P_SEQ, P_TE, SEQ_CLEARED, SEQ_NEEDS,

@@ -1,0 +1,323 @@
+"""Tracing unmodified pyopencl programs: hooks on pyopencl's entry points.
+
+``instrument()`` replaces, on the ``pyopencl`` and ``pyopencl._cl`` modules:
+
+* ``enqueue_nd_range_kernel`` — on both modules: ``cl.Kernel.__call__`` (and so
+  ``pyopencl.array``, ``ElementwiseKernel``, ``ReductionKernel``...) reaches the driver
+  through pyopencl's generated invokers, which look up ``_cl.enqueue_nd_range_kernel``
+  at call time; user code calls ``cl.enqueue_nd_range_kernel``. Spans are named after
+  the kernel's function name.
+* ``enqueue_copy`` and ``enqueue_fill_buffer`` (``enqueue_fill`` and ``Array.get/set``
+  call them through the module) — "transfer"/"fill" spans with ``bytes``.
+* ``Program.build`` — a "build" span on the compile track, with pyopencl's own
+  binary-cache outcome when it reports one.
+* ``CommandQueue`` — a stand-in class (``isinstance`` still holds for every queue)
+  that adds PROFILING_ENABLE, so queues made while instrumented have device times.
+
+Each hook reads the tracing flag first and otherwise calls straight through.
+Work on a queue made without profiling gives host-only spans and one warning.
+``uninstrument()`` puts every original object back.
+"""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import warnings
+from typing import Any
+
+import pyopencl as cl
+import pyopencl._cl as _cl
+
+from .. import _state
+from ..programs.compiler import kernel_names
+from ..record.queues import PROFILING
+from ..record.recorder import RECORDER, new_id
+from ..record.regions import current_parent, record_launch, thread_key
+from ..timeline.spans import BUILD, FILL, KERNEL, STATUS_ERROR, TRANSFER
+from ..timeline.tracks import COMPILE_THREAD
+
+_perf = time.perf_counter_ns
+_lock = threading.Lock()
+_saved: list[tuple[Any, str, bool, Any]] = []  # (owner, attribute, was in owner's __dict__, original)
+_warned = False
+# True while the hooks are installed: code that records its own pyopencl calls (cltrace.launch,
+# record_launch around enqueue_copy) can read it to avoid a second span per command.
+ACTIVE = False
+
+NO_PROFILING = "unavailable: queue without PROFILING_ENABLE"
+
+# What the hooks call through to: refreshed by instrument() from the attributes it replaces.
+_ORIG_NDRANGE = _cl.enqueue_nd_range_kernel
+_ORIG_COPY = cl.enqueue_copy
+_ORIG_FILL = cl.enqueue_fill_buffer
+_ORIG_BUILD = cl.Program.build
+_ORIG_QUEUE = _cl.CommandQueue
+
+
+def _profiled(queue: Any) -> bool:
+    global _warned
+    try:
+        if queue.properties & PROFILING:
+            return True
+    except Exception:
+        return False
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            "cltrace: work was submitted on a command queue created without PROFILING_ENABLE "
+            "(before cltrace.instrument()?); its spans are host-only, without device times. "
+            "Fix: create queues after cltrace.instrument() (or under `cltrace run`), or pass "
+            "properties=cl.command_queue_properties.PROFILING_ENABLE.",
+            RuntimeWarning, stacklevel=4)
+    return False
+
+
+def _record(name: str, cat: str, queue: Any, ev: Any, hb: int, he: int, attrs: dict[str, Any]) -> None:
+    if _profiled(queue):
+        record_launch(name, queue, ev, hb, he, cat, attrs)
+    else:
+        attrs["cltrace.device_time"] = NO_PROFILING
+        record_launch(name, None, None, hb, he, cat, attrs)
+
+
+def _record_failure(name: str, cat: str, hb: int, exc: BaseException, attrs: dict[str, Any]) -> None:
+    parent, path = current_parent()
+    RECORDER.push((cat, name, new_id(), parent, path, thread_key(), hb, _perf(),
+                   None, None, None, attrs, STATUS_ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+def _sizes(v: Any) -> list[int] | None:
+    if v is None:
+        return None
+    try:
+        return [int(x) for x in v]
+    except TypeError:
+        return [int(v)]
+
+
+# ---- kernels -------------------------------------------------------------------------
+
+def enqueue_nd_range_kernel(queue: Any, kernel: Any, global_size: Any, local_size: Any,
+                            *args: Any, **kwargs: Any) -> Any:
+    """``pyopencl.enqueue_nd_range_kernel``, recorded as a "kernel" span while tracing."""
+    if not _state.ENABLED:
+        return _ORIG_NDRANGE(queue, kernel, global_size, local_size, *args, **kwargs)
+    hb = _perf()
+    try:
+        ev = _ORIG_NDRANGE(queue, kernel, global_size, local_size, *args, **kwargs)
+    except Exception as exc:
+        _record_failure(_kernel_name(kernel), KERNEL, hb, exc, {"global_size": _sizes(global_size)})
+        raise
+    he = _perf()
+    _record(_kernel_name(kernel), KERNEL, queue, ev, hb, he,
+            {"global_size": _sizes(global_size), "local_size": _sizes(local_size)})
+    return ev
+
+
+def _kernel_name(kernel: Any) -> str:
+    try:
+        return kernel.function_name
+    except Exception:
+        return "kernel"
+
+
+# ---- transfers and fills ---------------------------------------------------------------
+
+def _is_device(obj: Any) -> bool:
+    return isinstance(obj, (cl.MemoryObjectHolder, cl.SVMPointer))
+
+
+def _nbytes(obj: Any) -> int | None:
+    n = getattr(obj, "nbytes", None)
+    if n is not None:
+        return int(n)
+    try:
+        return memoryview(obj).nbytes
+    except TypeError:
+        return None
+
+
+def _copy_info(dest: Any, src: Any, kwargs: dict[str, Any]) -> tuple[str, int | None]:
+    d_dev, s_dev = _is_device(dest), _is_device(src)
+    name = "copy DtoD" if d_dev and s_dev else "copy HtoD" if d_dev else "copy DtoH" if s_dev else "copy"
+    if "byte_count" in kwargs and kwargs["byte_count"] is not None:
+        return name, int(kwargs["byte_count"])
+    region = kwargs.get("region")
+    if region is not None:
+        img = dest if isinstance(dest, cl.Image) else src if isinstance(src, cl.Image) else None
+        n = 1
+        for r in region:
+            n *= int(r)
+        return name, n * (img.element_size if img is not None else 1)
+    if d_dev and s_dev:
+        sizes = [getattr(x, "size", None) for x in (dest, src)]
+        if None in sizes:
+            return name, None
+        return name, min(sizes[0] - int(kwargs.get("dst_offset", 0)), sizes[1] - int(kwargs.get("src_offset", 0)))
+    host = src if d_dev else dest
+    return name, _nbytes(host)
+
+
+def enqueue_copy(queue: Any, dest: Any, src: Any, **kwargs: Any) -> Any:
+    """``pyopencl.enqueue_copy``, recorded as a "transfer" span with ``bytes`` while tracing."""
+    if not _state.ENABLED:
+        return _ORIG_COPY(queue, dest, src, **kwargs)
+    hb = _perf()
+    try:
+        ev = _ORIG_COPY(queue, dest, src, **kwargs)
+    except Exception as exc:
+        name, nbytes = _copy_info(dest, src, kwargs)
+        _record_failure(name, TRANSFER, hb, exc, {"bytes": nbytes})
+        raise
+    he = _perf()
+    name, nbytes = _copy_info(dest, src, kwargs)
+    attrs: dict[str, Any] = {"bytes": nbytes}
+    if "is_blocking" in kwargs:
+        attrs["blocking"] = bool(kwargs["is_blocking"])
+    _record(name, TRANSFER, queue, ev, hb, he, attrs)
+    return ev
+
+
+def enqueue_fill_buffer(queue: Any, mem: Any, pattern: Any, offset: int, size: int,
+                        wait_for: Any = None) -> Any:
+    """``pyopencl.enqueue_fill_buffer``, recorded as a "fill" span with ``bytes`` while tracing."""
+    if not _state.ENABLED:
+        return _ORIG_FILL(queue, mem, pattern, offset, size, wait_for)
+    hb = _perf()
+    try:
+        ev = _ORIG_FILL(queue, mem, pattern, offset, size, wait_for)
+    except Exception as exc:
+        _record_failure("fill", FILL, hb, exc, {"bytes": int(size)})
+        raise
+    he = _perf()
+    _record("fill", FILL, queue, ev, hb, he, {"bytes": int(size), "pattern_bytes": _nbytes(pattern)})
+    return ev
+
+
+# ---- program builds ---------------------------------------------------------------------
+
+_PYOPENCL_CACHE = {"cache retrieval": "hit", "source build resulting from a binary cache miss": "miss"}
+
+
+def program_build(self: Any, options: Any = None, devices: Any = None, cache_dir: Any = None) -> Any:
+    """``pyopencl.Program.build``, recorded as a "build" span on the compile track while tracing."""
+    if not _state.ENABLED:
+        return _ORIG_BUILD(self, options, devices, cache_dir)
+    parent, path = current_parent()
+    source = getattr(self, "_source", None)
+    text = source.decode("utf-8", "replace") if isinstance(source, bytes) else source
+    names = kernel_names(text) if text else []
+    name = "build " + (",".join(names[:4]) if names else "program")
+    attrs: dict[str, Any] = {"options": options if isinstance(options, str) else " ".join(options or ())}
+    if source is not None:
+        raw = source.encode("utf-8") if isinstance(source, str) else source
+        attrs["source_hash"] = hashlib.sha256(raw).hexdigest()
+    hb = _perf()
+    try:
+        result = _ORIG_BUILD(self, options, devices, cache_dir)
+    except Exception as exc:
+        he = _perf()
+        attrs["build_log"] = str(exc)
+        RECORDER.push((BUILD, name, new_id(), parent, path, COMPILE_THREAD, hb, he, None, None, None,
+                       attrs, STATUS_ERROR, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+        raise
+    he = _perf()
+    info = getattr(self, "_build_duration_info", None)
+    if info:
+        attrs["pyopencl.build"] = info[0]
+        attrs["cache"] = _PYOPENCL_CACHE.get(info[0], "none")
+        attrs["cache_hit"] = bool(info[1])
+    try:
+        attrs["binary_size"] = sum(self.get_info(cl.program_info.BINARY_SIZES))
+        logs = [(self.get_build_info(d, cl.program_build_info.LOG) or "").strip()
+                for d in self.get_info(cl.program_info.DEVICES)]
+        log = "\n".join(x for x in logs if x)
+        if log:
+            attrs["build_log"] = log
+    except Exception:
+        pass
+    attrs["duration_ns"] = he - hb
+    RECORDER.push((BUILD, name, new_id(), parent, path, COMPILE_THREAD, hb, he, None, None, None,
+                   attrs, None, None))
+    return result
+
+
+# ---- queues ---------------------------------------------------------------------------
+
+class _QueueMeta(type):
+    """Makes the stand-in behave as pyopencl's class for isinstance/issubclass/attributes."""
+
+    def __call__(cls, context: Any, device: Any = None, properties: Any = None) -> Any:
+        if properties is None:
+            properties = PROFILING
+        else:
+            try:
+                properties = properties | PROFILING
+            except TypeError:
+                pass
+        return _ORIG_QUEUE(context, device, properties)
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, _ORIG_QUEUE)
+
+    def __subclasscheck__(cls, sub: type) -> bool:
+        return issubclass(sub, _ORIG_QUEUE)
+
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(_ORIG_QUEUE, name)
+
+
+class CommandQueue(metaclass=_QueueMeta):
+    """``pyopencl.CommandQueue`` while instrumented: creates real pyopencl queues with PROFILING_ENABLE."""
+
+
+# ---- install / remove ---------------------------------------------------------------------
+
+def _hooks() -> list[tuple[Any, str, Any]]:
+    return [
+        (_cl, "enqueue_nd_range_kernel", enqueue_nd_range_kernel),
+        (cl, "enqueue_nd_range_kernel", enqueue_nd_range_kernel),
+        (cl, "enqueue_copy", enqueue_copy),
+        (cl, "enqueue_fill_buffer", enqueue_fill_buffer),
+        (cl.Program, "build", program_build),
+        (cl, "CommandQueue", CommandQueue),
+    ]
+
+
+def instrument() -> None:
+    """Hook pyopencl so work issued through it is traced (while tracing is on). Idempotent."""
+    global _warned, ACTIVE
+    with _lock:
+        if _saved:
+            return
+        _warned = False
+        _set_originals(_cl.enqueue_nd_range_kernel, cl.enqueue_copy, cl.enqueue_fill_buffer,
+                       cl.Program.build, cl.CommandQueue)
+        for owner, attr, hook in _hooks():
+            _saved.append((owner, attr, attr in vars(owner), getattr(owner, attr)))
+            setattr(owner, attr, hook)
+        ACTIVE = _state.INSTRUMENTED = True
+
+
+def _set_originals(ndrange: Any, copy: Any, fill: Any, build: Any, queue: Any) -> None:
+    global _ORIG_NDRANGE, _ORIG_COPY, _ORIG_FILL, _ORIG_BUILD, _ORIG_QUEUE
+    _ORIG_NDRANGE, _ORIG_COPY, _ORIG_FILL, _ORIG_BUILD, _ORIG_QUEUE = ndrange, copy, fill, build, queue
+
+
+def uninstrument() -> None:
+    """Put back every pyopencl attribute ``instrument()`` replaced (the very same objects)."""
+    global ACTIVE
+    with _lock:
+        ACTIVE = _state.INSTRUMENTED = False
+        while _saved:
+            owner, attr, own, original = _saved.pop()
+            if own:
+                setattr(owner, attr, original)
+            else:
+                delattr(owner, attr)
+
+
+def instrumented() -> bool:
+    """Whether the hooks are installed."""
+    return ACTIVE

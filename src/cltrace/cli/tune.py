@@ -1,0 +1,144 @@
+"""``cltrace tune``: autotune the tiled matmul example on the default device and keep the winner."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+
+def _size(value: str) -> tuple[int, int, int]:
+    try:
+        parts = [int(p) for p in value.lower().split("x")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts *= 3
+    if len(parts) != 3 or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"size must be N or MxNxK with positive integers, not {value!r}")
+    return parts[0], parts[1], parts[2]
+
+
+def _shapes(value: str) -> list[tuple[int, ...] | None]:
+    """``auto,8x4,16x8`` -> [None, (8, 4), (16, 8)]."""
+    out: list[tuple[int, ...] | None] = []
+    for item in value.split(","):
+        item = item.strip().lower()
+        if not item:
+            continue
+        if item in ("auto", "none"):
+            out.append(None)
+            continue
+        try:
+            out.append(tuple(int(p) for p in item.split("x")))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad shape {item!r}: write AxB, e.g. 8x4 (or auto)") from None
+    if not out:
+        raise argparse.ArgumentTypeError("empty list")
+    return out
+
+
+def _ints(value: str) -> list[int]:
+    try:
+        out = [int(p) for p in value.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, not {value!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError("empty list")
+    return out
+
+
+def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``cltrace tune``."""
+    parser.add_argument("--size", type=_size, default=(512, 512, 512), metavar="N|MxNxK",
+                        help="matrix sizes: C[M,N] = A[M,K] @ B[K,N] (default 512)")
+    parser.add_argument("--strategy", choices=("coordinate", "grid"), default="coordinate",
+                        help="coordinate: one parameter at a time around the best (default, fast); "
+                             "grid: every combination")
+    parser.add_argument("--workgroups", type=_shapes, metavar="LIST",
+                        help="work-group shapes to try, e.g. auto,8x4,16x8 (default: from the device limits)")
+    parser.add_argument("--tiles", type=_shapes, metavar="LIST",
+                        help="tiles TILE_XxTILE_Y to try, e.g. 1x1,4x4,8x4 (default: from the device)")
+    parser.add_argument("--unroll", type=_ints, metavar="LIST", help="unroll factors, e.g. 1,2,4")
+    parser.add_argument("-n", "--runs", type=int, default=10, help="timed launches per trial (default 10)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed launches per trial (default 1: the first launch carries the JIT)")
+    parser.add_argument("--no-check", action="store_true", help="do not check each trial's result against numpy")
+    parser.add_argument("--no-persist", action="store_true", help="do not store the winner in the tune DB")
+    parser.add_argument("--top", type=int, default=15, help="rows of the ranked table (default 15; 0: all)")
+    parser.add_argument("--plot", metavar="FILE", help="save a chart of the sweep (needs cltrace[plot])")
+    parser.add_argument("--out", metavar="TRACE", action="append",
+                        help="also trace the sweep to this file (.json, .pftrace; repeatable)")
+    parser.add_argument("--json", metavar="FILE", help="write every trial as JSON")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar (default: when stderr is a terminal)")
+
+
+def _gflops(trial: Any, flops: float) -> str:
+    g = trial.gflops(flops) if trial is not None else None
+    return "-" if g is None else f"{g:.2f} GFLOP/s"
+
+
+def main_tune(args: argparse.Namespace) -> int:
+    """Run the sweep, print the ranked table and the default-vs-tuned GFLOP/s; 0 if a trial succeeded."""
+    from ..tune import Autotuner
+    from ..tune.kernels.matmul import MATMUL, MatmulProblem
+    from ..programs.compiler import default_queue
+    from ..capture.session import trace
+
+    if args.runs < 1 or args.warmup < 0:
+        print("cltrace tune: need --runs >= 1 and --warmup >= 0", file=sys.stderr)
+        return 2
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("cltrace tune: --plot needs matplotlib: pip install 'cltrace[plot]'", file=sys.stderr)
+            return 2
+    queue = default_queue()
+    m, n, k = args.size
+    problem = MatmulProblem(queue, m, n, k)
+    tuner = Autotuner(queue, n_warmup=args.warmup, n=args.runs, strategy=args.strategy, progress=args.progress,
+                      persist=not args.no_persist)
+    print(f"cltrace tune: matmul {m}x{k} @ {k}x{n} on {queue.device.name.strip()} "
+          f"({tuner.limits.device_key}), strategy {args.strategy}, {args.warmup}+{args.runs} launches per trial",
+          flush=True)
+    check = {} if args.no_check else {"output": problem.c, "reference": problem.reference}
+
+    def sweep() -> Any:
+        return tuner.tune(MATMUL, problem.args, args.workgroups, args.tiles, args.unroll, **check)
+
+    if args.out:
+        with trace(*args.out):
+            result = sweep()
+    else:
+        result = sweep()
+
+    print(result.table(top=args.top or None))
+    print()
+    base, best = result.baseline_trial, result.best
+    flops = problem.flops
+    print(f"untuned default  {result.baseline.label():<32} {_gflops(base, flops)}"
+          + ("" if base is None or base.ok else f"  (failed: {base.reason})"))
+    if best is None:
+        print("no configuration ran successfully", file=sys.stderr)
+        return 1
+    speed = result.speedup()
+    print(f"tuned best       {best.config.label():<32} {_gflops(best, flops)}"
+          + (f"  ({speed:.2f}x the default)" if speed else ""))
+    if result.persisted:
+        print(f"winner stored: {result.persisted}")
+        print("  cltrace.compile() of this matmul source on this device and driver now builds the tuned variant")
+    if args.plot:
+        print(f"wrote {result.plot(args.plot)}")
+    if args.json:
+        d = os.path.dirname(args.json)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(result.as_dict(), fh, indent=1, default=str)
+        print(f"wrote {args.json}")
+    for path in args.out or ():
+        print(f"wrote {path}  (open it in https://ui.perfetto.dev)")
+    return 0

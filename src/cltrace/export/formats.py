@@ -1,0 +1,53 @@
+"""Trace file formats: which sink writes a path, chosen by name or by the path's suffix.
+
+Sinks are imported on first use, so ``import cltrace`` loads neither perfetto nor OpenTelemetry.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+# Format name -> (file suffix, "module:attribute" of its sink class, relative to this package).
+_BUILTIN: dict[str, tuple[str, str]] = {
+    "json": (".json", ".chrome:ChromeTraceSink"),
+    "pftrace": (".pftrace", ".perfetto:PerfettoTraceSink"),
+}
+_EXTRA: dict[str, tuple[str, Callable[[str], Any]]] = {}
+
+
+def register_format(name: str, suffix: str, factory: Callable[[str], Any]) -> None:
+    """Add a format: paths ending in ``suffix`` are written by ``factory(path)``."""
+    _EXTRA[name] = (suffix, factory)
+
+
+def names() -> list[str]:
+    return sorted({*_BUILTIN, *_EXTRA})
+
+
+def format_for(path: str) -> str:
+    """The format name a path's suffix stands for."""
+    for name, (suffix, _) in [*_EXTRA.items(), *_BUILTIN.items()]:
+        if path.endswith(suffix):
+            return name
+    suffixes = sorted({s for s, _ in [*_BUILTIN.values(), *_EXTRA.values()]})
+    raise ValueError(f"cannot tell the trace format of {path!r}: use one of {suffixes}")
+
+
+def factory(fmt: str) -> Callable[[str], Any]:
+    """The sink class (or factory) of a format name."""
+    if fmt in _EXTRA:
+        return _EXTRA[fmt][1]
+    if fmt not in _BUILTIN:
+        raise ValueError(f"unknown trace format {fmt!r}: choose from {names()}")
+    module, attr = _BUILTIN[fmt][1].split(":")
+    try:
+        return getattr(importlib.import_module(module, __package__), attr)
+    except ModuleNotFoundError as exc:  # only a missing perfetto/protobuf is the user's to fix
+        if not (exc.name or "").startswith(("perfetto", "google")):
+            raise
+        raise ValueError(f"writing {_BUILTIN[fmt][0]} needs the perfetto package (pip install perfetto)") from None
+
+
+def sink_for(path: str, fmt: str | None = None) -> Any:
+    """A new sink writing ``path`` in ``fmt`` (default: the format of the path's suffix)."""
+    return factory(fmt or format_for(path))(path)

@@ -1,0 +1,244 @@
+"""Reading a cltrace ``.pftrace`` back into Spans (for ``cltrace summary`` and tests).
+
+Packets are parsed one at a time with the ``perfetto`` package's protos, so a
+file cut off mid-packet yields everything up to its last complete packet.
+Timestamps are decoded as trace processor decodes them (per-sequence defaults,
+incremental clocks set by ClockSnapshots, absolute MONOTONIC timestamps), and
+slices are paired per track after a stable sort by time, so events at equal
+times keep file order, as trace processor keeps it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from google.protobuf.message import DecodeError
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from ..errors import TraceFileError
+from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
+                                    DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET)
+from ..timeline.spans import STATUS_ERROR, STATUS_OK, Span
+from .tree import fill_paths
+
+_RESERVED = {A_SPAN, A_PARENT, A_STATUS, A_ERROR, A_DEV_START, A_DEV_END}
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
+    """(value, next position), or None where the data ends inside the varint."""
+    result = shift = 0
+    while pos < len(data):
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise TraceFileError(f"not a Perfetto trace: bad packet length before byte {pos}")
+    return None
+
+
+def iter_packets(data: bytes) -> list[tuple[int, bytes]]:
+    """(offset, bytes) of each complete ``Trace.packet``; a cut-off last packet is left out."""
+    out: list[tuple[int, bytes]] = []
+    pos = 0
+    n = len(data)
+    while pos < n:
+        if data[pos] != PACKET:
+            if not data[pos:].strip(b"\x00"):
+                break  # the zero-filled tail of a file whose writer died: same as cut off
+            where = "" if pos == 0 else f" at byte {pos}"
+            raise TraceFileError(f"not a Perfetto trace: expected a Trace.packet field{where}, "
+                                 f"found byte 0x{data[pos]:02x}")
+        got = _varint(data, pos + 1)
+        if got is None:
+            break
+        size, start = got
+        if start + size > n:
+            break
+        out.append((pos, data[start:start + size]))
+        pos = start + size
+    return out
+
+
+def _annotation_value(a: Any) -> Any:
+    kind = a.WhichOneof("value")
+    if kind is None:
+        if a.array_values:
+            return [_annotation_value(x) for x in a.array_values]
+        if a.dict_entries:
+            return {x.name: _annotation_value(x) for x in a.dict_entries}
+        return None
+    if kind == "legacy_json_value":
+        try:
+            return json.loads(a.legacy_json_value)
+        except ValueError:
+            return a.legacy_json_value
+    return getattr(a, kind)
+
+
+class _Sequence:
+    """What a packet sequence has set up: defaults, clocks and interned strings."""
+
+    __slots__ = ("clock", "uuid", "incremental", "mono_minus_host", "names", "cats", "dnames")
+
+    def __init__(self) -> None:
+        self.clock = 0
+        self.uuid = 0
+        self.incremental: dict[int, int] = {}  # clock id -> last absolute value (host perf_counter_ns)
+        self.mono_minus_host = 0  # MONOTONIC - host clock, from the sequence's ClockSnapshot
+        self.names: dict[int, str] = {}
+        self.cats: dict[int, str] = {}
+        self.dnames: dict[int, str] = {}
+
+    def clear(self) -> None:
+        self.clock = self.uuid = 0
+        self.names.clear()
+        self.cats.clear()
+        self.dnames.clear()
+
+    def timestamp(self, p: Any) -> int:
+        """Host ``perf_counter_ns`` time of a packet: incremental clocks add up; MONOTONIC goes back
+        through the sequence's snapshot (a zero offset on Linux)."""
+        clock = p.timestamp_clock_id or self.clock
+        if clock in self.incremental:
+            self.incremental[clock] += p.timestamp
+            return self.incremental[clock]
+        if clock == MONOTONIC:
+            return p.timestamp - self.mono_minus_host
+        return p.timestamp
+
+
+class _Reader:
+    """Packet by packet: sequences, counter track names, slice events per track, metadata."""
+
+    def __init__(self) -> None:
+        self.seqs: dict[int, _Sequence] = {}
+        self.events: dict[int, list[tuple[int, int, int, Any]]] = {}  # track uuid -> (ts, index, type, payload)
+        self.counter_names: dict[int, str] = {}
+        self.meta: dict[str, Any] = {}
+        self.dropped = 0
+
+    def packet(self, p: Any, index: int) -> None:
+        st = self.seqs.get(p.trusted_packet_sequence_id)
+        if st is None:
+            st = self.seqs[p.trusted_packet_sequence_id] = _Sequence()
+        if p.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED or p.incremental_state_cleared:
+            st.clear()
+        if p.HasField("trace_packet_defaults"):
+            st.clock = p.trace_packet_defaults.timestamp_clock_id
+            st.uuid = p.trace_packet_defaults.track_event_defaults.track_uuid
+        if p.HasField("interned_data"):
+            i = p.interned_data
+            st.names.update((e.iid, e.name) for e in i.event_names)
+            st.cats.update((e.iid, e.name) for e in i.event_categories)
+            st.dnames.update((e.iid, e.name) for e in i.debug_annotation_names)
+        if p.HasField("clock_snapshot"):
+            clocks = {c.clock_id: c for c in p.clock_snapshot.clocks}
+            for cid, c in clocks.items():
+                if c.is_incremental:
+                    st.incremental[cid] = c.timestamp
+                    if MONOTONIC in clocks:
+                        st.mono_minus_host = clocks[MONOTONIC].timestamp - c.timestamp
+        elif p.HasField("track_descriptor"):
+            if p.track_descriptor.HasField("counter"):
+                self.counter_names[p.track_descriptor.uuid] = p.track_descriptor.name
+        elif p.HasField("track_event"):
+            self.track_event(p, st, index)
+
+    def track_event(self, p: Any, st: _Sequence, index: int) -> None:
+        te = p.track_event
+        ts = st.timestamp(p)
+        uuid = te.track_uuid if te.HasField("track_uuid") else st.uuid
+        if te.type == END:
+            self.events.setdefault(uuid, []).append((ts, index, END, None))
+        elif te.type == BEGIN:
+            name = te.name if te.HasField("name") else st.names.get(te.name_iid, "?")
+            if te.categories:
+                cat = te.categories[0]
+            else:
+                cat = st.cats.get(te.category_iids[0], "?") if te.category_iids else "?"
+            ann: dict[str, Any] = {}
+            for a in te.debug_annotations:
+                key = a.name if a.HasField("name") else st.dnames.get(a.name_iid, f"#{a.name_iid}")
+                ann.setdefault(key, _annotation_value(a))
+            sid = ann.get(A_SPAN)
+            if sid is None:
+                ids = te.flow_ids or te.terminating_flow_ids
+                sid = ids[0] if ids else None
+            self.events.setdefault(uuid, []).append((ts, index, BEGIN, (sid, name, cat, ann)))
+        elif te.type == COUNTER and self.counter_names.get(uuid) == DROPPED_TRACK:
+            self.dropped = max(self.dropped, te.counter_value)
+        elif te.type == INSTANT and te.name == METADATA_EVENT:
+            for a in te.debug_annotations:
+                if a.name == "json":
+                    try:
+                        self.meta = json.loads(a.string_value)
+                    except ValueError:
+                        raise TraceFileError("corrupt Perfetto trace: cltrace.metadata is not JSON") from None
+
+    def spans(self) -> list[Span]:
+        """Pair BEGIN/END per track and join each span's host and device slices."""
+        host: dict[int, tuple[int, int, int, str, str, dict[str, Any]]] = {}
+        device: dict[int, tuple[int, int, int, dict[str, Any]]] = {}
+        for uuid, evs in self.events.items():
+            evs.sort(key=lambda e: (e[0], e[1]))
+            stack: list[tuple[int, Any]] = []
+            for ts, _, kind, payload in evs:
+                if kind == BEGIN:
+                    stack.append((ts, payload))
+                elif stack:  # an END whose BEGIN never reached the file (run cut off) is skipped
+                    begin, (sid, name, cat, ann) = stack.pop()
+                    if sid is None:
+                        continue
+                    if A_DEV_START in ann:
+                        device[sid] = (uuid, begin, ts, ann)
+                    else:
+                        host[sid] = (uuid, begin, ts, name, cat, ann)
+        spans: dict[int, Span] = {}
+        for sid, (uuid, hb, he, name, cat, ann) in host.items():
+            failed = ann.get(A_STATUS) == STATUS_ERROR
+            sp = Span(int(sid), int(ann.get(A_PARENT, 0)), name, cat, uuid, hb, he,
+                      attrs={k: v for k, v in ann.items() if k not in _RESERVED} or None,
+                      status=STATUS_ERROR if failed else STATUS_OK, error=ann.get(A_ERROR) if failed else None)
+            d = device.get(sid)
+            if d is not None:  # a device slice whose END was cut off leaves the span host-only
+                sp.device_track, sp.dev_start, sp.dev_end, dann = d
+                sp.raw_start = raw = dann[A_DEV_START]
+                if A_DEV_END in dann:
+                    sp.raw_end = dann[A_DEV_END]
+                elif isinstance(raw, int):  # left out where END - START equals the slice's length
+                    sp.raw_end = raw + (sp.dev_end - sp.dev_start)
+            spans[sp.id] = sp
+        fill_paths(spans)
+        return sorted(spans.values(), key=lambda s: (s.host_begin, s.id))
+
+
+def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, Any]]:
+    """Spans and metadata of a ``.pftrace`` written by cltrace. Raises TraceFileError with a one-line reason."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise TraceFileError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
+    if not data:
+        raise TraceFileError("file is empty")
+    packets = iter_packets(data)
+    if not packets:
+        raise TraceFileError("not a Perfetto trace: the file ends before its first complete packet")
+    reader = _Reader()
+    for index, (offset, raw) in enumerate(packets):
+        try:
+            p = pb.TracePacket.FromString(raw)
+        except DecodeError:
+            raise TraceFileError(f"corrupt Perfetto trace: the packet at byte {offset} does not parse") from None
+        if index == 0 and not p.HasField("clock_snapshot"):
+            raise TraceFileError("not a cltrace Perfetto trace: it does not open with cltrace's clock snapshot")
+        reader.packet(p, index)
+    spans = reader.spans()
+    meta = reader.meta
+    meta["dropped_spans"] = max(reader.dropped, int(meta.get("dropped_spans", 0) or 0))
+    meta.setdefault("recorded_spans", len(spans))
+    return spans, meta

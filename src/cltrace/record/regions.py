@@ -1,0 +1,244 @@
+"""Named, nested regions and launch recording: the hot path.
+
+Off: ``timing_region`` is one flag read and returns a shared no-op whose
+``__enter__``/``__exit__`` are C callables (no frame, no allocation).
+On: a region takes two host clock reads and, with a queue, two markers;
+its record is a tuple pushed onto the recorder's deque at exit.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import threading
+import time
+from typing import Any, Callable, TypeVar
+
+import pyopencl as cl
+
+from .. import _state
+from ..errors import ProfilingNotEnabledError
+from . import queues as _queues
+from .queues import active_queue, has_profiling
+from .recorder import RECORDER, new_id
+from ..timeline.spans import KERNEL, REGION, REGION_CATS, STATUS_ERROR, TRANSFER
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_perf = time.perf_counter_ns
+_marker = cl.enqueue_marker
+_get_ident = threading.get_ident
+_push = RECORDER.push
+_pending = RECORDER.pending
+_pending_append = _pending.append
+_new_region = object.__new__
+_ROOT: tuple[int, tuple[str, ...]] = (0, ())
+
+
+class _Stack(list):
+    """A thread's open regions, (span id, path) each, and the thread key its records carry."""
+
+    __slots__ = ("key",)
+
+
+class _ThreadState(threading.local):
+    """Per-thread region stack; created on a thread's first region or launch."""
+
+    def __init__(self) -> None:
+        self.stack = st = _Stack()
+        # The track is made and named now: by resolve time a short-lived thread has exited.
+        st.key = RECORDER.tracks.new_thread(_get_ident(), threading.current_thread().name)
+
+
+_tls = _ThreadState()
+
+
+def thread_key() -> int:
+    """The key this thread's records carry in their thread field (its OS ident, made unique)."""
+    return _tls.stack.key
+
+
+def current_parent() -> tuple[int, tuple[str, ...]]:
+    """(span id, path) of the innermost open region on this thread, or the root."""
+    st = _tls.stack
+    return st[-1] if st else _ROOT
+
+
+class _Region:
+    __slots__ = ("name", "queue", "attrs", "cat", "_st", "_id", "_parent", "_path", "_hb", "_ev0")
+
+    def __init__(self, name: str, queue: Any, attrs: dict[str, Any] | None, cat: str = REGION) -> None:
+        self.name = name
+        self.queue = queue
+        self.attrs = attrs
+        self.cat = cat
+
+    def __enter__(self) -> "_Region":
+        self._st = st = _tls.stack  # a region closes on the thread that opened it
+        parent, ppath = st[-1] if st else _ROOT
+        self._id = sid = new_id()
+        self._parent = parent
+        self._path = path = ppath + (self.name,)
+        st.append((sid, path))
+        q = self.queue
+        self._hb = _perf()  # host bracket encloses the markers' QUEUED stamps
+        self._ev0 = None if q is None else _marker(q)
+        return self
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
+        q = self.queue
+        ev1 = None if q is None else _marker(q)
+        he = _perf()
+        st = self._st
+        sid = self._id
+        if st and st[-1][0] == sid:
+            st.pop()
+        else:  # closed out of order (generator/async misuse): remove wherever it is
+            st[:] = [e for e in st if e[0] != sid]
+        if et is None:
+            _pending_append((self.cat, self.name, sid, self._parent, self._path, st.key, self._hb, he,
+                             q, self._ev0, ev1, self.attrs, None, None))
+        else:
+            _pending_append((self.cat, self.name, sid, self._parent, self._path, st.key, self._hb, he,
+                             q, self._ev0, ev1, self.attrs, STATUS_ERROR, f"{et.__name__}: {ev}"))
+        if len(_pending) >= RECORDER._room:
+            RECORDER._drain_backpressure()
+
+    def set(self, key: str, value: Any) -> None:
+        """Attach an attribute to this region."""
+        if self.attrs is None:
+            self.attrs = {}
+        self.attrs[key] = value
+
+    def __call__(self, fn: F) -> F:
+        return _decorate(fn, self.name, self.queue, self.attrs, self.cat)
+
+
+class _NoopRegion:
+    """The shared object returned while tracing is off."""
+
+    __slots__ = ()
+
+    def set(self, key: str, value: Any) -> None:
+        pass
+
+    def __call__(self, fn: F) -> F:
+        return _decorate(fn, _last_name, _last_queue, _last_attrs, REGION)
+
+
+NOOP = _NoopRegion()
+# C callables: entering/exiting the no-op runs no Python frame. "".format(*exc) returns ""
+# (falsy), so exceptions propagate.
+_NoopRegion.__enter__ = itertools.repeat(NOOP).__next__  # type: ignore[attr-defined]
+_NoopRegion.__exit__ = "".format  # type: ignore[attr-defined]
+# Arguments of the last timing_region call made while off, read if NOOP decorates a function.
+_last_name: str = ""
+_last_queue: Any = None
+_last_attrs: dict[str, Any] | None = None
+
+
+def _decorate(fn: F, name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if not _state.ENABLED:
+            return fn(*args, **kwargs)
+        with _open(name, queue, dict(attrs) if attrs else None, cat):
+            return fn(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def timing_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = None) -> Any:
+    """A named region of work: ``with timing_region("forward", queue):`` or ``@timing_region("step")``.
+
+    With ``queue`` (or an active queue from ``cltrace.set_queue``) the region also
+    gets a device span on that queue's track, bracketed by two markers. Regions nest
+    per thread; an exception closes the region and marks it failed. ``attrs`` are
+    attached to the span. Off, this is one flag read, three global stores (kept for
+    ``NOOP`` used as a decorator) and the shared ``NOOP``: nothing is allocated.
+    """
+    global _last_name, _last_queue, _last_attrs
+    if not _state.ENABLED:
+        _last_name = name
+        _last_queue = queue
+        _last_attrs = attrs
+        return NOOP
+    if queue is None:
+        queue = _queues._default_queue
+    if queue is not None and not has_profiling(queue):  # the message is built only on failure
+        raise ProfilingNotEnabledError(f"timing_region({name!r})")
+    r = _new_region(_Region)  # no __init__ frame: about a fifth of an enabled region's cost
+    r.name = name
+    r.queue = queue
+    r.attrs = attrs
+    r.cat = REGION
+    return r
+
+
+def category_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = None,
+                    cat: str = REGION) -> Any:
+    """``timing_region`` with another category from ``spans.REGION_CATS`` (the autotuner's
+    ``"autotune"``/``"trial"`` spans). Not usable as a decorator while tracing is off."""
+    if not _state.ENABLED:
+        return NOOP
+    return _open(name, queue, attrs, cat)
+
+
+def _open(name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> "_Region":
+    if cat not in REGION_CATS:
+        raise ValueError(f"cat must be one of {sorted(REGION_CATS)}, not {cat!r}")
+    if queue is None:
+        queue = active_queue()
+    if queue is not None and not has_profiling(queue):  # the message is built only on failure
+        raise ProfilingNotEnabledError(f"timing_region({name!r})")
+    return _Region(name, queue, attrs, cat)
+
+
+region = timing_region
+
+
+def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: int,
+                  cat: str = KERNEL, attrs: dict[str, Any] | None = None) -> int:
+    """Record one enqueued command (kernel, copy, fill...) and return its span id.
+
+    The event is resolved later in a batch; nothing waits here. Pass ``queue=None``
+    (or ``event=None``) for an explicitly host-only span.
+    """
+    st = _tls.stack
+    parent, path = st[-1] if st else _ROOT
+    sid = new_id()
+    _push((cat, name, sid, parent, path, st.key, host_begin, host_end,
+           queue, event, None, attrs, None, None))
+    return sid
+
+
+def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: Any,
+           wait_for: Any = None, name: str | None = None) -> Any:
+    """Enqueue a pyopencl kernel and record it (when tracing is on). Returns the event.
+
+    Under ``cltrace.instrument()`` pyopencl's own launch is recorded, so this records nothing more.
+    """
+    if not _state.ENABLED or _state.INSTRUMENTED:
+        return kernel(queue, global_size, local_size, *args, wait_for=wait_for)
+    hb = _perf()
+    ev = kernel(queue, global_size, local_size, *args, wait_for=wait_for)
+    he = _perf()
+    record_launch(name or kernel.function_name, queue, ev, hb, he, KERNEL,
+                  {"global_size": tuple(global_size),
+                   "local_size": tuple(local_size) if local_size else None})
+    return ev
+
+
+def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any) -> Any:
+    """``cl.enqueue_copy`` (non-blocking unless ``is_blocking=True``), recorded as a "transfer"
+    span with its byte count when tracing is on. Returns the event."""
+    kwargs.setdefault("is_blocking", False)
+    if not _state.ENABLED or _state.INSTRUMENTED:
+        return cl.enqueue_copy(queue, dest, src, **kwargs)
+    nbytes = next((getattr(b, "nbytes", None) for b in (src, dest) if getattr(b, "nbytes", None)), None)
+    if nbytes is None:
+        nbytes = next((b.size for b in (dest, src) if isinstance(b, cl.MemoryObject)), None)
+    hb = _perf()
+    ev = cl.enqueue_copy(queue, dest, src, **kwargs)
+    he = _perf()
+    record_launch(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes})
+    return ev

@@ -1,0 +1,136 @@
+"""The package's layering: imports run one way, down the layers, and no module imports itself back.
+
+Every import counts, also those inside functions and under ``TYPE_CHECKING``: a cycle that only
+type checkers see still ties two modules together for a reader.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import cltrace
+
+ROOT = Path(cltrace.__file__).parent
+
+# Lowest first. A module may import its own package and any package of a lower rank.
+LAYERS = ["timeline", "record", "export", "read", "analyze", "capture", "programs", "tune", "cli"]
+BASE = {"cltrace.errors", "cltrace._state", "cltrace._version"}  # importable from anywhere
+FACADE = {"cltrace", "cltrace.__main__"}  # the public facade may import anything
+TOP_LEVEL_ALLOWED = {"__init__.py", "__main__.py", "errors.py", "_state.py", "_version.py"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = ("cltrace",) + p.relative_to(ROOT).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    is_pkg = path.name == "__init__.py"
+    here = name.split(".") if is_pkg else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in modules:  # "cltrace.export.chrome.X" -> the module that defines X
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _layer(mod: str) -> int | None:
+    parts = mod.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_no_import_cycles_between_modules() -> None:
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def test_no_module_imports_a_higher_layer() -> None:
+    bad = []
+    for mod, deps in _graph().items():
+        if mod in FACADE:
+            continue
+        mine = _layer(mod)
+        assert mine is not None or mod in BASE, f"{mod} is in no layer: put it in one of {LAYERS}"
+        for dep in deps:
+            if dep in BASE:
+                continue
+            theirs = _layer(dep)
+            if theirs is None or (mine is not None and theirs > mine) or mine is None:
+                bad.append(f"{mod} -> {dep}")
+    assert not bad, "imports against the layering " + f"{LAYERS} (lowest first): {sorted(bad)}"
+
+
+def test_only_a_handful_of_modules_at_the_top_level() -> None:
+    top = {p.name for p in ROOT.glob("*.py")}
+    assert top <= TOP_LEVEL_ALLOWED, f"move into a layer package: {sorted(top - TOP_LEVEL_ALLOWED)}"
+    for pkg in LAYERS:
+        doc = ast.get_docstring(ast.parse((ROOT / pkg / "__init__.py").read_text()))
+        assert doc and "import" in doc.lower(), f"cltrace/{pkg}/__init__.py must say what the layer does and may import"
+
+
+def test_import_cltrace_loads_neither_opentelemetry_nor_perfetto() -> None:
+    code = ("import sys, cltrace; "
+            "print(sorted({m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('opentelemetry', 'perfetto', 'google')}))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLTRACE", "OTEL_"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
