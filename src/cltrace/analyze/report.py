@@ -39,7 +39,10 @@ def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str 
     if meta:
         dropped = meta.get("dropped_spans", 0)
         lines.append("")
-        lines.append(f"spans: {meta.get('recorded_spans', '?')} recorded, {dropped} dropped")
+        line = f"spans: {meta.get('recorded_spans', '?')} recorded, {dropped} dropped"
+        if meta.get("memory_dropped_spans"):
+            line += f", {meta['memory_dropped_spans']} not kept in memory"
+        lines.append(line)
         for dev, c in (meta.get("clocks") or {}).items():
             lines.append(f"clock {dev}: {c.get('method')} ({c.get('domain')}), "
                          f"bound ±{c.get('bound_ns')} ns, drift {c.get('drift_ns')} ns")

@@ -22,6 +22,7 @@ def start(*outputs: str | Any, capacity: int | None = None, overflow: str | None
         RECORDER.add_sink(sink)
         _session_sinks.append(sink)
     _state.ENABLED = True
+    RECORDER.activate()
 
 
 def stop() -> None:

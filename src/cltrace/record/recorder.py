@@ -1,19 +1,20 @@
-"""The recorder: hot-path capture of raw records, batched resolution, fan-out to sinks.
+"""The recorder: hot-path capture of raw records, resolution on a worker thread, fan-out to sinks.
 
 Data path, in one direction:
 
-    record (hot path: a tuple appended to a deque, no wait, no dict)
-      -> resolve (events -> device stamps -> host timeline; see resolve.py)
-      -> sinks (exporters and the always-on statistics; see export/base.py)
+    record (hot path, the user's thread: a tuple appended to a deque, no wait, no lock)
+      -> resolve (worker thread "cltrace-resolver", in chunks: events -> stamps -> host timeline;
+         one ``SpanBatch`` of columns per chunk; see timeline/resolve.py)
+      -> statistics, the in-memory store and every sink, each fed the whole batch
 
-Memory policy: unresolved records are capped at ``max_pending``; past it the
-recorder first resolves what has completed, then waits on the oldest half
-(back-pressure: the device is far behind the host). Resolved spans kept in
-memory (for ``spans()``/late export) are capped at ``capacity``; past it,
-``overflow="discard"`` drops new spans (the start of the run is kept) and
-``overflow="ring"`` drops the oldest. Either way ``dropped`` counts them and
-every exporter writes the count into the trace. Streaming sinks receive every
-span regardless of the in-memory cap.
+Memory policy: records not yet resolved (queued here or waiting for their commands) are kept
+near ``max_pending``. Past it, the launching thread waits for the *device* only: for the older
+half of the commands still running, with the GIL released. Our own work never makes it wait;
+if the worker falls behind, records past ``hard_cap`` (twice the cap plus one chunk) are
+dropped and counted (``lost``: missing from every output). Resolved spans kept in memory (for
+``spans()``, reports and late export) are capped at ``capacity`` (about 110 B each);
+``overflow="discard"`` drops new spans (the start of the run is kept), ``overflow="ring"``
+drops the oldest; ``memory_dropped`` counts them. Streaming sinks receive every span.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from typing import Any, Callable
 
 from .. import _state
 from .._version import version
+from ..timeline.batch import SpanBatch, Tables
 from ..timeline.clock import ClockRegistry
 from ..timeline.resolve import Resolver
 from ..timeline.spans import Span
@@ -46,32 +48,43 @@ new_id: Callable[[], int] = _ids.__next__  # atomic under the GIL
 
 perf_ns = time.perf_counter_ns
 
+CHUNK = 4096  # records resolved per step: the worker gives the GIL back between steps
+FIRST_FLUSH_S = 0.25  # first bytes on disk this soon after the first sink is attached
+
 
 class Recorder:
     """Process-wide span recorder. Use the module-level ``RECORDER``."""
 
     def __init__(self, capacity: int = 1_000_000, overflow: str = "discard",
-                 max_pending: int = 65_536, flush_interval_s: float = 1.0) -> None:
+                 max_pending: int = 65_536, flush_interval_s: float = 1.0, resolve_interval_s: float = 0.05) -> None:
         self.tracks = TrackRegistry()
         self.clocks = ClockRegistry()
+        self.tables = Tables()
         self.stats = Stats()
-        self.resolver = Resolver(self.tracks, self.clocks)
+        self.resolver = Resolver(self.tracks, self.clocks, self.tables)
         self.pending: collections.deque = collections.deque()
-        self._spans: collections.deque[Span] = collections.deque()
+        self._store: collections.deque[SpanBatch] = collections.deque()
+        self._stored = 0
         self._lock = threading.RLock()
         self.sinks: list[Any] = []
-        self.dropped = 0
+        self.memory_dropped = 0
+        self.lost = 0
         self.recorded = 0
+        self.device_waits = 0
         self.start_ns = perf_ns()
         self.start_unix_ns = time.time_ns()
-        self.configure(capacity, overflow, max_pending, flush_interval_s)
-        self._flusher: threading.Thread | None = None
-        self._stop_flusher = threading.Event()
+        self._room = max_pending
+        self.configure(capacity, overflow, max_pending, flush_interval_s, resolve_interval_s)
+        self._worker: threading.Thread | None = None
+        self._wake = threading.Event()
+        self._stop_worker = threading.Event()
+        self._next_flush = 0.0
         self.meta: dict[str, Any] = {}
 
     def configure(self, capacity: int | None = None, overflow: str | None = None,
-                  max_pending: int | None = None, flush_interval_s: float | None = None) -> None:
-        """Change the memory caps. ``overflow`` is ``"discard"`` or ``"ring"``."""
+                  max_pending: int | None = None, flush_interval_s: float | None = None,
+                  resolve_interval_s: float | None = None) -> None:
+        """Change the memory caps and the worker's pace. ``overflow`` is ``"discard"`` or ``"ring"``."""
         if capacity is not None:
             if capacity < 1:
                 raise ValueError("capacity must be >= 1")
@@ -85,93 +98,190 @@ class Recorder:
             self._room = self.max_pending - len(self.resolver.waiting)
         if flush_interval_s is not None:
             self.flush_interval_s = flush_interval_s
+        if resolve_interval_s is not None:
+            self.resolve_interval_s = resolve_interval_s
+
+    @property
+    def dropped(self) -> int:
+        """Spans recorded but not kept in memory (``lost`` ones included)."""
+        return self.memory_dropped + self.lost
 
     # ---- hot path -------------------------------------------------------------
     def push(self, rec: tuple) -> None:
-        """Append one raw record. Resolves in a batch only when the cap is reached."""
+        """Append one raw record. Never resolves; past the cap, waits for the device only."""
         pending = self.pending
         pending.append(rec)
         if len(pending) >= self._room:
             self._drain_backpressure()
 
-    # ---- resolution -----------------------------------------------------------
     def _drain_backpressure(self) -> None:
-        with self._lock:
-            self.clocks.maybe_recalibrate()
-            self._resolve(block=False)
-            # Wait for the oldest so at most half the cap stays in flight: the next
-            # drain is then max_pending // 2 pushes away, not one.
-            excess = len(self.resolver.waiting) - self.max_pending // 2
-            if excess > 0:
-                self._resolve(block=True, limit=excess)
-
-    def _resolve(self, block: bool, limit: int | None = None) -> list[Span]:
+        """Called by the launching thread when the backlog reaches its cap: wake the worker and, if the
+        device is behind, wait for it to finish the older half of what is still running."""
+        self._ensure_worker()
+        self._wake.set()
+        waiting = self.resolver.waiting
         pending = self.pending
-        batch = []
-        n = len(pending)
+        cap = self.max_pending
+        backlog = len(pending) + len(waiting)
+        if backlog >= self.hard_cap:  # the worker is behind: never wait for ourselves, drop and count
+            try:
+                pending.pop()
+                self.lost += 1
+            except IndexError:
+                pass
+        elif backlog >= cap and waiting:
+            rec = waiting[len(waiting) // 2]
+            ev = rec[R_EV1] if rec[R_EV1] is not None else rec[R_EV0]
+            if ev is not None:
+                self.device_waits += 1
+                try:
+                    ev.wait()  # the device is behind: the GIL is released while it works
+                except Exception:
+                    pass
+        self._room = min(len(pending) + max(16, cap // 16), self.hard_cap)
+
+    @property
+    def hard_cap(self) -> int:
+        """Records unresolved past which new ones are dropped (the worker is behind, not the device)."""
+        return 2 * self.max_pending + CHUNK
+
+    # ---- the worker -------------------------------------------------------------
+    def activate(self) -> None:
+        """Start resolving in the background (tracing was switched on)."""
+        self._ensure_worker()
+        self._next_flush = time.monotonic() + FIRST_FLUSH_S
+
+    def _ensure_worker(self) -> None:
+        w = self._worker
+        if w is not None and w.is_alive():
+            return
+        with self._lock:
+            if self._worker is not None and self._worker.is_alive():
+                return
+            self._stop_worker.clear()
+            t = threading.Thread(target=self._work, name="cltrace-resolver", daemon=True)
+            self._worker = t
+            t.start()
+
+    def _work(self) -> None:
+        while not self._stop_worker.is_set():
+            self._wake.wait(self.resolve_interval_s)
+            self._wake.clear()
+            if not (_state.ENABLED or self.sinks):
+                if not self.pending:
+                    continue
+            try:
+                while self.pending and not self._stop_worker.is_set():
+                    with self._lock:
+                        self._step(block=False, limit_records=CHUNK)
+                    time.sleep(0)  # hand the GIL to the program between chunks
+                if self.sinks and time.monotonic() >= self._next_flush:
+                    self.flush(block=False)
+            except Exception as exc:  # the worker must survive anything a sink or driver throws
+                log.warning("cltrace: background resolution failed: %s", exc)
+
+    # ---- resolution -----------------------------------------------------------
+    def _step(self, block: bool, limit_records: int | None = None, wait_limit: int | None = None) -> SpanBatch:
+        """Resolve up to ``limit_records`` queued records (all if None) and deliver the batch."""
+        pending = self.pending
+        n = len(pending) if limit_records is None else min(limit_records, len(pending))
         popleft = pending.popleft
-        for _ in range(n):
-            batch.append(popleft())
-        spans = self.resolver.resolve(batch, block=block, limit=limit)
+        batch = [popleft() for _ in range(n)]
+        spans = self.resolver.resolve(batch, block=block, limit=wait_limit)
         self._room = self.max_pending - len(self.resolver.waiting)
-        if spans:
+        if spans.n:
             self._deliver(spans)
         return spans
 
-    def _deliver(self, spans: list[Span]) -> None:
-        self.recorded += len(spans)
-        self.stats.add(spans)
+    def _resolve(self, block: bool, limit: int | None = None) -> SpanBatch:
+        return self._step(block, None, limit)
+
+    def _deliver(self, batch: SpanBatch) -> None:
+        self.recorded += batch.n
+        self.stats.add(batch)
         for sink in list(self.sinks):
             try:
-                sink.write(spans)
+                sink.write(batch)
             except Exception as exc:  # an exporter must never break the traced program
                 log.warning("cltrace: sink %r failed: %s", sink, exc)
-        room = self.capacity - len(self._spans)
-        if len(spans) <= room:
-            self._spans.extend(spans)
+        room = self.capacity - self._stored
+        n = batch.n
+        if n <= room:
+            self._keep(batch)
         elif self.overflow == "ring":
-            self._spans.extend(spans)
-            extra = len(self._spans) - self.capacity
-            for _ in range(extra):
-                self._spans.popleft()
-            self.dropped += extra
+            self._keep(batch if n <= self.capacity else batch.take(slice(n - self.capacity, None)))
+            extra = self._stored - self.capacity
+            self.memory_dropped += max(0, n - self.capacity)
+            while extra > 0:
+                head = self._store[0]
+                if head.n <= extra:
+                    self._store.popleft()
+                    self._stored -= head.n
+                    extra -= head.n
+                    self.memory_dropped += head.n
+                else:
+                    self._store[0] = head.take(slice(extra, None))
+                    self._stored -= extra
+                    self.memory_dropped += extra
+                    extra = 0
         else:
             if room > 0:
-                self._spans.extend(spans[:room])
-            self.dropped += len(spans) - max(room, 0)
+                self._keep(batch.take(slice(0, room)))
+            self.memory_dropped += n - max(room, 0)
+
+    def _keep(self, batch: SpanBatch) -> None:
+        self._store.append(batch)
+        self._stored += batch.n
+        if len(self._store) > 64:  # few large batches: less per-batch overhead
+            merged = SpanBatch.concat(self.tables, list(self._store))
+            self._store.clear()
+            self._store.append(merged)
 
     def flush(self, block: bool = True) -> None:
-        """Resolve pending records (waiting for their events if ``block``) and flush sinks."""
+        """Resolve queued records (waiting for their commands if ``block``) and flush the sinks."""
         with self._lock:
             self.clocks.maybe_recalibrate()
-            self._resolve(block=block)
+            self._step(block=block)
+            meta = self.metadata()
             for sink in list(self.sinks):
                 try:
-                    sink.flush(self.metadata())
+                    sink.flush(meta)
                 except Exception as exc:
                     log.warning("cltrace: sink %r failed to flush: %s", sink, exc)
+            self._next_flush = time.monotonic() + self.flush_interval_s
+
+    def batch(self) -> SpanBatch:
+        """Resolved spans kept in memory, as one batch of columns (after a blocking flush)."""
+        self.flush(block=True)
+        with self._lock:
+            return SpanBatch.concat(self.tables, list(self._store))
 
     def spans(self) -> list[Span]:
-        """Resolved spans kept in memory (after a blocking flush)."""
-        self.flush(block=True)
-        return list(self._spans)
+        """Resolved spans kept in memory (after a blocking flush), as ``Span`` objects."""
+        return self.batch().spans()
 
     def clear(self) -> None:
-        """Forget recorded spans and statistics (tracks and clocks are kept)."""
+        """Forget recorded spans and statistics and give their memory back (tracks and clocks are kept)."""
         with self._lock:
             self.flush(block=True)
-            self._spans.clear()
+            self._store.clear()
+            self._stored = 0
             self.stats = Stats()
-            self.dropped = 0
+            self.memory_dropped = 0
+            self.lost = 0
             self.recorded = 0
+            self.device_waits = 0
 
     def metadata(self) -> dict[str, Any]:
+        """What every output records about the run. ``dropped_spans`` counts spans missing from a
+        streamed file (lost before any sink saw them); ``memory_dropped_spans`` those not kept in memory."""
         return {
             "cltrace.version": version(),
             "start_ns": self.start_ns,
             "start_unix_ns": self.start_unix_ns,
             "pid": os.getpid(),
-            "dropped_spans": self.dropped,
+            "dropped_spans": self.lost,
+            "memory_dropped_spans": self.memory_dropped,
             "recorded_spans": self.recorded,
             "capacity": self.capacity,
             "overflow": self.overflow,
@@ -185,7 +295,7 @@ class Recorder:
         with self._lock:
             sink.start(self)
             self.sinks.append(sink)
-        self._ensure_flusher()
+        self.activate()
 
     def remove_sink(self, sink: Any) -> None:
         """Flush everything into ``sink`` and close it."""
@@ -196,32 +306,19 @@ class Recorder:
             sink.close(self.metadata())
 
     def export(self, sink: Any) -> None:
-        """Write the spans kept in memory to a sink in one go and close it."""
-        spans = self.spans()
+        """Write the spans kept in memory to a sink in one go and close it. Its metadata counts
+        the spans memory did not keep as missing from it."""
+        batch = self.batch()
         sink.start(self)
-        sink.write(spans)
-        sink.close(self.metadata())
-
-    def _ensure_flusher(self) -> None:
-        if self._flusher is not None and self._flusher.is_alive():
-            return
-        self._stop_flusher.clear()
-        t = threading.Thread(target=self._flush_loop, name="cltrace-flusher", daemon=True)
-        self._flusher = t
-        t.start()
-
-    def _flush_loop(self) -> None:
-        while not self._stop_flusher.wait(self.flush_interval_s):
-            if not self.sinks:
-                return
-            try:
-                self.flush(block=False)
-            except Exception as exc:
-                log.warning("cltrace: background flush failed: %s", exc)
+        sink.write(batch)
+        meta = self.metadata()
+        meta["dropped_spans"] = self.dropped
+        sink.close(meta)
 
     def shutdown(self) -> None:
         """Flush and close every sink (runs at exit)."""
-        self._stop_flusher.set()
+        self._stop_worker.set()
+        self._wake.set()
         for sink in list(self.sinks):
             try:
                 self.remove_sink(sink)

@@ -5,8 +5,13 @@ Unix-epoch nanoseconds) and neither offers ``clGetDeviceAndHostTimer``. We
 bracket a marker's QUEUED stamp between two host reads: the true offset
 ``device - host`` lies in ``[queued - h1, queued - h0]``. Intersecting the
 intervals of the tightest samples gives the offset and a proven error bound.
-Calibration is repeated (``recalibrate``) so drift over a long run is tracked
-by interpolating between calibration points.
+Calibration is repeated (``recalibrate``) so drift over a long run is tracked.
+
+The device -> host map is one fixed, strictly increasing function of device time per device:
+piecewise linear through knots, extrapolated along the measured drift after the last one. A new
+calibration never changes the map for device times already mapped: it first freezes the map
+up to the latest stamp mapped so far (a knot there), then bends only the part ahead. So a
+stamp maps to the same host time whenever it is resolved, and stamps keep their order.
 """
 from __future__ import annotations
 
@@ -17,8 +22,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 _perf = time.perf_counter_ns
 log = logging.getLogger("cltrace")
+
+# Steepest offset change per ns of device time the map follows (1000 ppm). Real oscillators drift
+# by parts per million; a steeper apparent slope is calibration jitter, and a slope below 1 is what
+# keeps the map strictly increasing.
+MAX_SLOPE = 1e-3
+MIN_DRIFT_SPAN_NS = 500_000_000  # points closer than this give no meaningful drift slope
 
 
 @dataclass(frozen=True)
@@ -59,6 +72,12 @@ class DeviceClock:
         self.rejected = 0
         self.failures = 0
         self._hosts: list[int] = []
+        # The map: knots (device ns, offset ns), extrapolated with _slope after the last one.
+        self._kd: list[int] = []
+        self._ko: list[int] = []
+        self._slope = 0.0
+        self._mapped_max: int | None = None  # latest device stamp the map was used for
+        self._err = 0  # largest distance between the map and a calibration point
         self.calibrate()
         self.domain = classify_domain(self.points[0].offset_ns)
 
@@ -123,34 +142,94 @@ class DeviceClock:
                 return point
             self.points.append(point)
             self._hosts.append(point.host_ns)
+            self._add_knot(point)
         return point
+
+    def _add_knot(self, p: CalibrationPoint) -> None:
+        """Bend the map towards a new point, leaving it unchanged up to the latest stamp mapped."""
+        d = p.host_ns + p.offset_ns
+        kd, ko = self._kd, self._ko
+        if kd:
+            m = self._mapped_max
+            if m is not None and m > kd[-1]:
+                kd.append(m)  # freeze what was already used: the extrapolated line up to m
+                ko.append(self._extrapolate(m))
+            if d <= kd[-1]:
+                self._update_slope()
+                return
+            step = (p.offset_ns - ko[-1]) / (d - kd[-1])
+            off = p.offset_ns
+            if abs(step) > MAX_SLOPE:
+                off = ko[-1] + round(MAX_SLOPE * (d - kd[-1]) * (1 if step > 0 else -1))
+            kd.append(d)
+            ko.append(off)
+            self._err = max(self._err, abs(off - p.offset_ns))
+        else:
+            kd.append(d)
+            ko.append(p.offset_ns)
+        self._update_slope()
+
+    def _update_slope(self) -> None:
+        """Drift per ns from the newest point and the newest one at least MIN_DRIFT_SPAN_NS before it."""
+        pts = self.points
+        last = pts[-1]
+        for a in reversed(pts[:-1]):
+            span = last.host_ns - a.host_ns
+            if span >= MIN_DRIFT_SPAN_NS:
+                slope = (last.offset_ns - a.offset_ns) / span
+                self._slope = max(-MAX_SLOPE, min(MAX_SLOPE, slope))
+                return
+        self._slope = 0.0
+
+    def _extrapolate(self, d: int) -> int:
+        return self._ko[-1] + round(self._slope * (d - self._kd[-1]))
+
+    def _commit(self, latest: int) -> None:
+        """Note that stamps up to ``latest`` were mapped (no later than the device's present)."""
+        now = _perf() + self._ko[-1] + self.points[-1].bound_ns
+        latest = min(latest, now)
+        if self._mapped_max is None or latest > self._mapped_max:
+            self._mapped_max = latest
+
+    def offsets(self, device_ns: np.ndarray) -> np.ndarray:
+        """``offset_at`` for an array of device stamps (int64), in one pass."""
+        d = np.asarray(device_ns, np.int64)
+        if not len(d):
+            return np.zeros(0, np.int64)
+        with self._lock:
+            kd = np.array(self._kd, np.int64)
+            ko = np.array(self._ko, np.int64)
+            slope = self._slope
+            self._commit(int(d.max()))
+        out = np.empty(len(d), np.int64)
+        i = np.searchsorted(kd, d, "right") - 1
+        before = i < 0
+        out[before] = ko[0]
+        after = i >= len(kd) - 1
+        if after.any():
+            out[after] = ko[-1] + np.rint((d[after] - kd[-1]) * slope).astype(np.int64)
+        mid = ~before & ~after
+        if mid.any():
+            j = i[mid]
+            out[mid] = ko[j] + (ko[j + 1] - ko[j]) * (d[mid] - kd[j]) // (kd[j + 1] - kd[j])
+        return out
 
     def to_host(self, device_ns: int) -> int:
         """Map a device stamp onto the host timeline."""
         return device_ns - self.offset_at(device_ns)
 
     def offset_at(self, device_ns: int) -> int:
-        """Offset to apply near ``device_ns``: interpolated between calibration points,
-        extrapolated along the last measured drift after the newest one."""
-        pts = self.points
-        last = pts[-1]
-        if len(pts) == 1:
-            return last.offset_ns
-        approx_host = device_ns - last.offset_ns
-        i = bisect.bisect_left(self._hosts, approx_host)
-        if i <= 0:
-            return pts[0].offset_ns
-        if i >= len(pts):
-            a = pts[-2]
-            span = last.host_ns - a.host_ns
-            if span < 500_000_000:  # too close together for a meaningful slope
-                return last.offset_ns
-            return last.offset_ns + (last.offset_ns - a.offset_ns) * (approx_host - last.host_ns) // span
-        a, b = pts[i - 1], pts[i]
-        span = b.host_ns - a.host_ns
-        if span <= 0:
-            return b.offset_ns
-        return a.offset_ns + (b.offset_ns - a.offset_ns) * (approx_host - a.host_ns) // span
+        """Offset (device - host) the map applies at ``device_ns``: interpolated between knots,
+        extrapolated along the measured drift after the last one, fixed once used."""
+        with self._lock:
+            kd, ko = self._kd, self._ko
+            self._commit(device_ns)
+            i = bisect.bisect_right(kd, device_ns) - 1
+            if i < 0:
+                return ko[0]
+            if i >= len(kd) - 1:
+                return self._extrapolate(device_ns)
+            return ko[i] + (ko[i + 1] - ko[i]) * (device_ns - kd[i]) // (kd[i + 1] - kd[i])
 
     @property
     def bound_ns(self) -> int:
@@ -163,7 +242,7 @@ class DeviceClock:
             if span > 0:
                 pred = a.offset_ns + (c.offset_ns - a.offset_ns) * (b.host_ns - a.host_ns) // span
                 worst = max(worst, abs(b.offset_ns - pred))
-        return max(p.bound_ns for p in pts) + worst
+        return max(p.bound_ns for p in pts) + worst + self._err
 
     @property
     def drift_ns(self) -> int:

@@ -1,37 +1,49 @@
-"""Resolution: raw records -> Spans, device stamps -> host timeline.
+"""Resolution: a batch of raw records -> one ``SpanBatch`` on the host timeline.
 
-Records whose events have not completed stay in ``waiting`` and are retried
-on the next batch; with ``block=True`` the resolver waits for them (at flush
-or export, never per launch).
+Column by column: the records are transposed once, every event's four profiling stamps are read
+in one call (``stamps``: native where built), names, categories and paths become interned ids,
+and each device's stamps are mapped through its clock in one vectorised pass. Python loops run
+over distinct queues, threads, paths and regions, not over launches. Records whose events have
+not completed stay in ``waiting`` for the next batch; with ``block=True`` the resolver first
+waits for them (at flush or export, never per launch).
 """
 from __future__ import annotations
 
 import logging
+from itertools import compress, repeat
+from operator import is_not, itemgetter
 from typing import Any
 
-from .spans import REGION_CATS, STATUS_ERROR, STATUS_OK, Span
+import numpy as np
+
+from . import stamps
+from .batch import NAMES, SpanBatch, Tables
+from .spans import REGION_CATS
 from .tracks import COMPILE_THREAD
 
 log = logging.getLogger("cltrace")
 
-_COMPLETE = 0
 _OUT_OF_ORDER = 1  # CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE
+_QUEUED, _SUBMIT, _START, _END = range(4)
 
 
-def _profile(ev: Any) -> tuple[int, int, int, int]:
-    p = ev.profile
-    return p.queued, p.submit, p.start, p.end
+def _pick(values: tuple, rows: np.ndarray) -> list:
+    """values[i] for each i in rows, in C."""
+    if len(rows) == 0:
+        return []
+    got = itemgetter(*rows.tolist())(values)
+    return [got] if len(rows) == 1 else list(got)
 
 
 class Resolver:
-    def __init__(self, tracks: Any, clocks: Any) -> None:
+    def __init__(self, tracks: Any, clocks: Any, tables: Tables | None = None) -> None:
         self.tracks = tracks
         self.clocks = clocks
+        self.tables = tables or Tables()
         self.waiting: list[tuple] = []
         self._queues: dict[tuple[int, int, int], tuple[int, Any, Any]] = {}
         # (queue, thread) of an out-of-order queue -> end time of the last command on each lane
         self._lanes: dict[tuple[int, int, int], list[int]] = {}
-        self._to_lane: list[tuple[Span, Any, int, Any]] = []
         # parent id -> {device track: [min dev_start, max dev_end] of resolved children}
         self._child_ext: dict[int, dict[int, list[int]]] = {}
 
@@ -52,128 +64,207 @@ class Resolver:
             info = self._queues[key] = (track, clock, key if ooo else None)
         return info
 
-    def _assign_lanes(self) -> None:
-        """Put a batch's out-of-order commands, in start order, on the first lane free at their start."""
-        todo, self._to_lane = self._to_lane, []
-        todo.sort(key=lambda t: t[0].dev_start)
-        for span, queue, thread, key in todo:
-            ends = self._lanes.setdefault(key, [])
-            for i, last in enumerate(ends):
-                if last <= span.dev_start:
-                    ends[i] = span.dev_end
-                    break
-            else:
-                ends.append(span.dev_end)
-                i = len(ends) - 1
-            span.device_track = self.tracks.device_queue(queue, thread, None, str(i + 1))
-
-    def resolve(self, batch: list[tuple], block: bool, limit: int | None = None) -> list[Span]:
+    def resolve(self, batch: list[tuple], block: bool, limit: int | None = None) -> SpanBatch:
         """Spans for every record whose events completed; with ``block``, wait for them first.
 
         ``limit`` (back-pressure) waits only for the oldest ``limit`` records.
         """
-        out = self._resolve(batch, block, limit)
-        if self._to_lane:
-            self._assign_lanes()
-        return out
-
-    def _resolve(self, batch: list[tuple], block: bool, limit: int | None = None) -> list[Span]:
         todo = self.waiting + batch if self.waiting else batch
         self.waiting = []
+        if not todo:
+            return SpanBatch.empty(self.tables)
         if block:
             must = todo if limit is None else todo[:limit]
-            _wait([ev for rec in must for ev in (rec[9], rec[10]) if ev is not None])
-            if limit is not None:
-                ready, rest = todo[:limit], todo[limit:]
-                out = [self._one(rec) for rec in ready]
-                return out + self._resolve(rest, block=False)
-            return [self._one(rec) for rec in todo]
-        out: list[Span] = []
-        for rec in todo:
-            ev = rec[10] if rec[10] is not None else rec[9]
-            if ev is not None:
-                try:
-                    st = ev.command_execution_status
-                except Exception:
-                    st = _COMPLETE
-                if st > _COMPLETE:
-                    self.waiting.append(rec)
-                    continue
-            out.append(self._one(rec))
-        return out
+            stamps.wait(stamps.handles([e for r in must for e in (r[9], r[10]) if e is not None and r[8] is not None]))
+        cols = list(zip(*todo))
+        n = len(todo)
+        queue, ev0, ev1 = cols[8], cols[9], cols[10]
+        dev = (np.fromiter(map(is_not, queue, repeat(None)), bool, n)
+               & np.fromiter(map(is_not, ev0, repeat(None)), bool, n))
+        status = np.zeros(n, np.int32)
+        raw = np.zeros((n, 4), np.int64)
+        two = np.zeros(n, bool)
+        dv = np.flatnonzero(dev)
+        if len(dv):
+            st0, s0 = stamps.read(stamps.handles(_pick(ev0, dv)))
+            status[dv] = st0
+            raw[dv] = s0
+            e1 = _pick(ev1, dv)
+            has1 = np.fromiter(map(is_not, e1, repeat(None)), bool, len(dv))
+            if has1.any():
+                # A region's two markers: START is the first marker's END, END the second's.
+                rows = dv[has1]
+                st1, s1 = stamps.read(stamps.handles(list(compress(e1, has1))))
+                two[rows] = True
+                raw[rows, _START] = raw[rows, _END]
+                raw[rows, _END] = s1[:, _END]
+                st1 = st1.astype(np.int32)
+                status[rows] = np.where(st0[has1] < 0, st0[has1],
+                                        np.where(st1 < 0, st1, np.maximum(st0[has1], st1)))
+        pending = status > 0
+        if pending.any():
+            self.waiting = list(compress(todo, pending))
+            keep = ~pending
+            todo = list(compress(todo, keep))
+            if not todo:
+                return SpanBatch.empty(self.tables)
+            cols = list(zip(*todo))
+            n = len(todo)
+            dev, status, raw, two = dev[keep], status[keep], raw[keep], two[keep]
+        return self._columns(cols, n, dev, status, raw)
 
-    def _one(self, rec: tuple) -> Span:
-        (cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, status, error) = rec
-        host_track = (self.tracks.compile_track() if thread == COMPILE_THREAD
-                      else self.tracks.host_thread(thread))
-        if cat not in REGION_CATS:
-            path = path + (name,)
-        exts = self._child_ext.pop(sid, None)
-        span = Span(sid, parent, name, cat, host_track, hb, he, attrs=attrs,
-                    status=status or STATUS_OK, error=error, path=path)
-        if queue is None or ev0 is None:
-            return span
-        try:
-            track, clock, lanes = self.queue_info(queue, thread)
-            if ev1 is None:
-                q, s, st, en = _profile(ev0)
+    def _columns(self, cols: list[tuple], n: int, dev: np.ndarray, status: np.ndarray,
+                 raw: np.ndarray) -> SpanBatch:
+        (cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus, error) = cols
+        t = self.tables
+        out: dict[str, np.ndarray] = {
+            "id": np.fromiter(sid, np.int64, n), "parent": np.fromiter(parent, np.int64, n),
+            "host_begin": np.fromiter(hb, np.int64, n), "host_end": np.fromiter(he, np.int64, n),
+            "name": t.names.many(name), "cat": t.cats.many(cat),
+        }
+        tracks = self.tracks
+        tmap = {k: tracks.compile_track() if k == COMPILE_THREAD else tracks.host_thread(k) for k in set(thread)}
+        out["thread"] = np.fromiter(map(tmap.__getitem__, thread), np.int32, n)
+        region = np.isin(out["cat"], np.fromiter(t.region_cats, np.int16))
+        out["path"] = self._paths(path, name, cat, n)
+        attrs = list(attrs)
+        errors: dict[int, str] = {}
+        err = np.fromiter(map(is_not, rstatus, repeat(None)), bool, n)
+        for i in np.flatnonzero(err).tolist():
+            errors[i] = error[i]
+        failed = dev & (status < 0)
+        for i in np.flatnonzero(failed).tolist():
+            self._device_failed(i, ev0[i], ev1[i], int(status[i]), attrs, errors, err)
+        ok = dev & (status == 0)
+        rows = np.flatnonzero(ok)
+        track = np.zeros(n, np.int32)
+        off = np.zeros(n, np.int64)
+        lane_rows: list[int] = []
+        lane_keys: dict[int, tuple[Any, int, Any]] = {}
+        if len(rows):
+            qs = _pick(queue, rows)
+            ths = _pick(thread, rows)
+            keys = list(zip(map(id, qs), ths))
+            infos = {k: self.queue_info(q, k[1]) for k, q in dict(zip(keys, qs)).items()}
+            track[rows] = np.fromiter((infos[k][0] for k in keys), np.int32, len(rows))
+            clocks = {id(v[1]): v[1] for v in infos.values()}
+            cid = np.fromiter((id(infos[k][1]) for k in keys), np.int64, len(rows))
+            starts = raw[rows, _START]
+            for c, clock in clocks.items():
+                sel = cid == c if len(clocks) > 1 else slice(None)
+                off[rows[sel]] = clock.offsets(starts[sel])
+            for j, k in enumerate(keys):
+                lanes = infos[k][2]
+                if lanes is not None:
+                    i = int(rows[j])
+                    if not region[i]:
+                        lane_rows.append(i)
+                        lane_keys[i] = (qs[j], k[1], lanes)
+        raw_start = raw[:, _START].copy()
+        raw_end = raw[:, _END].copy()
+        self._nest(out, region, ok, track, off, raw_start, raw_end, lane_rows)
+        out["track"] = track
+        z = np.where(ok, off, 0)
+        out["raw_start"] = np.where(ok, raw_start, 0)
+        out["raw_end"] = np.where(ok, raw_end, 0)
+        out["dev_queued"] = np.where(ok, raw[:, _QUEUED] - z, 0)
+        out["dev_submit"] = np.where(ok, raw[:, _SUBMIT] - z, 0)
+        out["dev_start"] = out["raw_start"] - z
+        out["dev_end"] = out["raw_end"] - z
+        if lane_rows:
+            self._assign_lanes(lane_rows, lane_keys, out)
+        out["status"] = err.astype(np.int8)
+        return SpanBatch(t, out, attrs, errors)
+
+    def _paths(self, path: tuple, name: tuple, cat: tuple, n: int) -> np.ndarray:
+        """Interned full path per row: a region's recorded path ends in its name; a launch's gets it added."""
+        paths = self.tables.paths
+        keys = list(zip(map(id, path), name, cat))
+        ids = {}
+        for k, p in dict(zip(keys, path)).items():
+            full = p if k[2] in REGION_CATS else p + (k[1],)
+            ids[k] = paths.id(full)
+        return np.fromiter(map(ids.__getitem__, keys), np.int32, n)
+
+    def _nest(self, out: dict[str, np.ndarray], region: np.ndarray, ok: np.ndarray, track: np.ndarray,
+              off: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray, lane_rows: list[int]) -> None:
+        """Widen regions' device spans to their children's (markers can be stamped loosely), so nesting holds.
+
+        Children's extents are gathered per (parent, track) in one sorted pass; regions are then taken in
+        record order (an inner region is recorded before the region around it) and pass theirs upwards.
+        """
+        ext = self._child_ext
+        parent = out["parent"]
+        leaf = ok & ~region & (parent != 0)
+        if lane_rows:
+            leaf[lane_rows] = False  # on a lane: does not widen its region
+        rows = np.flatnonzero(leaf)
+        if len(rows):
+            p, tr = parent[rows], track[rows]
+            ds, de = raw_start[rows] - off[rows], raw_end[rows] - off[rows]
+            order = np.lexsort((tr, p))
+            p, tr, ds, de = p[order], tr[order], ds[order], de[order]
+            first = np.flatnonzero(np.r_[True, (p[1:] != p[:-1]) | (tr[1:] != tr[:-1])])
+            lo = np.minimum.reduceat(ds, first)
+            hi = np.maximum.reduceat(de, first)
+            for pp, tt, a, b in zip(p[first].tolist(), tr[first].tolist(), lo.tolist(), hi.tolist()):
+                cur = ext.setdefault(pp, {}).get(tt)
+                if cur is None:
+                    ext[pp][tt] = [a, b]
+                else:
+                    if a < cur[0]:
+                        cur[0] = a
+                    if b > cur[1]:
+                        cur[1] = b
+        ids = out["id"]
+        for i in np.flatnonzero(region).tolist():
+            mine = ext.pop(int(ids[i]), None)
+            if not ok[i]:
+                continue
+            t = int(track[i])
+            o = int(off[i])
+            e = mine.get(t) if mine else None
+            if e is not None:
+                if e[0] + o < raw_start[i]:
+                    raw_start[i] = e[0] + o
+                if e[1] + o > raw_end[i]:
+                    raw_end[i] = e[1] + o
+            pp = int(parent[i])
+            if pp:
+                a, b = int(raw_start[i]) - o, int(raw_end[i]) - o
+                cur = ext.setdefault(pp, {}).get(t)
+                if cur is None:
+                    ext[pp][t] = [a, b]
+                else:
+                    cur[0] = min(cur[0], a)
+                    cur[1] = max(cur[1], b)
+
+    def _assign_lanes(self, rows: list[int], keys: dict[int, tuple[Any, int, Any]], out: dict[str, np.ndarray]) -> None:
+        """Put out-of-order commands, in start order, on the first lane free at their start."""
+        ds, de, track = out["dev_start"], out["dev_end"], out["track"]
+        for i in sorted(rows, key=lambda r: int(ds[r])):
+            queue, thread, key = keys[i]
+            ends = self._lanes.setdefault(key, [])
+            s, e = int(ds[i]), int(de[i])
+            for j, last in enumerate(ends):
+                if last <= s:
+                    ends[j] = e
+                    break
             else:
-                q, s, _, st = _profile(ev0)
-                en = _profile(ev1)[3]
-        except Exception as exc:
-            # A failed command or profiling info that does not exist: keep the host span, say why.
-            span.attrs = dict(attrs or {})
-            span.attrs["cltrace.device_time"] = f"unavailable: {exc}"
-            if _is_event_error(ev0) or (ev1 is not None and _is_event_error(ev1)):
-                span.status = STATUS_ERROR
-                span.error = span.error or f"command failed: {exc}"
-            return span
-        off = clock.offset_at(st)
-        span.device_track = track
-        span.dev_queued = q - off
-        span.dev_submit = s - off
-        span.raw_start = st
-        span.raw_end = en
-        if cat in REGION_CATS:
-            ext = exts.get(track) if exts else None
-            if ext is not None:
-                # Markers bracket the region's commands on an in-order queue; widen to
-                # children when the driver stamps markers loosely so nesting holds.
-                if ext[0] + off < st:
-                    span.raw_start = ext[0] + off
-                if ext[1] + off > en:
-                    span.raw_end = ext[1] + off
-        span.dev_start = span.raw_start - off
-        span.dev_end = span.raw_end - off
-        if lanes is not None and cat not in REGION_CATS:
-            self._to_lane.append((span, queue, thread, lanes))  # on a lane: does not widen its region
-        elif parent:
-            per_track = self._child_ext.setdefault(parent, {})
-            cur = per_track.get(track)
-            if cur is None:
-                per_track[track] = [span.dev_start, span.dev_end]
-            else:
-                if span.dev_start < cur[0]:
-                    cur[0] = span.dev_start
-                if span.dev_end > cur[1]:
-                    cur[1] = span.dev_end
-        return span
+                ends.append(e)
+                j = len(ends) - 1
+            track[i] = self.tracks.device_queue(queue, thread, None, str(j + 1))
 
-
-def _wait(events: list[Any]) -> None:
-    """Wait for a batch of events; a failed command must not stop the others resolving."""
-    if not events:
-        return
-    import pyopencl as cl
-
-    try:
-        cl.wait_for_events(events)
-    except Exception:
-        for ev in events:
-            try:
-                ev.wait()
-            except Exception:
-                pass
+    @staticmethod
+    def _device_failed(i: int, e0: Any, e1: Any, code: int, attrs: list[Any], errors: dict[int, str],
+                       err: np.ndarray) -> None:
+        """A failed command, or profiling info that does not exist: keep the host span and say why."""
+        a = dict(attrs[i] or {})
+        a["cltrace.device_time"] = f"unavailable: {stamps.describe(code)}"
+        attrs[i] = a
+        if _is_event_error(e0) or (e1 is not None and _is_event_error(e1)):
+            err[i] = True
+            errors.setdefault(i, f"command failed: {stamps.describe(code)}")
 
 
 def _is_event_error(ev: Any) -> bool:
@@ -181,3 +272,6 @@ def _is_event_error(ev: Any) -> bool:
         return ev.command_execution_status < 0
     except Exception:
         return True
+
+
+__all__ = ["Resolver", "NAMES"]
