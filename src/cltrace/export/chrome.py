@@ -19,7 +19,8 @@ import os
 from typing import IO, Any, Sequence
 
 from .base import open_trace_file
-from ..timeline.spans import REGION_CATS, STATUS_OK, Span
+from ..timeline.batch import as_batch
+from ..timeline.spans import REGION_CATS, Span
 from ..timeline.tracks import DEVICE_QUEUE
 
 _DEVICE_PID_BASE = 1_000_000
@@ -105,6 +106,7 @@ class ChromeTraceSink:
         fh = self._fh
         if fh is None or not spans:
             return
+        b = as_batch(spans, self._recorder.tables)
         tracks = self._recorder.tracks
         seen = self._tracks_written
         base = self._base
@@ -117,13 +119,21 @@ class ChromeTraceSink:
         out: list[str] = []
         app = out.append
         packed = 0  # events written inside another's list entry
-        # One pass, one string per span, no per-span calls on the common path
-        # (measured in benchmarks/bench_core.py).
-        for s in spans:
+        region_cats = REGION_CATS
+        errors = b.errors
+        # Columns as lists of Python ints: one pass, one string per span, no per-span calls on the
+        # common path (measured in benchmarks/bench_pipeline.py).
+        hb_ = (b.host_begin - base).tolist()
+        hd_ = (b.host_end - b.host_begin).tolist()
+        ds_ = (b.dev_start - base).tolist()
+        dd_ = (b.dev_end - b.dev_start).tolist()
+        rows = zip(b.id.tolist(), b.parent.tolist(), b.name_list(), b.cat_list(), b.thread.tolist(), hb_, hd_,
+                   b.track.tolist(), b.dev_queued.tolist(), b.dev_submit.tolist(), ds_, dd_,
+                   b.raw_start.tolist(), b.raw_end.tolist(), b.status.tolist(), b.attrs)
+        for i, (sid, parent, name, cat, th, hb, hd, dt, dq, dsub, ds, dd, rs, re_, bad, attrs) in enumerate(rows):
             if len(out) >= 256:  # small chunks: reused memory, no page faults on one huge join
                 self._emit_lines(out)
                 out.clear()
-            th = s.thread
             hh = hheads.get(th)
             if hh is None:
                 if th not in seen:
@@ -131,36 +141,29 @@ class ChromeTraceSink:
                 hh = f'"pid":{host_pid},"tid":{th},"ts":'
                 if th in seen:
                     hheads[th] = hh
-            cat = s.cat
-            head = heads.get(s.name)
-            if head is None or head[0] is not cat:
+            head = heads.get(name)
+            if head is None or head[0] != cat:
                 if len(heads) >= 4096:  # bounded even when every span has its own name
                     heads.clear()
-                head = heads[s.name] = (cat, f'{{"ph":"X","cat":"{cat}","name":{_esc(s.name)},')
+                head = heads[name] = (cat, f'{{"ph":"X","cat":"{cat}","name":{_esc(name)},')
             xh = head[1]
-            sid = f"{s.id}"
-            hb = s.host_begin - base
             ts = f"{hb // 1000}.{ms[hb % 1000]}" if hb >= 0 else _us(hb)
-            hd = s.host_end - s.host_begin
             dur = f"{hd // 1000}.{ms[hd % 1000]}" if hd >= 0 else _us(hd)
-            if s.status != STATUS_OK:
-                args = self._error_args(s, sid)
+            if attrs:
+                hit = enc_cache.get(id(attrs))
+                # launchers share one attrs dict per configuration
+                a = hit[1] if hit is not None and hit[0] is attrs else self._attrs_text(attrs)
             else:
-                attrs = s.attrs
-                if attrs:
-                    hit = enc_cache.get(id(attrs))
-                    # launchers share one attrs dict per configuration
-                    a = hit[1] if hit is not None and hit[0] is attrs else self._attrs_text(attrs)
-                else:
-                    a = ""
-                if s.dev_start is not None:
-                    args = (f'{{"span":{sid},"parent":{s.parent},"source":"device","queued_host_ns":{s.dev_queued},'
-                            f'"submit_host_ns":{s.dev_submit},"device.start":{s.raw_start},"device.end":{s.raw_end}'
-                            f'{a}}}')
-                else:
-                    args = f'{{"span":{sid},"parent":{s.parent},"source":"host"{a}}}'
-            dt = s.device_track
-            if dt is None:
+                a = ""
+            if dt:
+                dev = (f',"source":"device","queued_host_ns":{dq},"submit_host_ns":{dsub},'
+                       f'"device.start":{rs},"device.end":{re_}')
+            else:
+                dev = ',"source":"host"'
+            if bad:
+                dev += f',"status":"error","error":{_esc(errors.get(i) or "")}'
+            args = f'{{"span":{sid},"parent":{parent}{dev}{a}}}'
+            if not dt:
                 app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},')
                 continue
             dh = dheads.get(dt)
@@ -177,13 +180,11 @@ class ChromeTraceSink:
                     dheads[dt] = dh
             else:
                 lead = None
-            ds = s.dev_start - base
             dts = f"{ds // 1000}.{ms[ds % 1000]}" if ds >= 0 else _us(ds)
-            dd = s.dev_end - s.dev_start
             ddur = f"{dd // 1000}.{ms[dd % 1000]}" if dd >= 0 else _us(dd)
             # Each f-string stays under 30 parts: CPython compiles longer ones to a slower list join.
             if lead is None:
-                if cat in REGION_CATS:
+                if cat in region_cats:
                     app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
                     packed += 1
                 else:
@@ -192,7 +193,7 @@ class ChromeTraceSink:
                         f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},{hh}{ts}}},\n'
                         f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},{dh}{dts}}},')
                     packed += 3
-            elif cat in REGION_CATS:
+            elif cat in region_cats:
                 app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
             else:
                 app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
@@ -202,7 +203,7 @@ class ChromeTraceSink:
         self.events_written += packed
         if out:
             self._emit_lines(out)
-        self._since_flush += len(spans)
+        self._since_flush += b.n
         if self._since_flush >= self.flush_every:
             self._flush_os()
 
@@ -245,20 +246,6 @@ class ChromeTraceSink:
         self._fh.write(data)  # type: ignore[union-attr]
         self.bytes_written += len(data)
         self.events_written += len(lines)
-
-    def _error_args(self, s: Span, sid: str) -> str:
-        """The args object of a failed span: its placement, then the error, then its attrs."""
-        if s.dev_start is not None:
-            dev = (f',"source":"device","queued_host_ns":{s.dev_queued},"submit_host_ns":{s.dev_submit},'
-                   f'"device.start":{s.raw_start},"device.end":{s.raw_end}')
-        else:
-            dev = ',"source":"host"'
-        dev += f',"status":"error","error":{_esc(s.error or "")}'
-        attrs = s.attrs
-        if attrs:
-            hit = self._attrs_json.get(id(attrs))
-            dev += hit[1] if hit is not None and hit[0] is attrs else self._attrs_text(attrs)
-        return f'{{"span":{sid},"parent":{s.parent}{dev}}}'
 
     def _attrs_text(self, attrs: dict[str, Any]) -> str:
         """The attrs' members as JSON text after a comma, cached by the dict's identity."""

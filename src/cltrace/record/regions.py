@@ -222,10 +222,26 @@ def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: An
     hb = _perf()
     ev = kernel(queue, global_size, local_size, *args, wait_for=wait_for)
     he = _perf()
-    record_launch(name or kernel.function_name, queue, ev, hb, he, KERNEL,
-                  {"global_size": tuple(global_size),
-                   "local_size": tuple(local_size) if local_size else None})
+    record_launch(name or kernel.function_name, queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size))
     return ev
+
+
+_ATTRS: dict[Any, dict[str, Any]] = {}
+
+
+def _launch_attrs(global_size: Any, local_size: Any) -> dict[str, Any]:
+    """One shared attrs dict per launch shape: nothing allocated per launch, encoded once per sink."""
+    try:
+        return _ATTRS[(global_size, local_size)]
+    except KeyError:
+        pass
+    except TypeError:  # sizes given as lists
+        global_size, local_size = tuple(global_size), tuple(local_size) if local_size else None
+        return _launch_attrs(global_size, local_size)
+    attrs = {"global_size": tuple(global_size), "local_size": tuple(local_size) if local_size else None}
+    if len(_ATTRS) < 4096:
+        _ATTRS[(global_size, local_size)] = attrs
+    return attrs
 
 
 def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any) -> Any:

@@ -10,13 +10,13 @@ length). K1..K3 are the tie-breaking keys and G the parent the row waits for (se
 """
 from __future__ import annotations
 
-from itertools import compress, repeat
-from operator import attrgetter, is_not, ne
+from operator import ne
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...timeline.spans import REGION_CATS, STATUS_OK, TRANSFER, Span
+from ...timeline.batch import SpanBatch
+from ...timeline.spans import TRANSFER
 from .wire import TE_COUNTER, uv
 
 from .columns import (C_EXTRA, C_FLOW, C_G, C_K1, C_K2, C_K3, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS,
@@ -27,68 +27,58 @@ if TYPE_CHECKING:
     from .tracks import Tracks
 
 
-# Columns are read one attribute at a time: lists of ints and strings are not tracked by the
-# garbage collector, whereas a tuple per span would trigger collections on every batch.
-_SPAN_FIELDS = tuple(map(attrgetter, ("id", "parent", "thread", "host_begin", "host_end", "cat", "name",
-                                      "device_track", "attrs", "status", "error")))
-_DEVICE_FIELDS = tuple(map(attrgetter, ("device_track", "dev_start", "dev_end", "raw_start", "raw_end")))
-
-
-def batch_rows(spans: list[Span], tracks: Tracks, hold: HoldBack,
+def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
                head: list[bytes]) -> tuple[np.ndarray, list[bytes], list[tuple[int, int]]]:
     """The rows of a batch, the byte strings their C_EXTRA refers to, and (id, group) of the spans that
     may be parents, for ``HoldBack.hold_back``. Descriptors of new tracks go to ``head``."""
-    n = len(spans)
-    (sids, parents, threads, hbs, hes, cats, names, dts, attrs, statuses, errors) = [
-        list(map(f, spans)) for f in _SPAN_FIELDS]
-    ids = np.array(sids, np.int64)
-    par = np.array(parents, np.int64)
+    n = batch.n
+    ids, par = batch.id, batch.parent
+    cats, names = batch.cat_list(), batch.name_list()
+    attrs = batch.attrs
+    bad = batch.status.astype(bool)
+    threads = batch.thread.tolist()
+    placed = batch.track != 0
+    dv = np.flatnonzero(placed)
+    m = len(dv)
+    dts = batch.track[dv].tolist()
     tracks.open(set(threads).union(dts), head)
     group, md, arrivals = hold.groups(cats, ids, par)
-    placed = list(map(is_not, dts, repeat(None)))
-    flows = np.array(placed) & ~np.array(list(map(REGION_CATS.__contains__, cats)))
-    thr = np.array(threads, np.int64)
-    need = np.array(list(map(bool, attrs)))
-    if statuses.count(STATUS_OK) != n:
-        need |= np.array(list(map(STATUS_OK.__ne__, statuses)))
+    flows = placed & ~batch.is_region()
+    thr = batch.thread.astype(np.int64)
+    need = np.fromiter(map(bool, attrs), bool, n) | bad
     changed = np.ones(n, bool)  # launches repeat their attributes: encode each run of equal ones once
     if n > 1:
-        changed[1:] = (_differs(attrs) | (thr[1:] != thr[:-1]) | _differs(statuses) | _differs(errors))
+        changed[1:] = _differs(attrs) | (thr[1:] != thr[:-1]) | (bad[1:] != bad[:-1])
+        if batch.errors:
+            errs = batch.error_list()
+            changed[1:] |= _differs(errs)
     new = need & changed
-    extras = [tracks.seqs[threads[i]].extra(spans[i]) for i in np.flatnonzero(new).tolist()]
+    extras = [tracks.seqs[threads[i]].extra(attrs[i], bool(bad[i]), batch.errors.get(i))
+              for i in np.flatnonzero(new).tolist()]
     xid = np.where(need, np.cumsum(new) - 1, -1)
-    dv = list(compress(range(n), placed))
-    m = len(dv)
     rows = np.zeros((2 * n + 2 * m, NCOLS), np.int64)
     h0, h1 = rows[:n], rows[n:2 * n]
-    _pair(h0, h1, thr, np.array(hbs, np.int64), np.array(hes, np.int64), ids, md, group)
+    _pair(h0, h1, thr, batch.host_begin, batch.host_end, ids, md, group)
     h0[:, C_PRE] = tracks.prefix_ids(threads, cats, names)
     h0[:, C_FLOW] = flows * FLOW_OUT
     h0[:, C_SPANANN] = ~flows
     h0[:, C_PARENT] = par
     h0[:, C_EXTRA] = xid
     if m:
-        dsp = list(compress(spans, placed))
-        dtrack, dstart, dend, raws, rawe = [list(map(f, dsp)) for f in _DEVICE_FIELDS]
-        idx = np.array(dv, np.int64)
         d0, d1 = rows[2 * n:2 * n + m], rows[2 * n + m:]
-        _pair(d0, d1, np.array(dtrack, np.int64), np.array(dstart, np.int64), np.array(dend, np.int64),
-              ids[idx], md[idx], group[idx])
-        d0[:, C_PRE] = tracks.prefix_ids(dtrack, list(compress(cats, placed)), list(compress(names, placed)))
-        f = flows[idx]
+        _pair(d0, d1, batch.track[dv].astype(np.int64), batch.dev_start[dv], batch.dev_end[dv],
+              ids[dv], md[dv], group[dv])
+        pick = dv.tolist()
+        d0[:, C_PRE] = tracks.prefix_ids(dts, [cats[i] for i in pick], [names[i] for i in pick])
+        f = flows[dv]
         d0[:, C_FLOW] = f * FLOW_IN
         d0[:, C_SPANANN] = ~f
         d0[:, C_EXTRA] = -1
-        if None in raws or None in rawe:  # device placement without raw stamps: no annotations
-            d0[:, C_RAW] = [a is not None and b is not None for a, b in zip(raws, rawe)]
-            raws = [a or 0 for a in raws]
-            rawe = [b or 0 for b in rawe]
-        else:
-            d0[:, C_RAW] = 1
-        d0[:, C_RAWS] = np.array(raws, np.int64)
-        d0[:, C_RAWE] = np.array(rawe, np.int64)
-        d0[:, C_RAWEND] = d0[:, C_RAW] & (d0[:, C_RAWE] - d0[:, C_RAWS] != d1[:, C_TS] - d0[:, C_TS])
-    counters = _counter_rows(spans, cats, attrs, group, md, tracks, head, extras)
+        d0[:, C_RAW] = 1
+        d0[:, C_RAWS] = batch.raw_start[dv]
+        d0[:, C_RAWE] = batch.raw_end[dv]
+        d0[:, C_RAWEND] = d0[:, C_RAWE] - d0[:, C_RAWS] != d1[:, C_TS] - d0[:, C_TS]
+    counters = _counter_rows(batch, cats, attrs, group, md, tracks, head, extras)
     if counters is not None:
         rows = np.concatenate([rows, counters])
     return rows, extras, arrivals
@@ -108,7 +98,7 @@ def _pair(b: np.ndarray, e: np.ndarray, track: np.ndarray, begin: np.ndarray, en
     e[:, C_PRE] = e[:, C_EXTRA] = -1
 
 
-def _counter_rows(spans: list[Span], cats: list[str], attrs: list[Any], group: np.ndarray, md: np.ndarray,
+def _counter_rows(batch: SpanBatch, cats: list[str], attrs: list[Any], group: np.ndarray, md: np.ndarray,
                   tracks: Tracks, head: list[bytes], extras: list[bytes]) -> np.ndarray | None:
     """Cumulative bytes-transferred samples, at the end of each transfer that says its size."""
     if TRANSFER not in cats:
@@ -120,13 +110,14 @@ def _counter_rows(spans: list[Span], cats: list[str], attrs: list[Any], group: n
         nbytes = a.get("bytes")
         if not isinstance(nbytes, int) or isinstance(nbytes, bool):
             continue
-        s = spans[i]
-        track = s.device_track if s.device_track is not None else s.thread
+        dt = int(batch.track[i])
+        track = dt if dt else int(batch.thread[i])
         seq = tracks.counter(track, head)
         seq.moved += nbytes
         row = np.zeros(NCOLS, np.int64)
         row[[C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G]] = (
-            track, s.dev_end if s.device_track is not None else s.host_end, md[i], K2_COUNTER, -s.id, group[i])
+            track, int(batch.dev_end[i]) if dt else int(batch.host_end[i]), md[i], K2_COUNTER, -int(batch.id[i]),
+            group[i])
         row[C_PRE] = seq.counter_prefix
         row[C_EXTRA] = len(extras)
         extras.append(TE_COUNTER + uv(seq.moved))

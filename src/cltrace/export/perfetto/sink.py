@@ -15,6 +15,7 @@ from typing import IO, Any, Sequence
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from ...timeline.batch import as_batch
 from ...timeline.spans import Span
 from ..base import open_trace_file
 from .order import HoldBack
@@ -43,6 +44,7 @@ class PerfettoTraceSink:
     def start(self, recorder: Any) -> None:
         if self._fh is not None:
             return
+        self._tables = recorder.tables
         tracks = self._tracks = Tracks(recorder.tracks, _mono_offset())
         self._fh = open_trace_file(self.path)
         snap = pb.ClockSnapshot(primary_trace_clock=MONOTONIC)
@@ -75,7 +77,7 @@ class PerfettoTraceSink:
         if self._fh is None or not spans:
             return
         head: list[bytes] = []
-        rows, extras, arrivals = batch_rows(list(spans), self._tracks, self._hold, head)
+        rows, extras, arrivals = batch_rows(as_batch(spans, self._tables), self._tracks, self._hold, head)
         rows, now = self._hold.hold_back(rows, extras, arrivals)
         self._emit(b"".join(head) + self._encode(rows, extras, now))
         self._since_flush += len(spans)

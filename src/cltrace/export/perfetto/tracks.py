@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ...timeline.spans import STATUS_OK, Span
+from ...timeline.spans import STATUS_ERROR
 from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
 from .layout import Pool
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID, DNAMES,
@@ -67,20 +67,19 @@ class Seq:
         inner = self.dname(name) + v
         return TE_DEBUG + uv(len(inner)) + inner
 
-    def extra(self, s: Span) -> bytes:
+    def extra(self, a: dict[str, Any] | None, failed: bool, error: str | None) -> bytes:
         """Annotations for status, error and attributes (cached when the values are hashable)."""
-        a = s.attrs
         try:
-            key = (s.status, s.error, tuple(a.items()) if a else ())
+            key = (failed, error, tuple(a.items()) if a else ())
             hit = self.extras.get(key)
         except TypeError:
             key, hit = None, None
         if hit is not None:
             return hit
         parts = []
-        if s.status != STATUS_OK:
-            parts.append(self.annotation(A_STATUS, value(s.status)))
-            parts.append(self.annotation(A_ERROR, value(s.error or "")))
+        if failed:
+            parts.append(self.annotation(A_STATUS, value(STATUS_ERROR)))
+            parts.append(self.annotation(A_ERROR, value(error or "")))
         for k, v in (a or {}).items():
             if v is not None:
                 parts.append(self.annotation(str(k), value(v)))
