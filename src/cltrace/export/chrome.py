@@ -83,6 +83,7 @@ class ChromeTraceSink:
         self._base = 0
         self._recorder: Any = None
         self._since_flush = 0
+        self._clocks_written = ""
         self.bytes_written = 0
         self.events_written = 0
 
@@ -214,10 +215,15 @@ class ChromeTraceSink:
         import time
 
         ts = _us(time.perf_counter_ns() - now)
-        self._emit_lines([
+        lines = [
             f'{{"ph":"C","name":"cltrace.dropped_spans","pid":{self._host_pid},"tid":0,"ts":{ts},'
             f'"args":{{"dropped":{int(meta.get("dropped_spans", 0))}}}}},'
-        ])
+        ]
+        clocks = json.dumps([meta.get("clocks"), meta.get("devices")], default=str, sort_keys=True)
+        if clocks != self._clocks_written:  # a trace cut off later still carries the calibration
+            self._clocks_written = clocks
+            lines.append(self._metadata_event(meta) + ",")
+        self._emit_lines(lines)
         self._flush_os()
 
     def close(self, meta: dict[str, Any]) -> None:
@@ -225,8 +231,7 @@ class ChromeTraceSink:
         if fh is None:
             return
         # Final metadata as an instant event; the last line carries no trailing comma.
-        tail = (json.dumps({"ph": "i", "s": "g", "name": "cltrace.metadata", "pid": self._host_pid,
-                            "tid": 0, "ts": 0, "args": _jsonable(meta)}) + "\n]\n").encode()
+        tail = (self._metadata_event(meta) + "\n]\n").encode()
         fh.write(tail)
         self.bytes_written += len(tail)
         self.events_written += 1
@@ -239,6 +244,11 @@ class ChromeTraceSink:
         self._fh = None
 
     # -- helpers ----------------------------------------------------------------
+    def _metadata_event(self, meta: dict[str, Any]) -> str:
+        """Run metadata (clock calibrations, counts) as a global instant event; readers keep the last."""
+        return json.dumps({"ph": "i", "s": "g", "name": "cltrace.metadata", "pid": self._host_pid,
+                           "tid": 0, "ts": 0, "args": _jsonable(meta)})
+
     def _emit_lines(self, lines: list[str]) -> None:
         lines.append("")  # the trailing newline, without copying the text once more
         data = "\n".join(lines).encode()

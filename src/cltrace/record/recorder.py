@@ -79,6 +79,7 @@ class Recorder:
         self._wake = threading.Event()
         self._stop_worker = threading.Event()
         self._next_flush = 0.0
+        self._clocks_flushed = 0
         self.meta: dict[str, Any] = {}
 
     def configure(self, capacity: int | None = None, overflow: str | None = None,
@@ -129,15 +130,19 @@ class Recorder:
                 self.lost += 1
             except IndexError:
                 pass
-        elif backlog >= cap and waiting:
-            rec = waiting[len(waiting) // 2]
-            ev = rec[R_EV1] if rec[R_EV1] is not None else rec[R_EV0]
-            if ev is not None:
-                self.device_waits += 1
-                try:
+        elif backlog >= cap:
+            older = waiting or pending
+            try:
+                rec = older[len(older) // 2]
+            except IndexError:  # taken by the worker meanwhile
+                rec = None
+            ev = None if rec is None or rec[R_QUEUE] is None else (rec[R_EV1] or rec[R_EV0])
+            try:
+                if ev is not None and ev.command_execution_status > 0:
+                    self.device_waits += 1
                     ev.wait()  # the device is behind: the GIL is released while it works
-                except Exception:
-                    pass
+            except Exception:
+                pass
         self._room = min(len(pending) + max(16, cap // 16), self.hard_cap)
 
     @property
@@ -171,12 +176,16 @@ class Recorder:
                 if not self.pending:
                     continue
             try:
-                while self.pending and not self._stop_worker.is_set():
-                    with self._lock:
-                        self._step(block=False, limit_records=CHUNK)
+                while True:
+                    if self.pending:
+                        with self._lock:
+                            self._step(block=False, limit_records=CHUNK)
+                    if self.sinks and (time.monotonic() >= self._next_flush
+                                       or self.clocks.count != self._clocks_flushed):
+                        self._flush_sinks()  # a new device's calibration reaches the files at once
+                    if not self.pending or self._stop_worker.is_set():
+                        break
                     time.sleep(0)  # hand the GIL to the program between chunks
-                if self.sinks and time.monotonic() >= self._next_flush:
-                    self.flush(block=False)
             except Exception as exc:  # the worker must survive anything a sink or driver throws
                 log.warning("cltrace: background resolution failed: %s", exc)
 
@@ -240,8 +249,13 @@ class Recorder:
     def flush(self, block: bool = True) -> None:
         """Resolve queued records (waiting for their commands if ``block``) and flush the sinks."""
         with self._lock:
-            self.clocks.maybe_recalibrate()
             self._step(block=block)
+            self._flush_sinks()
+
+    def _flush_sinks(self) -> None:
+        """Recalibrate when due, then make what the sinks have written durable, with fresh metadata."""
+        with self._lock:
+            self.clocks.maybe_recalibrate()
             meta = self.metadata()
             for sink in list(self.sinks):
                 try:
@@ -249,6 +263,7 @@ class Recorder:
                 except Exception as exc:
                     log.warning("cltrace: sink %r failed to flush: %s", sink, exc)
             self._next_flush = time.monotonic() + self.flush_interval_s
+            self._clocks_flushed = self.clocks.count
 
     def batch(self) -> SpanBatch:
         """Resolved spans kept in memory, as one batch of columns (after a blocking flush)."""

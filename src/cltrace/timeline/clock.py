@@ -294,6 +294,11 @@ class ClockRegistry:
                         self._keys[ptr] = device_key
         return clk
 
+    @property
+    def count(self) -> int:
+        """Devices with a clock so far."""
+        return len(self._clocks)
+
     def maybe_recalibrate(self) -> None:
         now = _perf()
         if (now - self._last) / 1e9 < self.recalibrate_s:

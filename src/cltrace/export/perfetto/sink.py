@@ -38,6 +38,7 @@ class PerfettoTraceSink:
         self._dropped_uuid = 0
         self._dropped_written = -1
         self._since_flush = 0
+        self._clocks_written = ""
         self.bytes_written = 0
         self.packets_written = 0
 
@@ -88,7 +89,12 @@ class PerfettoTraceSink:
     def flush(self, meta: dict[str, Any]) -> None:
         if self._fh is None:
             return
-        self._emit(self._dropped(int(meta.get("dropped_spans", 0))))
+        out = self._dropped(int(meta.get("dropped_spans", 0)))
+        clocks = json.dumps([meta.get("clocks"), meta.get("devices")], default=str, sort_keys=True)
+        if clocks != self._clocks_written:  # a trace cut off later still carries the calibration
+            self._clocks_written = clocks
+            out += self._metadata_packet(meta)
+        self._emit(out)
         self._since_flush = 0
         self._fh.flush()
 
