@@ -186,7 +186,9 @@ class DeviceClock:
 
     def _commit(self, latest: int) -> None:
         """Note that stamps up to ``latest`` were mapped (no later than the device's present)."""
-        now = _perf() + self._ko[-1] + self.points[-1].bound_ns
+        # A stamp past the device's present (plus slack for drift) is garbage from a driver: it must
+        # not freeze the map ahead of every calibration to come.
+        now = _perf() + self._extrapolate(_perf() + self._ko[-1]) + self.points[-1].bound_ns + 50_000_000
         latest = min(latest, now)
         if self._mapped_max is None or latest > self._mapped_max:
             self._mapped_max = latest
