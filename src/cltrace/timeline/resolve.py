@@ -126,7 +126,7 @@ class Resolver:
         tmap = {k: tracks.compile_track() if k == COMPILE_THREAD else tracks.host_thread(k) for k in set(thread)}
         out["thread"] = np.fromiter(map(tmap.__getitem__, thread), np.int32, n)
         region = np.isin(out["cat"], np.fromiter(t.region_cats, np.int16))
-        out["path"] = self._paths(path, name, cat, n)
+        out["path"] = self._paths(path, out["name"], out["cat"], region)
         attrs = list(attrs)
         errors: dict[int, str] = {}
         err = np.fromiter(map(is_not, rstatus, repeat(None)), bool, n)
@@ -143,23 +143,27 @@ class Resolver:
         lane_keys: dict[int, tuple[Any, int, Any]] = {}
         if len(rows):
             qs = _pick(queue, rows)
-            ths = _pick(thread, rows)
-            keys = list(zip(map(id, qs), ths))
-            infos = {k: self.queue_info(q, k[1]) for k, q in dict(zip(keys, qs)).items()}
-            track[rows] = np.fromiter((infos[k][0] for k in keys), np.int32, len(rows))
-            clocks = {id(v[1]): v[1] for v in infos.values()}
-            cid = np.fromiter((id(infos[k][1]) for k in keys), np.int64, len(rows))
+            # Group rows by (queue object, submitting thread) with array operations; look each group up once.
+            qid = np.fromiter(map(id, qs), np.int64, len(rows))
+            uq, iq = np.unique(qid, return_inverse=True)
+            key = iq.astype(np.int64) * (1 << 32) + out["thread"][rows]
+            uk, kfirst, ik = np.unique(key, return_index=True, return_inverse=True)
+            infos = [self.queue_info(qs[j], thread[int(rows[j])]) for j in kfirst.tolist()]
+            track[rows] = np.array([inf[0] for inf in infos], np.int32)[ik]
             starts = raw[rows, _START]
-            for c, clock in clocks.items():
-                sel = cid == c if len(clocks) > 1 else slice(None)
+            clocks: dict[int, tuple[Any, list[int]]] = {}
+            for g, inf in enumerate(infos):
+                clocks.setdefault(id(inf[1]), (inf[1], []))[1].append(g)
+            for clock, groups in clocks.values():
+                sel = np.isin(ik, groups) if len(clocks) > 1 else slice(None)
                 off[rows[sel]] = clock.offsets(starts[sel])
-            for j, k in enumerate(keys):
-                lanes = infos[k][2]
-                if lanes is not None:
-                    i = int(rows[j])
-                    if not region[i]:
-                        lane_rows.append(i)
-                        lane_keys[i] = (qs[j], k[1], lanes)
+            for g, inf in enumerate(infos):
+                if inf[2] is not None:  # an out-of-order queue: its commands go on lanes
+                    for j in np.flatnonzero(ik == g).tolist():
+                        i = int(rows[j])
+                        if not region[i]:
+                            lane_rows.append(i)
+                            lane_keys[i] = (qs[j], thread[i], inf[2])
         raw_start = raw[:, _START].copy()
         raw_end = raw[:, _END].copy()
         self._nest(out, region, ok, track, off, raw_start, raw_end, lane_rows)
@@ -176,15 +180,24 @@ class Resolver:
         out["status"] = err.astype(np.int8)
         return SpanBatch(t, out, attrs, errors)
 
-    def _paths(self, path: tuple, name: tuple, cat: tuple, n: int) -> np.ndarray:
-        """Interned full path per row: a region's recorded path ends in its name; a launch's gets it added."""
-        paths = self.tables.paths
-        keys = list(zip(map(id, path), name, cat))
-        ids = {}
-        for k, p in dict(zip(keys, path)).items():
-            full = p if k[2] in REGION_CATS else p + (k[1],)
-            ids[k] = paths.id(full)
-        return np.fromiter(map(ids.__getitem__, keys), np.int32, n)
+    def _paths(self, path: tuple, name_ids: np.ndarray, cat_ids: np.ndarray, region: np.ndarray) -> np.ndarray:
+        """Interned full path per row: a region's recorded path ends in its name; a launch's gets it added.
+
+        Rows share path objects (a region's path tuple is every child's), so rows are grouped by
+        (path object, name, category) with array operations and each distinct group is interned once.
+        """
+        n = len(path)
+        obj = np.fromiter(map(id, path), np.int64, n)
+        uo, first, io = np.unique(obj, return_index=True, return_inverse=True)
+        nn = len(self.tables.names.values) + 1
+        key = (io.astype(np.int64) * nn + name_ids) * 2 + region
+        uk, kfirst, ik = np.unique(key, return_index=True, return_inverse=True)
+        names = self.tables.names.values
+        intern = self.tables.paths.id
+        rows = kfirst.tolist()
+        ids = [intern(path[r] if reg else path[r] + (names[nm],))
+               for r, reg, nm in zip(rows, region[kfirst].tolist(), name_ids[kfirst].tolist())]
+        return np.array(ids, np.int32)[ik]
 
     def _nest(self, out: dict[str, np.ndarray], region: np.ndarray, ok: np.ndarray, track: np.ndarray,
               off: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray, lane_rows: list[int]) -> None:

@@ -1,0 +1,348 @@
+"""The span pipeline end to end, side by side in one run, on the default device (CLTRACE_DEVICE picks it).
+
+Rows (each against its baseline or target; ratios printed as a table):
+
+  capacity       resolve + statistics + .json + .pftrace of real completed launches, spans/s on one
+                 thread (the worker's work, timed from raw records to both files closed)
+  end to end     a launch-bound loop of tiny kernels: ``cltrace.trace(a.json, a.pftrace)`` around it
+                 (start -> loop -> files closed) against the same loop untraced (+ queue.finish),
+                 rounds alternating, median of rounds
+  torch          (where PyTorch with CUDA is installed) the same loop shape in CUDA, ``x.add_(y)`` on
+                 1024 floats, under ``torch.profiler`` (CPU+CUDA, trace exported) against untraced
+  stall          longest pause between iterations of a loop (50 launches + finish) on two threads,
+                 traced against untraced
+  region         an enabled host region (hot path) against one OpenTelemetry SDK span
+  launch         a traced ``Kernel`` launch against a raw ``enqueue_nd_range_kernel`` (profiling queue)
+  memory         bytes per retained kernel span: the batch columns, and the process RSS growth
+  pftrace size   bytes per plain kernel span (host + device slice + flow)
+  first bytes    time from ``start()`` to the first span bytes in the file, launching at full rate
+
+    .venv/bin/python benchmarks/bench_pipeline.py [--launches 50000] [--rounds 3]
+
+The stamps path (native C extension or Python fallback) is printed first; run with CLTRACE_NATIVE=0
+for the fallback's figures.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import pyopencl as cl
+
+import cltrace
+from cltrace.export.chrome import ChromeTraceSink
+from cltrace.export.perfetto import PerfettoTraceSink
+from cltrace.record.recorder import RECORDER
+from cltrace.timeline import stamps
+
+SRC = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
+
+
+class Setup:
+    def __init__(self) -> None:
+        self.q = cltrace.profiling_queue()
+        self.prg = cl.Program(self.q.context, SRC).build()
+        self.k = cl.Kernel(self.prg, "k")
+        self.buf = cl.Buffer(self.q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+        self.k.set_args(self.buf)
+        self.compiled = cltrace.compile(SRC, context=self.q.context)
+
+    def loop(self, n: int) -> None:
+        q, k, buf = self.q, self.k, self.buf
+        launch = cltrace.launch
+        for _ in range(n):
+            launch(k, q, (1024,), None, buf)
+        q.finish()
+
+
+def capacity(s: Setup, n: int, tmp: str) -> float:
+    """Spans/s of the worker's whole job on records of n real launches (9 kernels per region)."""
+    RECORDER.clear()
+    RECORDER.configure(max_pending=10 * n, resolve_interval_s=3600)
+    cltrace.set_queue(None)
+    from cltrace import _state
+
+    _state.ENABLED = True
+    for _ in range(n // 10):
+        with cltrace.region("step", s.q):
+            for _ in range(9):
+                cltrace.launch(s.k, s.q, (1024,), None, s.buf)
+    _state.ENABLED = False
+    s.q.finish()
+    recs = list(RECORDER.pending)
+    RECORDER.pending.clear()
+    js, pf = ChromeTraceSink(os.path.join(tmp, "cap.json")), PerfettoTraceSink(os.path.join(tmp, "cap.pftrace"))
+    js.start(RECORDER)
+    pf.start(RECORDER)
+    t0 = time.perf_counter()
+    for i in range(0, len(recs), 4096):
+        batch = RECORDER.resolver.resolve(recs[i:i + 4096], block=False)
+        RECORDER.stats.add(batch)
+        js.write(batch)
+        pf.write(batch)
+    meta = RECORDER.metadata()
+    js.close(meta)
+    pf.close(meta)
+    dt = time.perf_counter() - t0
+    RECORDER.configure(max_pending=65536, resolve_interval_s=0.05)
+    return len(recs) / dt
+
+
+def end_to_end(s: Setup, n: int, rounds: int, tmp: str) -> tuple[float, float]:
+    off, on = [], []
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        s.loop(n)
+        off.append(time.perf_counter() - t0)
+        RECORDER.clear()
+        t0 = time.perf_counter()
+        with cltrace.trace(os.path.join(tmp, f"e{r}.json"), os.path.join(tmp, f"e{r}.pftrace")):
+            s.loop(n)
+        on.append(time.perf_counter() - t0)
+    return statistics.median(off), statistics.median(on)
+
+
+def torch_end_to_end(n: int, rounds: int, tmp: str) -> tuple[float, float] | None:
+    try:
+        import torch
+    except Exception:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    x = torch.zeros(1024, device="cuda")
+    y = torch.ones(1024, device="cuda")
+
+    def loop() -> None:
+        for _ in range(n):
+            x.add_(y)
+        torch.cuda.synchronize()
+
+    loop()
+    off, on = [], []
+    for r in range(rounds):
+        t0 = time.perf_counter()
+        loop()
+        off.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=acts) as prof:
+            loop()
+        prof.export_chrome_trace(os.path.join(tmp, f"torch{r}.json"))
+        on.append(time.perf_counter() - t0)
+    return statistics.median(off), statistics.median(on)
+
+
+def stall(s: Setup, seconds: float, tmp: str) -> tuple[float, float]:
+    def run() -> float:
+        worst = [0.0]
+
+        def loop() -> None:
+            k = cl.Kernel(s.prg, "k")
+            end = time.perf_counter() + seconds
+            last = time.perf_counter()
+            while time.perf_counter() < end:
+                for _ in range(50):
+                    cltrace.launch(k, s.q, (1024,), None, s.buf)
+                s.q.finish()
+                with cltrace.region("empty"):
+                    pass
+                now = time.perf_counter()
+                worst[0] = max(worst[0], now - last)
+                last = now
+
+        ts = [threading.Thread(target=loop) for _ in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return worst[0]
+
+    off = run()
+    RECORDER.clear()
+    with cltrace.trace(os.path.join(tmp, "stall.json"), os.path.join(tmp, "stall.pftrace")):
+        on = run()
+    return off, on
+
+
+def region_vs_otel(number: int = 100_000) -> tuple[float, float]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    tp = TracerProvider()
+    exp = InMemorySpanExporter()
+    tp.add_span_processor(SimpleSpanProcessor(exp))
+    tracer = tp.get_tracer("bench")
+    region = cltrace.region
+    best_r = best_o = float("inf")
+    cltrace.start()
+    for _ in range(5):
+        RECORDER.pending.clear()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            with region("r"):
+                pass
+        best_r = min(best_r, (time.perf_counter() - t0) / number)
+        RECORDER.pending.clear()
+        exp.clear()
+        t0 = time.perf_counter()
+        for _ in range(number // 10):
+            with tracer.start_as_current_span("r"):
+                pass
+        best_o = min(best_o, (time.perf_counter() - t0) / (number // 10))
+    cltrace.stop()
+    RECORDER.clear()
+    return best_r, best_o
+
+
+def launch_vs_raw(s: Setup, number: int = 20_000) -> tuple[float, float]:
+    import pyopencl._cl as _cl
+
+    knl = s.compiled.k
+    launcher = knl[(1024,), None, s.q]
+    raw = cl.Kernel(s.compiled.program, "k")
+    raw.set_args(s.buf)
+    enq = _cl.enqueue_nd_range_kernel
+    best_t = best_r = float("inf")
+    cltrace.start()
+    for _ in range(5):
+        s.q.finish()
+        RECORDER.pending.clear()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            launcher(s.buf)
+        best_t = min(best_t, (time.perf_counter() - t0) / number)
+        s.q.finish()
+        RECORDER.pending.clear()
+        t0 = time.perf_counter()
+        for _ in range(number):
+            enq(s.q, raw, (1024,), None)
+        best_r = min(best_r, (time.perf_counter() - t0) / number)
+    cltrace.stop()
+    s.q.finish()
+    RECORDER.clear()
+    return best_t, best_r
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * resource.getpagesize()
+
+
+def memory(s: Setup, n: int) -> tuple[float, float]:
+    RECORDER.clear()
+    s.q.finish()
+    base = rss()
+    with cltrace.trace():
+        for i in range(0, n, 5000):
+            s.loop(min(5000, n - i))
+    RECORDER.flush()
+    batch = RECORDER.batch()
+    grown = rss() - base
+    per = batch.nbytes() / batch.n
+    del batch
+    RECORDER.clear()
+    return per, grown / n
+
+
+def pftrace_bytes(s: Setup, n: int, tmp: str) -> float:
+    RECORDER.clear()
+    path = os.path.join(tmp, "size.pftrace")
+    empty = os.path.join(tmp, "empty.pftrace")
+    with cltrace.trace(empty):
+        pass
+    with cltrace.trace(path):
+        s.loop(n)
+    return (os.path.getsize(path) - os.path.getsize(empty)) / n
+
+
+def first_bytes(s: Setup, tmp: str) -> float:
+    RECORDER.clear()
+    path = os.path.join(tmp, "first.json")
+    seen = [0.0]
+    stop = threading.Event()
+
+    def watch(t0: float, header: int) -> None:
+        while not stop.is_set():
+            try:
+                if os.path.getsize(path) > header:
+                    seen[0] = time.perf_counter() - t0
+                    return
+            except OSError:
+                pass
+            time.sleep(0.001)
+
+    t0 = time.perf_counter()
+    cltrace.start(path)
+    header = os.path.getsize(path)
+    w = threading.Thread(target=watch, args=(t0, header))
+    w.start()
+    end = time.perf_counter() + 2.0
+    launch = cltrace.launch
+    while time.perf_counter() < end and w.is_alive():
+        for _ in range(200):
+            launch(s.k, s.q, (1024,), None, s.buf)
+    stop.set()
+    w.join()
+    cltrace.stop()
+    s.q.finish()
+    return seen[0]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--launches", type=int, default=50_000, help="launches per end-to-end round")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--capacity-spans", type=int, default=100_000)
+    ap.add_argument("--stall-s", type=float, default=3.0)
+    args = ap.parse_args()
+    s = Setup()
+    print(f"device: {s.q.device.name.strip()} ({s.q.device.platform.name.strip()}); stamps path: {stamps.PATH}; "
+          f"python {sys.version.split()[0]}")
+    rows: list[tuple[str, str, str, str, str]] = []
+
+    def row(name: str, ours: str, base: str, ratio: float | None, target: str) -> None:
+        rows.append((name, ours, base, "-" if ratio is None else f"{ratio:.3f}", target))
+        print(f"  {name}: {ours} vs {base}", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        s.loop(2000)
+        cap = capacity(s, args.capacity_spans, tmp)
+        row(f"capacity, spans/s ({stamps.PATH})", f"{cap:,.0f}/s", "1,000,000/s (150,000/s fallback)",
+            cap / 1e6, ">= 1 (native) / >= 0.15")
+        off, on = end_to_end(s, args.launches, args.rounds, tmp)
+        row(f"end to end, {args.launches} launches", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
+            "<= 1.10 (GPU) / <= 1.5 (PoCL)")
+        t = torch_end_to_end(args.launches, args.rounds, tmp)
+        if t is not None:
+            row(f"torch.profiler, {args.launches} add_", f"{t[1] * 1e3:.1f} ms", f"{t[0] * 1e3:.1f} ms",
+                t[1] / t[0], "(comparison)")
+        off, on = stall(s, args.stall_s, tmp)
+        row("longest stall, 2 threads", f"{on * 1e3:.2f} ms", f"{off * 1e3:.2f} ms", None,
+            "traced - untraced <= 1 ms")
+        r, o = region_vs_otel()
+        row("enabled host region vs OTel SDK span", f"{r * 1e9:.0f} ns", f"{o * 1e9:.0f} ns", r / o, "<= 0.02")
+        lt, lr = launch_vs_raw(s)
+        row("traced Kernel launch vs raw enqueue", f"{lt * 1e9:.0f} ns", f"{lr * 1e9:.0f} ns", lt / lr, "<= 1.2")
+        per, grown = memory(s, min(200_000, 4 * args.launches))
+        row("memory per retained kernel span", f"{per:.0f} B columns", f"{grown:.0f} B RSS growth", None, "<= 128 B")
+        b = pftrace_bytes(s, 20_000, tmp)
+        row(".pftrace bytes per kernel span", f"{b:.1f} B", "60 B", b / 60, "<= 1")
+        fb = first_bytes(s, tmp)
+        row("first span bytes on disk after start()", f"{fb * 1e3:.0f} ms", "1000 ms", fb, "<= 1")
+    w = [max(len(r[i]) for r in rows + [("figure", "cltrace", "baseline", "ratio", "target")]) for i in range(5)]
+    print()
+    for r in [("figure", "cltrace", "baseline", "ratio", "target")] + rows:
+        print("  ".join(c.ljust(w[i]) for i, c in enumerate(r)))
+
+
+if __name__ == "__main__":
+    main()
