@@ -53,43 +53,38 @@ def _python_read(handles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     hs = _as_handles(handles)
     status, stamps = _outputs(len(hs))
-    if not len(hs):
-        return status, stamps
     event, error = cl.Event.from_int_ptr, cl.Error
     flat: list[int] = []
-    done: list[int] = []
     for i, h in enumerate(hs.tolist()):
         ev = event(h, True)
         get = ev.get_profiling_info
-        for _ in range(2):  # a second round when the command completes between the two calls
-            try:
-                end = get(_END)
-            except error as exc:
-                st = exc.code
-                if st == _PROFILING_INFO_NOT_AVAILABLE:
-                    try:
-                        st = ev.command_execution_status
-                    except error as exc2:
-                        st = exc2.code
-                    if st == _COMPLETE:
-                        st = _PROFILING_INFO_NOT_AVAILABLE
-                        continue
-                status[i] = st
-                break
-            try:
-                flat += (get(_QUEUED), get(_SUBMIT), get(_START), end)
-            except error as exc:
-                status[i] = exc.code
-                break
-            done.append(i)
-            break
-        else:
-            status[i] = _PROFILING_INFO_NOT_AVAILABLE
-    if len(done) == len(hs):
+        try:
+            flat += (get(_QUEUED), get(_SUBMIT), get(_START), get(_END))
+        except error as exc:
+            status[i] = _not_read(ev, exc.code, error, flat)
+    if len(flat) == 4 * len(hs):
         stamps[:] = np.array(flat, np.int64).reshape(-1, 4)
-    elif done:
-        stamps[done] = np.array(flat, np.int64).reshape(-1, 4)
+    elif flat:
+        stamps[status == _COMPLETE] = np.array(flat, np.int64).reshape(-1, 4)
     return status, stamps
+
+
+def _not_read(ev: Any, code: int, error: type, flat: list[int]) -> int:
+    """Status of an event whose stamps did not read; 0 (stamps added to ``flat``) if it just completed."""
+    if code != _PROFILING_INFO_NOT_AVAILABLE:
+        return code
+    try:
+        st = ev.command_execution_status
+    except error as exc:
+        return exc.code
+    if st != _COMPLETE:
+        return st
+    get = ev.get_profiling_info
+    try:  # it completed between the two calls
+        flat += (get(_QUEUED), get(_SUBMIT), get(_START), get(_END))
+        return _COMPLETE
+    except error:
+        return _PROFILING_INFO_NOT_AVAILABLE  # complete without stamps: no profiling on its queue
 
 
 def _python_wait(handles: np.ndarray) -> None:
