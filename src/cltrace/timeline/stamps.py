@@ -132,7 +132,11 @@ def opencl_library() -> str | None:
 
 
 def _load_native() -> Impl:
-    from . import _stamps
+    try:
+        from . import _stamps
+    except ImportError as exc:
+        log.debug("cltrace: %s", exc)
+        raise ImportError("C extension not built (no C compiler at install time?)") from None
 
     path = opencl_library()
     if path is None:
@@ -164,7 +168,7 @@ def _select() -> tuple[Impl | None, str]:
     try:
         return _load_native(), ""
     except Exception as exc:  # not built, or the library lacks the entry points: the fallback runs
-        return None, f"{type(exc).__name__}: {exc}"
+        return None, str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
 
 
 NATIVE: Impl | None
