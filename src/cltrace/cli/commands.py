@@ -29,6 +29,7 @@ def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
 def cmd_devices(args: argparse.Namespace) -> int:
     import pyopencl as cl
 
+    from ..timeline import stamps
     from ..timeline.clock import DeviceClock
     from ..record.queues import PROFILING, default_device
 
@@ -48,7 +49,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
             prof = bool(d.queue_properties & PROFILING)
             row = {"index": f"{pi}:{di}", "name": d.name.strip(), "type": cl.device_type.to_string(d.type),
                    "driver": d.driver_version.strip(), "profiling": prof,
-                   "timer_resolution_ns": d.profiling_timer_resolution, "default": d.int_ptr == default}
+                   "timer_resolution_ns": d.profiling_timer_resolution, "default": d.int_ptr == default,
+                   "span_pipeline": stamps.PATH}
             if prof:
                 try:
                     clk = DeviceClock(d, cl.Context([d]), samples=args.samples)
@@ -68,6 +70,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
                       f"bound ±{c['bound_ns']} ns over {c['points']} calibrations (drift {c['drift_ns']} ns)")
             elif c:
                 print(f"     clock: calibration failed: {c['error']}")
+    print(f"span pipeline: {stamps.DETAIL}")
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     print("(* = default device; choose another with CLTRACE_DEVICE=gpu|cpu|P:D|name)")

@@ -1,56 +1,211 @@
-"""Reading events' profiling stamps in bulk (interim pyopencl implementation; the native one replaces it)."""
+"""Profiling stamps of many events at once: arrays in, arrays out.
+
+``read(handles)`` gives each event's status and its QUEUED, SUBMIT, START, END stamps. Reading them
+one ``ev.profile.x`` attribute at a time costs microseconds each; here a batch is read by the C
+extension ``_stamps`` in one loop without the GIL, from the OpenCL library pyopencl has loaded.
+Where the extension is not built (no compiler) or ``CLTRACE_NATIVE=0``, a pure-Python fallback with
+the same semantics runs instead; ``PATH`` says which ("native" or "python").
+
+Handles are raw ``cl_event`` pointers (``ev.int_ptr``): the caller keeps the events alive while
+it reads or waits on them.
+"""
 from __future__ import annotations
 
-from typing import Any, Sequence
+import logging
+import os
+from operator import attrgetter
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
-PATH = "python"
+log = logging.getLogger("cltrace")
+
+_COMPLETE = 0
+_PROFILING_INFO_NOT_AVAILABLE = -7
+_QUEUED, _SUBMIT, _START, _END = 0x1280, 0x1281, 0x1282, 0x1283
 
 
-def handles(events: Sequence[Any]) -> list[Any]:
-    return list(events)
+class Impl(NamedTuple):
+    """One implementation of the interface below."""
+    handles: Callable[[Sequence[Any]], np.ndarray]
+    read: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+    wait: Callable[[np.ndarray], None]
 
 
-def read(evs: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
-    n = len(evs)
-    status = np.zeros(n, np.int32)
-    out = np.zeros((n, 4), np.int64)
-    for i, ev in enumerate(evs):
-        try:
-            st = ev.command_execution_status
-        except Exception as exc:
-            status[i] = getattr(exc, "code", -1) or -1
-            continue
-        if st != 0:
-            status[i] = st
-            continue
-        try:
-            p = ev.profile
-            out[i] = (p.queued, p.submit, p.start, p.end)
-        except Exception as exc:
-            code = getattr(getattr(exc, "args", [None])[0], "code", None)
-            status[i] = code if isinstance(code, int) and code < 0 else -7
-    return status, out
+def _as_handles(handles: Any) -> np.ndarray:
+    return np.ascontiguousarray(handles, dtype=np.uint64).reshape(-1)
 
 
-def wait(evs: Sequence[Any]) -> None:
-    if not len(evs):
-        return
+def _outputs(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(n, np.int32), np.zeros((n, 4), np.int64)
+
+
+# --- pure Python: pyopencl's own calls on events rebuilt from their handles -------------------
+# Measured faster than ctypes on the same library (benchmarks/bench_stamps.py): pyopencl's
+# get_profiling_info is one cheap binding call, where ctypes converts every argument.
+
+def _python_handles(events: Sequence[Any]) -> np.ndarray:
+    return np.fromiter(map(attrgetter("int_ptr"), events), np.uint64, count=len(events))
+
+
+def _python_read(handles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     import pyopencl as cl
 
+    hs = _as_handles(handles)
+    status, stamps = _outputs(len(hs))
+    event, error = cl.Event.from_int_ptr, cl.Error
+    flat: list[int] = []
+    for i, h in enumerate(hs.tolist()):
+        ev = event(h, True)
+        get = ev.get_profiling_info
+        try:
+            flat += (get(_QUEUED), get(_SUBMIT), get(_START), get(_END))
+        except error as exc:
+            status[i] = _not_read(ev, exc.code, error, flat)
+    if len(flat) == 4 * len(hs):
+        stamps[:] = np.array(flat, np.int64).reshape(-1, 4)
+    elif flat:
+        stamps[status == _COMPLETE] = np.array(flat, np.int64).reshape(-1, 4)
+    return status, stamps
+
+
+def _not_read(ev: Any, code: int, error: type, flat: list[int]) -> int:
+    """Status of an event whose stamps did not read; 0 (stamps added to ``flat``) if it just completed."""
+    if code != _PROFILING_INFO_NOT_AVAILABLE:
+        return code
     try:
-        cl.wait_for_events(list(evs))
-    except Exception:
-        for ev in evs:
+        st = ev.command_execution_status
+    except error as exc:
+        return exc.code
+    if st != _COMPLETE:
+        return st
+    get = ev.get_profiling_info
+    try:  # it completed between the two calls
+        flat += (get(_QUEUED), get(_SUBMIT), get(_START), get(_END))
+        return _COMPLETE
+    except error:
+        return _PROFILING_INFO_NOT_AVAILABLE  # complete without stamps: no profiling on its queue
+
+
+def _python_wait(handles: np.ndarray) -> None:
+    import pyopencl as cl
+
+    hs = _as_handles(handles)
+    if not len(hs):
+        return
+    events = [cl.Event.from_int_ptr(h, True) for h in hs.tolist()]
+    try:
+        cl.wait_for_events(events)
+    except cl.Error:
+        for ev in events:  # a failed command must not stop the others
             try:
                 ev.wait()
-            except Exception:
+            except cl.Error:
                 pass
 
 
+PYTHON = Impl(_python_handles, _python_read, _python_wait)
+
+
+# --- native: the C extension -------------------------------------------------------------------
+
+def opencl_library() -> str | None:
+    """Path of the OpenCL library pyopencl has loaded (from /proc/self/maps), else the system's."""
+    import ctypes.util
+
+    import pyopencl
+
+    mapped: list[str] = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and "libOpenCL" in os.path.basename(parts[5]):
+                    path = parts[5].rstrip("\n")
+                    if path not in mapped:
+                        mapped.append(path)
+    except OSError:
+        pass
+    own = os.path.dirname(os.path.abspath(pyopencl.__file__))  # wheels bundle it in pyopencl/.libs
+    mapped.sort(key=lambda p: not p.startswith(own))
+    return mapped[0] if mapped else ctypes.util.find_library("OpenCL")
+
+
+def _load_native() -> Impl:
+    try:
+        from . import _stamps
+    except ImportError as exc:
+        log.debug("cltrace: %s", exc)
+        raise ImportError("C extension not built (no C compiler at install time?)") from None
+
+    path = opencl_library()
+    if path is None:
+        raise OSError("no OpenCL library found")
+    _stamps.init(path)
+
+    def handles(events: Sequence[Any]) -> np.ndarray:
+        if not isinstance(events, (list, tuple)):
+            events = list(events)
+        out = np.empty(len(events), np.uint64)
+        _stamps.handles(events, out)
+        return out
+
+    def read(handles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        hs = _as_handles(handles)
+        status, stamps = np.empty(len(hs), np.int32), np.empty((len(hs), 4), np.int64)
+        _stamps.read(hs, status, stamps)
+        return status, stamps
+
+    def wait(handles: np.ndarray) -> None:
+        _stamps.wait(_as_handles(handles))
+
+    return Impl(handles, read, wait)
+
+
+def _select() -> tuple[Impl | None, str]:
+    if os.environ.get("CLTRACE_NATIVE", "").strip() == "0":
+        return None, "CLTRACE_NATIVE=0"
+    try:
+        return _load_native(), ""
+    except Exception as exc:  # not built, or the library lacks the entry points: the fallback runs
+        return None, str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+
+
+NATIVE: Impl | None
+WHY: str  # why NATIVE is None ("" when it is active)
+NATIVE, WHY = _select()
+if NATIVE is None:
+    log.debug("cltrace: stamps read by the Python fallback (%s)", WHY)
+PATH: str = "python" if NATIVE is None else "native"
+DETAIL: str = "native (C extension)" if NATIVE is not None else f"python (fallback: {WHY})"
+_active = NATIVE or PYTHON
+
+
+def handles(events: Sequence[Any]) -> np.ndarray:
+    """uint64 ``cl_event`` handles (``ev.int_ptr``) of pyopencl Events."""
+    return _active.handles(events)
+
+
+def read(handles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(status int32 (N,), stamps int64 (N, 4): QUEUED, SUBMIT, START, END) of each event.
+
+    status 0: complete, all four stamps read; > 0: not complete yet (3 queued, 2 submitted,
+    1 running); < 0: the command failed (its error status) or its stamps cannot be read (the
+    OpenCL error, e.g. -7 PROFILING_INFO_NOT_AVAILABLE). Stamps are 0 unless the status is 0.
+    """
+    return _active.read(handles)
+
+
+def wait(handles: np.ndarray) -> None:
+    """Wait until every event completes or fails (GIL released); a failed one does not stop the rest."""
+    _active.wait(handles)
+
+
+__all__ = ["PATH", "DETAIL", "handles", "read", "wait"]
+
+
 def describe(code: int) -> str:
-    """An OpenCL status or error code as its name."""
+    """An OpenCL status or error code by name, for messages ("PROFILING_INFO_NOT_AVAILABLE (-7)")."""
     try:
         import pyopencl as cl
 

@@ -1,0 +1,254 @@
+/* Bulk reads of OpenCL event profiling stamps, without the GIL.
+ *
+ * The interface is arrays in, arrays out (any contiguous buffer; ``stamps.py`` passes numpy arrays):
+ *   init(path)                        resolve the three OpenCL entry points in the library at ``path``
+ *                                     (the one pyopencl has loaded); OSError if it cannot
+ *   handles(events, out)              out[i] = events[i].int_ptr (uint64 buffer)
+ *   read(handles, status, stamps)     status[i] (int32) and stamps[i][0..3] (int64): QUEUED, SUBMIT,
+ *                                     START, END. 0: complete, stamps read; > 0: still queued/submitted/
+ *                                     running; < 0: the command failed, or its stamps cannot be read
+ *                                     (the OpenCL error). Stamps are 0 unless the status is 0.
+ *   wait(handles)                     clWaitForEvents on all of them; on an error (a failed command),
+ *                                     waits on each one alone so the others still complete
+ *
+ * No OpenCL header or link-time library: the few types and constants are declared here and the
+ * functions come from dlopen/dlsym at run time, so the module builds anywhere a C compiler does.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef _WIN32
+#include <windows.h>
+#else
+#include <dlfcn.h>
+#endif
+
+typedef int32_t cl_int;
+typedef uint32_t cl_uint;
+typedef uint64_t cl_ulong;
+typedef void *cl_event;
+
+#ifdef _WIN32
+#define CL_API_CALL __stdcall
+#else
+#define CL_API_CALL
+#endif
+
+#define CL_SUCCESS 0
+#define CL_COMPLETE 0
+#define CL_PROFILING_INFO_NOT_AVAILABLE (-7)
+#define CL_EVENT_COMMAND_EXECUTION_STATUS 0x11D3
+#define CL_PROFILING_COMMAND_QUEUED 0x1280
+#define CL_PROFILING_COMMAND_SUBMIT 0x1281
+#define CL_PROFILING_COMMAND_START 0x1282
+#define CL_PROFILING_COMMAND_END 0x1283
+
+typedef cl_int(CL_API_CALL *profiling_info_fn)(cl_event, cl_uint, size_t, void *, size_t *);
+typedef cl_int(CL_API_CALL *event_info_fn)(cl_event, cl_uint, size_t, void *, size_t *);
+typedef cl_int(CL_API_CALL *wait_fn)(cl_uint, const cl_event *);
+
+static profiling_info_fn get_profiling_info = NULL;
+static event_info_fn get_event_info = NULL;
+static wait_fn wait_for_events = NULL;
+
+static PyObject *
+stamps_init(PyObject *self, PyObject *args)
+{
+    const char *path;
+    if (!PyArg_ParseTuple(args, "s:init", &path))
+        return NULL;
+#ifdef _WIN32
+    HMODULE lib = LoadLibraryA(path);
+    if (lib == NULL)
+        return PyErr_Format(PyExc_OSError, "cannot load %s (error %lu)", path, GetLastError());
+#define SYM(name) ((void *)GetProcAddress(lib, name))
+#else
+    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (lib == NULL)
+        return PyErr_Format(PyExc_OSError, "cannot load %s: %s", path, dlerror());
+#define SYM(name) dlsym(lib, name)
+#endif
+    /* The library stays loaded for the life of the process, like pyopencl's own reference to it. */
+    profiling_info_fn p = (profiling_info_fn)SYM("clGetEventProfilingInfo");
+    event_info_fn e = (event_info_fn)SYM("clGetEventInfo");
+    wait_fn w = (wait_fn)SYM("clWaitForEvents");
+#undef SYM
+    if (p == NULL || e == NULL || w == NULL)
+        return PyErr_Format(PyExc_OSError, "%s lacks clGetEventProfilingInfo/clGetEventInfo/clWaitForEvents", path);
+    get_profiling_info = p;
+    get_event_info = e;
+    wait_for_events = w;
+    Py_RETURN_NONE;
+}
+
+static int
+ready(void)
+{
+    if (get_profiling_info == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cltrace.timeline._stamps: init(path) was not called");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+stamps_handles(PyObject *self, PyObject *args)
+{
+    PyObject *events, *seq, *name;
+    Py_buffer out;
+    if (!PyArg_ParseTuple(args, "Ow*:handles", &events, &out))
+        return NULL;
+    seq = PySequence_Fast(events, "handles: events must be a sequence");
+    if (seq == NULL) {
+        PyBuffer_Release(&out);
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (out.len != n * (Py_ssize_t)sizeof(uint64_t)) {
+        PyErr_Format(PyExc_ValueError, "handles: out holds %zd bytes, need %zd", out.len, n * (Py_ssize_t)sizeof(uint64_t));
+        goto fail;
+    }
+    name = PyUnicode_InternFromString("int_ptr");
+    if (name == NULL)
+        goto fail;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    uint64_t *dst = (uint64_t *)out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyObject_GetAttr(items[i], name);
+        if (v == NULL) {
+            Py_DECREF(name);
+            goto fail;
+        }
+        dst[i] = (uint64_t)PyLong_AsUnsignedLongLong(v);
+        Py_DECREF(v);
+        if (dst[i] == (uint64_t)-1 && PyErr_Occurred()) {
+            Py_DECREF(name);
+            goto fail;
+        }
+    }
+    Py_DECREF(name);
+    Py_DECREF(seq);
+    PyBuffer_Release(&out);
+    Py_RETURN_NONE;
+fail:
+    Py_DECREF(seq);
+    PyBuffer_Release(&out);
+    return NULL;
+}
+
+/* One event: its status, and its four stamps when the status is 0. END first: for a complete
+ * command that is the only call that can fail, so the usual case costs four calls and no more. */
+static cl_int
+read_one(cl_event ev, int64_t *st)
+{
+    cl_ulong v[4];
+    cl_int err, status;
+    int retried = 0;
+again:
+    err = get_profiling_info(ev, CL_PROFILING_COMMAND_END, sizeof(cl_ulong), &v[3], NULL);
+    if (err == CL_SUCCESS) {
+        if ((err = get_profiling_info(ev, CL_PROFILING_COMMAND_QUEUED, sizeof(cl_ulong), &v[0], NULL)) != CL_SUCCESS ||
+            (err = get_profiling_info(ev, CL_PROFILING_COMMAND_SUBMIT, sizeof(cl_ulong), &v[1], NULL)) != CL_SUCCESS ||
+            (err = get_profiling_info(ev, CL_PROFILING_COMMAND_START, sizeof(cl_ulong), &v[2], NULL)) != CL_SUCCESS)
+            return err;
+        st[0] = (int64_t)v[0];
+        st[1] = (int64_t)v[1];
+        st[2] = (int64_t)v[2];
+        st[3] = (int64_t)v[3];
+        return CL_COMPLETE;
+    }
+    if (err != CL_PROFILING_INFO_NOT_AVAILABLE)
+        return err;
+    /* Not complete, failed, or no profiling (a user event, a queue without profiling). */
+    err = get_event_info(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(cl_int), &status, NULL);
+    if (err != CL_SUCCESS)
+        return err;
+    if (status != CL_COMPLETE)
+        return status;
+    if (!retried) { /* it completed between the two calls */
+        retried = 1;
+        goto again;
+    }
+    return CL_PROFILING_INFO_NOT_AVAILABLE;
+}
+
+static PyObject *
+stamps_read(PyObject *self, PyObject *args)
+{
+    Py_buffer h, s, t;
+    if (!ready())
+        return NULL;
+    if (!PyArg_ParseTuple(args, "y*w*w*:read", &h, &s, &t))
+        return NULL;
+    Py_ssize_t n = h.len / (Py_ssize_t)sizeof(uint64_t);
+    if (h.len % (Py_ssize_t)sizeof(uint64_t) || s.len != n * (Py_ssize_t)sizeof(int32_t) ||
+        t.len != n * 4 * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_Format(PyExc_ValueError, "read: need uint64[N], int32[N], int64[N, 4] buffers; got %zd, %zd, %zd bytes",
+                     h.len, s.len, t.len);
+        PyBuffer_Release(&h);
+        PyBuffer_Release(&s);
+        PyBuffer_Release(&t);
+        return NULL;
+    }
+    const uint64_t *hs = (const uint64_t *)h.buf;
+    int32_t *status = (int32_t *)s.buf;
+    int64_t *st = (int64_t *)t.buf;
+    Py_BEGIN_ALLOW_THREADS
+    memset(st, 0, (size_t)n * 4 * sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < n; i++)
+        status[i] = read_one((cl_event)(uintptr_t)hs[i], st + 4 * i);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&h);
+    PyBuffer_Release(&s);
+    PyBuffer_Release(&t);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+stamps_wait(PyObject *self, PyObject *args)
+{
+    Py_buffer h;
+    if (!ready())
+        return NULL;
+    if (!PyArg_ParseTuple(args, "y*:wait", &h))
+        return NULL;
+    if (h.len % (Py_ssize_t)sizeof(uint64_t)) {
+        PyBuffer_Release(&h);
+        return PyErr_Format(PyExc_ValueError, "wait: need a uint64[N] buffer, got %zd bytes", h.len);
+    }
+    Py_ssize_t n = h.len / (Py_ssize_t)sizeof(uint64_t);
+    const uint64_t *hs = (const uint64_t *)h.buf;
+    Py_BEGIN_ALLOW_THREADS
+    /* Where a handle is narrower than 64 bits the array cannot be passed as it is: one by one. */
+    if (n > 0 && (sizeof(cl_event) != sizeof(uint64_t) ||
+                  wait_for_events((cl_uint)n, (const cl_event *)hs) != CL_SUCCESS)) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            cl_event ev = (cl_event)(uintptr_t)hs[i];
+            wait_for_events(1, &ev);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&h);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"init", stamps_init, METH_VARARGS, "init(path): resolve the OpenCL entry points in the library at path."},
+    {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
+    {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps): fill status int32[N] and stamps int64[N, 4]."},
+    {"wait", stamps_wait, METH_VARARGS, "wait(handles): wait for every event; a failed one does not stop the rest."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cltrace.timeline._stamps",
+    "Bulk reads of OpenCL event profiling stamps without the GIL (see cltrace.timeline.stamps).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__stamps(void)
+{
+    return PyModule_Create(&module);
+}
