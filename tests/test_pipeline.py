@@ -179,3 +179,47 @@ def test_clock_map_does_not_move_what_it_placed(queue):
     both = np.concatenate([raw, np.array([e.profile.end for e in later], np.int64)])
     mapped = both - clock.offsets(both)
     assert np.all(np.diff(mapped) >= 0)
+
+
+def test_in_order_queue_never_overlaps_under_load_with_frequent_recalibration(queue, kernels, monkeypatch):
+    """Busy processes beside the program, a recalibration every 10 ms, and calibrations that disagree
+    by +-50 us (a jumpy clock, as a loaded host gives at worst): the commands of one in-order queue keep
+    their device order on the host timeline and never overlap; durations stay END - START."""
+    from cltrace.timeline import clock as clock_module
+
+    shift = [0]
+    monkeypatch.setattr(clock_module, "_perf", lambda: time.perf_counter_ns() + shift[0])
+    calibrate = clock_module.DeviceClock.calibrate
+
+    def jittery(self):
+        shift[0] = 50_000 if shift[0] <= 0 else -50_000
+        return calibrate(self)
+
+    monkeypatch.setattr(clock_module.DeviceClock, "calibrate", jittery)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    clocks = RECORDER.clocks
+    saved = clocks.recalibrate_s
+    try:
+        clocks.recalibrate_s = 0.01
+        with cltrace.trace():
+            for i in range(300):
+                with cltrace.region("step", queue):
+                    kernels.launch_add(queue)
+                    kernels.launch_spin(queue, 20)
+                if i % 20 == 0:
+                    RECORDER.flush(block=False)  # resolve part of the run now, part after later calibrations
+                    time.sleep(0.012)
+    finally:
+        clocks.recalibrate_s = saved
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert len(clocks.for_queue(queue).points) + clocks.for_queue(queue).rejected > 5
+    b = RECORDER.batch()
+    leaf = (b.track != 0) & ~b.is_region()
+    order = np.argsort(b.raw_start[leaf], kind="stable")
+    rs, re_ = b.raw_start[leaf][order], b.raw_end[leaf][order]
+    ds, de = b.dev_start[leaf][order], b.dev_end[leaf][order]
+    assert np.array_equal(de - ds, re_ - rs)
+    assert np.all(rs[1:] >= re_[:-1])  # the device ran them one after another
+    assert np.all(ds[1:] >= de[:-1]), "mapped commands overlap on an in-order queue"
