@@ -1,0 +1,132 @@
+"""The trace as columns: one numpy array per span field, shared by every analysis module.
+
+Built once from a list of ``Span`` (read from a file or taken from the recorder) so that
+each question (utilisation, kernels, launches, findings) is a few vectorised passes over
+arrays instead of a Python loop over a million objects. Times stay integer nanoseconds on
+the host ``perf_counter_ns`` timeline; ``NONE`` (-1) marks a missing device placement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..timeline.spans import BUILD, COMPILE, FILL, KERNEL, REGION_CATS, SYNC, TRANSFER, Span
+
+NONE = -1
+WORK_CATS = frozenset({KERNEL, TRANSFER, FILL})  # device commands that occupy a queue
+
+
+@dataclass
+class Queue:
+    """A device track: the queue's display name and the device it belongs to."""
+
+    track: int
+    name: str
+    device: str
+
+
+def _device_of(name: str, process: str) -> str:
+    """A device's name from its track names ("OpenCL: <device>", "<device> · queue N")."""
+    if process.startswith("OpenCL: "):
+        return process[len("OpenCL: "):]
+    if " · " in name:
+        return name.split(" · ")[0]
+    return process or name
+
+
+class TraceData:
+    """Columns of a trace and its track names. ``spans`` keeps the objects for evidence."""
+
+    def __init__(self, spans: Sequence[Span], meta: dict[str, Any] | None = None,
+                 tracks: dict[int, Queue] | None = None) -> None:
+        self.spans = list(spans)
+        self.meta = meta or {}
+        n = len(self.spans)
+        sp = self.spans
+        names: dict[str, int] = {}
+        cats: dict[str, int] = {}
+        self.name = np.fromiter((names.setdefault(s.name, len(names)) for s in sp), np.int32, n)
+        self.cat = np.fromiter((cats.setdefault(s.cat, len(cats)) for s in sp), np.int32, n)
+        self.names = list(names)
+        self.cats = list(cats)
+        self.id = np.fromiter((s.id for s in sp), np.int64, n)
+        self.parent = np.fromiter((s.parent for s in sp), np.int64, n)
+        self.thread = np.fromiter((s.thread for s in sp), np.int64, n)
+        self.host_begin = np.fromiter((s.host_begin for s in sp), np.int64, n)
+        self.host_end = np.fromiter((s.host_end for s in sp), np.int64, n)
+        self.dev_start = np.fromiter((NONE if s.dev_start is None else s.dev_start for s in sp), np.int64, n)
+        self.dev_end = np.fromiter((NONE if s.dev_end is None else s.dev_end for s in sp), np.int64, n)
+        self.track = np.fromiter((NONE if s.device_track is None else s.device_track for s in sp), np.int64, n)
+        self.error = np.fromiter((s.status != "ok" for s in sp), bool, n)
+        self.on_device = self.dev_start != NONE
+        self.queues = tracks if tracks is not None else _queues_from_meta(self.meta, np.unique(self.track[self.on_device]))
+        if n:
+            ends = np.maximum(self.host_end.max(), self.dev_end.max())
+            starts = np.where(self.on_device, np.minimum(self.host_begin, self.dev_start), self.host_begin)
+            self.t0, self.t1 = int(starts.min()), int(ends)
+        else:
+            self.t0 = self.t1 = 0
+
+    # ---- selections ---------------------------------------------------------------------
+    def cat_mask(self, *cats: str) -> np.ndarray:
+        codes = [self.cats.index(c) for c in cats if c in self.cats]
+        return np.isin(self.cat, codes) if codes else np.zeros(len(self.cat), bool)
+
+    @property
+    def work(self) -> np.ndarray:
+        """Device commands placed on a queue (kernels, transfers, fills)."""
+        return self.cat_mask(*WORK_CATS) & self.on_device
+
+    @property
+    def regions(self) -> np.ndarray:
+        return self.cat_mask(*REGION_CATS)
+
+    @property
+    def builds(self) -> np.ndarray:
+        return self.cat_mask(COMPILE, BUILD)
+
+    def blocking(self) -> np.ndarray:
+        """Host calls that block until the device is done: sync spans and blocking transfers."""
+        mask = self.cat_mask(SYNC)
+        for i in np.flatnonzero(self.cat_mask(TRANSFER)):
+            a = self.spans[i].attrs
+            if a and a.get("blocking"):
+                mask[i] = True
+        return mask
+
+    def attr(self, i: int, key: str, default: Any = None) -> Any:
+        a = self.spans[i].attrs
+        return a.get(key, default) if a else default
+
+    @property
+    def wall_ns(self) -> int:
+        return self.t1 - self.t0
+
+    def at(self, t: int) -> float:
+        """Seconds since the trace's first span: where to look in Perfetto's timeline."""
+        return (t - self.t0) / 1e9
+
+
+def _queues_from_meta(meta: dict[str, Any], track_ids: np.ndarray) -> dict[int, Queue]:
+    names = meta.get("tracks") or {}
+    out = {}
+    for t in track_ids.tolist():
+        info = names.get(str(t)) or {}
+        name = info.get("name") or f"queue track {t}"
+        out[t] = Queue(t, name, _device_of(name, info.get("process") or ""))
+    return out
+
+
+def queues_from_registry(registry: Any, track_ids: Any) -> dict[int, Queue]:
+    """Queue names of spans held in memory, from the recorder's TrackRegistry."""
+    out = {}
+    for t in track_ids:
+        try:
+            tr = registry.get(int(t))
+        except KeyError:
+            continue
+        dev = registry.devices.get(tr.device)
+        out[int(t)] = Queue(int(t), tr.name, dev.name if dev else _device_of(tr.name, tr.process))
+    return out
