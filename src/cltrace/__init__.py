@@ -25,16 +25,21 @@ __all__ = [
     "RECORDER", "copy", "launch", "record_launch", "region", "timing_region", "PerfCounter",
     "enabled", "start", "stop", "trace", "Span", "EventTimer", "timing",
     "compile", "Program", "Kernel", "LaunchProfile", "instrument", "uninstrument", "ProgramCache", "BuildError",
-    "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial",
+    "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial", "analyze", "Analysis",
 ]
 
 
 def __getattr__(name: str) -> object:
-    """``cltrace.OtlpSink``, imported on first use: importing cltrace does not load OpenTelemetry."""
+    """``cltrace.OtlpSink`` and ``cltrace.analyze``/``Analysis``, imported on first use: importing
+    cltrace loads neither OpenTelemetry nor the analysis layer."""
     if name == "OtlpSink":
         from .export.otlp import OtlpSink
 
         return OtlpSink
+    if name in ("analyze", "Analysis"):
+        from .analyze import analysis
+
+        return getattr(analysis, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
