@@ -1,12 +1,11 @@
 """The analysis as text, one screen: utilisation, findings, top kernels, launches, top regions."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .text import Column, fmt_ns, plural, table, terminal_width
 
-if TYPE_CHECKING:
-    from .analysis import Analysis
+Analysis = Any  # an analysis.Analysis (not imported: the facade imports this module)
 
 KERNEL_SORT = {"total": "total_ns", "mean": "mean_ns", "count": "count", "p99": "p99_ns"}
 
@@ -21,7 +20,7 @@ def _use_rows(uses: list[dict[str, Any]]) -> list[tuple]:
              u.get("transfer_kernel_overlap_ns")) for u in uses]
 
 
-def utilisation_lines(a: "Analysis", width: int) -> list[str]:
+def utilisation_lines(a: Analysis, width: int) -> list[str]:
     wall = a.wall["wall_ns"]
     cols = [Column("device / queue", keep=9), Column("commands", keep=3), Column("busy", time=True, keep=8),
             Column("busy %", keep=9), Column("idle", time=True, keep=7), Column("host-bound", time=True, keep=6),
@@ -38,7 +37,7 @@ def utilisation_lines(a: "Analysis", width: int) -> list[str]:
             *table(cols, rows, width=width, indent="  ")]
 
 
-def finding_lines(a: "Analysis", width: int) -> list[str]:
+def finding_lines(a: Analysis, width: int) -> list[str]:
     if not a.findings:
         return ["Findings: none of the rules fired (see `cltrace analyze --json` for their thresholds)."]
     out = [f"Findings, most time at stake first ({len(a.findings)}):"]
@@ -53,7 +52,7 @@ def finding_lines(a: "Analysis", width: int) -> list[str]:
     return out
 
 
-def kernel_lines(a: "Analysis", width: int, sort: str = "total", top: int | None = 10) -> list[str]:
+def kernel_lines(a: Analysis, width: int, sort: str = "total", top: int | None = 10) -> list[str]:
     if not a.kernels:
         return ["Kernels: none with device times."]
     key = KERNEL_SORT[sort]
@@ -72,7 +71,7 @@ def kernel_lines(a: "Analysis", width: int, sort: str = "total", top: int | None
             *table(cols, data, width=width, indent="  ")]
 
 
-def launch_lines(a: "Analysis", width: int) -> list[str]:
+def launch_lines(a: Analysis, width: int) -> list[str]:
     la = a.launches
     if not la["count"]:
         return []
@@ -84,7 +83,7 @@ def launch_lines(a: "Analysis", width: int) -> list[str]:
     return out
 
 
-def region_lines(a: "Analysis", width: int, depth: int = 1) -> list[str]:
+def region_lines(a: Analysis, width: int, depth: int = 1) -> list[str]:
     rows = [r for r in a.regions if r["depth"] <= depth]
     if not rows:
         return []
@@ -102,7 +101,7 @@ def region_lines(a: "Analysis", width: int, depth: int = 1) -> list[str]:
                                                                                    indent="  ")]
 
 
-def render_analysis(a: "Analysis", width: int | None = None, sort: str = "total", top: int | None = 10) -> str:
+def render_analysis(a: Analysis, width: int | None = None, sort: str = "total", top: int | None = 10) -> str:
     width = width or terminal_width()
     devs = ", ".join(f"{d['name']} busy {d['busy_pct']:.1f}%" for d in a.devices) or "no device work"
     parts = [[f"cltrace analyze: {a.source}",
