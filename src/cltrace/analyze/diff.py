@@ -1,7 +1,9 @@
 """``cltrace diff A B``: what got slower or faster between two runs, per region and per kernel.
 
 Rows are matched by region path (device time where the region has it, host time otherwise) and
-by kernel name. ``change_ns`` is the change in total time and orders the rows; ``change_pct`` is
+by kernel name. Rows are ordered by the change of their self time (a region that got slower
+only because a kernel in it did ranks below that kernel), ``change_ns`` is the change in total
+time, and ``change_pct`` is
 the change of the mean per call, so a run with more steps is not a regression by itself. A row
 regresses when ``change_pct`` exceeds the threshold and it holds at least ``MIN_SHARE`` of its
 run's time (smaller rows are listed, not gated: their noise is not a regression).
@@ -31,7 +33,10 @@ class DiffRow:
     p50_b_ns: float | None
     p99_a_ns: float | None
     p99_b_ns: float | None
-    change_ns: int
+    self_a_ns: int  # regions: total minus children; kernels: the total
+    self_b_ns: int
+    change_ns: int  # of the total
+    self_change_ns: int  # orders the rows: a region slower only through a child ranks below it
     change_pct: float | None  # of the mean per call; None where one side is missing
     gated: bool  # large enough to count as a regression
 
@@ -68,10 +73,12 @@ def diff(a: Analysis, b: Analysis, min_share: float = MIN_SHARE) -> list[DiffRow
             ta, tb = (x or {}).get("total_ns", 0), (y or {}).get("total_ns", 0)
             pct = 100.0 * ((tb / cb) / (ta / ca) - 1.0) if ca and cb and ta else None
             share = max(ta, tb) / totals[key[2]]
+            sa, sb = (x or {}).get("self_ns", ta), (y or {}).get("self_ns", tb)
             rows.append(DiffRow(key[0], key[1], key[2], ca, cb, int(ta), int(tb), (x or {}).get("p50_ns"),
                                 (y or {}).get("p50_ns"), (x or {}).get("p99_ns"), (y or {}).get("p99_ns"),
-                                int(tb - ta), None if pct is None else round(pct, 3), share >= min_share))
-    rows.sort(key=lambda r: (-abs(r.change_ns), r.kind, r.name))
+                                int(sa), int(sb), int(tb - ta), int(sb - sa), None if pct is None else round(pct, 3),
+                                share >= min_share))
+    rows.sort(key=lambda r: (-abs(r.self_change_ns), -abs(r.change_ns), r.kind, r.name))
     return rows
 
 
@@ -83,13 +90,14 @@ def render_diff(rows: list[DiffRow], a: str, b: str, width: int | None = None, t
     shown = rows[:top] if top else rows
     cols = [Column("region / kernel", keep=9), Column("src", keep=8, left=True), Column("count A", keep=4),
             Column("count B", keep=4), Column("total A", time=True, keep=7), Column("total B", time=True, keep=7),
-            Column("change", time=True, keep=9), Column("change %", keep=9), Column("p50 A", time=True, keep=3),
+            Column("self change", time=True, keep=8), Column("change", time=True, keep=9), Column("change %", keep=9), Column("p50 A", time=True, keep=3),
             Column("p50 B", time=True, keep=3), Column("p99 A", time=True, keep=2), Column("p99 B", time=True, keep=2)]
     data = [(("kernel " if r.kind == "kernel" else "") + r.name, r.source, r.count_a, r.count_b, r.total_a_ns,
-             r.total_b_ns, r.change_ns, "-" if r.change_pct is None else f"{r.change_pct:+.1f}",
+             r.total_b_ns, r.self_change_ns, r.change_ns, "-" if r.change_pct is None else f"{r.change_pct:+.1f}",
              r.p50_a_ns, r.p50_b_ns, r.p99_a_ns, r.p99_b_ns) for r in shown]
     head = [f"cltrace diff: A = {a}", f"              B = {b}",
-            "change: total B - A, largest first; change %: of the mean per call"]
+            "ordered by self change (B - A of the time not in children); change: of the total; "
+            "change %: of the mean per call"]
     more = [f"({len(rows) - len(shown)} more rows; --top 0 shows all)"] if len(rows) > len(shown) else []
     return "\n".join(head + table(cols, data, width=width or terminal_width()) + more)
 

@@ -30,7 +30,7 @@ class KernelRow:
     mean_ns: float  # steady state: launches after the first (the only one when count == 1)
     p50_ns: float
     p99_ns: float
-    first_at_ns: int  # where the first launch starts (host timeline)
+    first_at_s: float  # where the first launch was enqueued: seconds since the trace's first span
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,8 +115,8 @@ def kernel_table(td: TraceData, self_ns: np.ndarray | None = None, by_shape: boo
     mean = np.bincount(sg, weights=sd, minlength=ng) / np.maximum(np.bincount(sg, minlength=ng), 1)
     p50, p99 = percentiles(sd.astype(np.float64), sg, ng, (0.5, 0.99))
     rows = [KernelRow(td.names[labels[k][0]], labels[k][1], int(counts[k]), int(total[k]), int(round(selfs[k])),
-                      round(100.0 * selfs[k] / busy, 3) if busy else 0.0, int(dur[first_pos[k]]),
-                      float(mean[k]), float(p50[k]), float(p99[k]), int(td.host_begin[idx[first_pos[k]]]))
+                      round(float(100.0 * selfs[k] / busy), 3) if busy else 0.0, int(dur[first_pos[k]]),
+                      float(mean[k]), float(p50[k]), float(p99[k]), round(td.at(int(td.host_begin[idx[first_pos[k]]])), 6))
             for k in range(ng)]
     key = {"total": lambda r: r.total_ns, "mean": lambda r: r.mean_ns, "count": lambda r: r.count,
            "p99": lambda r: r.p99_ns}[sort]
