@@ -18,10 +18,10 @@ def fmt_ns(ns: float | None) -> str:
     """One duration with its unit, three significant digits: '2.30 ms'."""
     if ns is None or (isinstance(ns, float) and math.isnan(ns)):
         return "-"
-    for unit, scale in UNITS:
-        if abs(ns) >= scale or unit == "ns":
+    for unit, scale in UNITS[:-1]:
+        if abs(ns) >= scale:
             v = ns / scale
-            return f"{v:.{max(0, 2 - int(math.floor(math.log10(abs(v)))) if v else 0)}f} {unit}"
+            return f"{v:.{max(0, 2 - int(math.floor(math.log10(abs(v)))))}f} {unit}"
     return f"{ns:.0f} ns"
 
 
