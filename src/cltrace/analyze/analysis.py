@@ -16,7 +16,7 @@ from ..timeline.spans import Span
 from . import findings as _findings
 from .kernels import kernel_table, self_time
 from .launches import launches
-from .model import TraceData, queues_from_registry
+from .model import TraceData, distinct, queues_from_registry
 from .regions import region_tree
 from .report import device_name, region_rows
 from .utilisation import timeline, utilisation
@@ -90,9 +90,7 @@ def analyze(spans_or_path: str | os.PathLike[str] | Iterable[Span] | None = None
     spans, m, source, registry = _load(spans_or_path, meta)
     td = TraceData(spans, m)
     if registry is not None and not m.get("tracks"):
-        import numpy as np
-
-        named = queues_from_registry(registry, np.unique(td.track[td.on_device]).tolist())
+        named = queues_from_registry(registry, distinct(td.track[td.on_device]).tolist())
         td.queues.update(named)
     return analyse_columns(td, source, by_shape=by_shape)
 

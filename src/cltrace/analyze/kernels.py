@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..timeline.spans import KERNEL
-from .model import TraceData
+from .model import TraceData, dense, distinct
 
 SORT_KEYS = ("total", "mean", "count", "p99")
 
@@ -49,7 +49,7 @@ def self_time(td: TraceData) -> np.ndarray:
         if not len(idx):
             continue
         s, e = td.dev_start[idx], td.dev_end[idx]
-        b = np.unique(np.r_[s, e])
+        b = distinct(np.r_[s, e])
         delta = np.bincount(np.searchsorted(b, s), minlength=len(b)) - np.bincount(np.searchsorted(b, e),
                                                                                    minlength=len(b))
         active = np.cumsum(delta)[:-1]
@@ -98,7 +98,7 @@ def kernel_table(td: TraceData, self_ns: np.ndarray | None = None, by_shape: boo
                             np.int64, len(idx))
         labels = list(keys)
     else:
-        codes, group = np.unique(td.name[idx], return_inverse=True)
+        codes, group = dense(td.name[idx])
         labels = [(int(c), None) for c in codes]
     ng = len(labels)
     dur = (td.dev_end[idx] - td.dev_start[idx]).astype(np.int64)

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..timeline.spans import KERNEL
 from .kernels import percentiles
-from .model import TraceData
+from .model import TraceData, dense
 
 DEPTH_BINS = 400
 
@@ -61,7 +61,7 @@ def launches(td: TraceData, bins: int = DEPTH_BINS) -> Launches:
     enq = (td.host_end[idx] - td.host_begin[idx]).astype(np.float64)
     dev = (td.dev_end[idx] - td.dev_start[idx]).astype(np.float64)
     bound = dev < enq
-    codes, group = np.unique(td.name[idx], return_inverse=True)
+    codes, group = dense(td.name[idx])
     ng = len(codes)
     counts = np.bincount(group, minlength=ng)
     n = np.maximum(counts, 1)

@@ -61,7 +61,7 @@ class TraceData:
         self.track = np.fromiter((NONE if s.device_track is None else s.device_track for s in sp), np.int64, n)
         self.error = np.fromiter((s.status != "ok" for s in sp), bool, n)
         self.on_device = self.dev_start != NONE
-        self.queues = tracks if tracks is not None else _queues_from_meta(self.meta, np.unique(self.track[self.on_device]))
+        self.queues = tracks if tracks is not None else _queues_from_meta(self.meta, distinct(self.track[self.on_device]))
         if n:
             ends = np.maximum(self.host_end.max(), self.dev_end.max())
             starts = np.where(self.on_device, np.minimum(self.host_begin, self.dev_start), self.host_begin)
@@ -107,6 +107,22 @@ class TraceData:
     def at(self, t: int) -> float:
         """Seconds since the trace's first span: where to look in Perfetto's timeline."""
         return (t - self.t0) / 1e9
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (``np.unique`` without its hash table, which is slow on int64)."""
+    v = np.sort(values)
+    return v[np.r_[True, v[1:] != v[:-1]]] if len(v) else v
+
+
+def dense(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct codes, each element's position among them) for small non-negative codes."""
+    if not len(codes):
+        return codes, codes.astype(np.int64)
+    present = np.flatnonzero(np.bincount(codes))
+    where = np.zeros(int(codes.max()) + 1, np.int64)
+    where[present] = np.arange(len(present))
+    return present, where[codes]
 
 
 def _queues_from_meta(meta: dict[str, Any], track_ids: np.ndarray) -> dict[int, Queue]:

@@ -7,6 +7,7 @@ import numpy as np
 
 from ..intervals import Coverage, union
 from ..text import fmt_ns
+from ..model import distinct
 from .base import WORST, Context, Finding, instance
 
 GAP_MIN_NS = 5_000_000  # a gap this long at least,
@@ -52,7 +53,7 @@ def idle_regions(ctx: Context) -> Finding | None:
         return None
     busy = np.zeros(len(reg), np.int64)
     work = td.work
-    for t in np.unique(td.track[reg]).tolist():
+    for t in distinct(td.track[reg]).tolist():
         on = work & (td.track == t)
         s, e, _ = union(td.dev_start[on], td.dev_end[on])
         m = td.track[reg] == t
