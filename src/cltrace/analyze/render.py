@@ -32,9 +32,28 @@ def utilisation_lines(a: Analysis, width: int) -> list[str]:
         cols.append(Column("xfer||kernel", time=True, keep=4))
     else:
         rows = [r[:-1] for r in rows]
-    return [f"Device utilisation over the run's wall time, {fmt_ns(wall)} "
-            f"(idle = host-bound: queue empty | host-blocked: host in finish/wait/blocking copy | other)",
+    return [f"Device utilisation over the run's wall time ({fmt_ns(wall)}); idle = host-bound (queue empty)",
+            "  + host-blocked (host inside finish, wait or a blocking copy) + other (queued, not started):",
             *table(cols, rows, width=width, indent="  ")]
+
+
+def headline(a: Analysis) -> list[str]:
+    """Where the time went, in a sentence per device: busy share, the top kernel, the idle's main cause."""
+    out = []
+    causes = {"host_bound_ns": "host-bound: the queue was empty, the host not enqueueing",
+              "host_blocked_ns": "host-blocked: the host sat in blocking calls",
+              "other_ns": "queued work not yet started"}
+    for d in a.devices:
+        line = f"{d['name']}: busy {d['busy_pct']:.0f}% of the wall time"
+        ks = [k for k in a.kernels]
+        if ks:
+            top = max(ks, key=lambda k: k["total_ns"])
+            line += f"; {top['name']} takes {top['device_pct']:.0f}% of the device time"
+        out.append(line)
+        if d["idle_ns"]:
+            cause, ns = max(d["idle"].items(), key=lambda kv: kv[1])
+            out.append(f"  idle {fmt_ns(d['idle_ns'])}, mostly {causes[cause]} ({fmt_ns(ns)})")
+    return out
 
 
 def finding_lines(a: Analysis, width: int) -> list[str]:
@@ -103,9 +122,9 @@ def region_lines(a: Analysis, width: int, depth: int = 1) -> list[str]:
 
 def render_analysis(a: Analysis, width: int | None = None, sort: str = "total", top: int | None = 10) -> str:
     width = width or terminal_width()
-    devs = ", ".join(f"{d['name']} busy {d['busy_pct']:.1f}%" for d in a.devices) or "no device work"
     parts = [[f"cltrace analyze: {a.source}",
-              f"{plural(a.spans, 'span')} over {fmt_ns(a.wall['wall_ns'])}; {devs}"],
+              f"{plural(a.spans, 'span')} over {fmt_ns(a.wall['wall_ns'])}"
+              + ("" if a.devices else "; no device work"), *headline(a)],
              utilisation_lines(a, width) if a.devices else [],
              finding_lines(a, width), kernel_lines(a, width, sort, top), launch_lines(a, width),
              region_lines(a, width)]

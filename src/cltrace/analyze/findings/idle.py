@@ -10,9 +10,12 @@ from ..text import fmt_ns
 from ..model import distinct
 from .base import WORST, Context, Finding, instance
 
-GAP_MIN_NS = 5_000_000  # a gap this long at least,
-GAP_MEDIAN_FACTOR = 50  # and this many times the queue's median command,
-GAP_WALL_SHARE = 0.10  # long gaps adding up to this share of the run
+# A gap this long at least (Nsight Systems' gpu_gaps rule uses 500 ms; shorter here, but well above
+# what a descheduled host thread on a loaded machine leaves), and this many times the queue's
+# median command, long gaps adding up to this share of the run.
+GAP_MIN_NS = 50_000_000
+GAP_MEDIAN_FACTOR = 50
+GAP_WALL_SHARE = 0.20
 REGION_BUSY_SHARE = 0.30  # a region whose device bracket is busy less than this
 REGION_RUNS = 3  # that ran at least this often
 REGION_WALL_SHARE = 0.10  # and covers this share of the run
