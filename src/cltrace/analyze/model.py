@@ -8,6 +8,7 @@ the host ``perf_counter_ns`` timeline; ``NONE`` (-1) marks a missing device plac
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Sequence
 
 import numpy as np
@@ -47,19 +48,22 @@ class TraceData:
         sp = self.spans
         names: dict[str, int] = {}
         cats: dict[str, int] = {}
-        self.name = np.fromiter((names.setdefault(s.name, len(names)) for s in sp), np.int32, n)
-        self.cat = np.fromiter((cats.setdefault(s.cat, len(cats)) for s in sp), np.int32, n)
+        name_code, cat_code = names.setdefault, cats.setdefault
+
+        def col(attr: str) -> np.ndarray:
+            return np.fromiter(map(attrgetter(attr), sp), np.int64, n)
+
+        def opt(attr: str) -> np.ndarray:  # None -> NONE
+            return np.array([NONE if v is None else v for v in map(attrgetter(attr), sp)], np.int64).reshape(n)
+
+        self.name = np.array([name_code(v, len(names)) for v in map(attrgetter("name"), sp)], np.int32).reshape(n)
+        self.cat = np.array([cat_code(v, len(cats)) for v in map(attrgetter("cat"), sp)], np.int32).reshape(n)
         self.names = list(names)
         self.cats = list(cats)
-        self.id = np.fromiter((s.id for s in sp), np.int64, n)
-        self.parent = np.fromiter((s.parent for s in sp), np.int64, n)
-        self.thread = np.fromiter((s.thread for s in sp), np.int64, n)
-        self.host_begin = np.fromiter((s.host_begin for s in sp), np.int64, n)
-        self.host_end = np.fromiter((s.host_end for s in sp), np.int64, n)
-        self.dev_start = np.fromiter((NONE if s.dev_start is None else s.dev_start for s in sp), np.int64, n)
-        self.dev_end = np.fromiter((NONE if s.dev_end is None else s.dev_end for s in sp), np.int64, n)
-        self.track = np.fromiter((NONE if s.device_track is None else s.device_track for s in sp), np.int64, n)
-        self.error = np.fromiter((s.status != "ok" for s in sp), bool, n)
+        self.id, self.parent, self.thread = col("id"), col("parent"), col("thread")
+        self.host_begin, self.host_end = col("host_begin"), col("host_end")
+        self.dev_start, self.dev_end, self.track = opt("dev_start"), opt("dev_end"), opt("device_track")
+        self.error = np.array([v != "ok" for v in map(attrgetter("status"), sp)], bool).reshape(n)
         self.on_device = self.dev_start != NONE
         self.queues = tracks if tracks is not None else _queues_from_meta(self.meta, distinct(self.track[self.on_device]))
         if n:

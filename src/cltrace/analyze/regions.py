@@ -9,14 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from .kernels import percentiles
+from .kernels import percentiles, sort_within
 from .model import TraceData
 
 
 def _series(count: np.ndarray, vals: np.ndarray, group: np.ndarray, ng: int) -> list[dict[str, Any] | None]:
     total = np.bincount(group, vals, ng)
-    order = np.lexsort((vals, group))
-    v, g = vals[order], group[order]
+    v = vals[sort_within(vals, group)]
     starts = np.r_[0, np.cumsum(count)[:-1]]
     p50, p99 = percentiles(vals, group, ng, (0.5, 0.99))
     out: list[dict[str, Any] | None] = []
@@ -28,7 +27,6 @@ def _series(count: np.ndarray, vals: np.ndarray, group: np.ndarray, ng: int) -> 
         out.append({"count": n, "total_ns": int(total[k]), "mean_ns": float(total[k] / n),
                     "min_ns": int(v[starts[k]]), "max_ns": int(v[starts[k] + n - 1]),
                     "p50_ns": float(p50[k]), "p99_ns": float(p99[k])})
-    del g
     return out
 
 
