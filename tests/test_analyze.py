@@ -87,6 +87,18 @@ def sleepy(s: Setup) -> None:
         time.sleep(0.1)
 
 
+def small_copies(s: Setup) -> None:
+    for _ in range(120):
+        cltrace.copy(s.q, s.buf, s.host[:256])  # 1 KiB each
+
+
+def idle_steps(s: Setup) -> None:
+    for _ in range(4):
+        with cltrace.region("step", s.q):
+            cltrace.launch(s.spin, s.q, (N,), None, s.buf, np.int32(50))
+            time.sleep(0.03)  # host work inside the region while the device waits
+
+
 def kernels_run(iters: int) -> Callable[[Setup], None]:
     def body(s: Setup) -> None:
         for _ in range(6):
@@ -105,6 +117,8 @@ def traces(tmp_path_factory: Any) -> dict[str, Path]:
         "blocking": _traced(d / "blocking.json", blocking_reads, s, instrument=True),
         "launch_bound": _traced(d / "launch_bound.pftrace", launch_bound, s),
         "sleepy": _traced(d / "sleepy.json", sleepy, s),
+        "small_copies": _traced(d / "small_copies.pftrace", small_copies, s),
+        "idle_steps": _traced(d / "idle_steps.json", idle_steps, s),
         "fast": _traced(d / "fast.pftrace", kernels_run(50), s),
         "slow": _traced(d / "slow.pftrace", kernels_run(1500), s),
     }
@@ -122,10 +136,18 @@ def fired(a: Analysis) -> set[str]:
     return {f["rule"] for f in a.findings}
 
 
-@pytest.mark.parametrize("program, rule", [
-    ("rebuilds", "rebuilt-program"), ("rebuilds", "compile-in-timed-region"), ("blocking", "blocking-in-loop"),
-    ("launch_bound", "launch-bound"), ("sleepy", "long-idle-gaps"),
-])
+CASES = [("rebuilds", "rebuilt-program"), ("rebuilds", "compile-in-timed-region"), ("blocking", "blocking-in-loop"),
+         ("launch_bound", "launch-bound"), ("sleepy", "long-idle-gaps"), ("small_copies", "small-transfers"),
+         ("idle_steps", "idle-regions")]
+
+
+def test_every_rule_has_a_program_that_fires_it() -> None:
+    from cltrace.analyze.findings import RULES as rules
+
+    assert len(rules) == len(RULES) == len({r for _, r in CASES}) and {r for _, r in CASES} == set(RULES)
+
+
+@pytest.mark.parametrize("program, rule", CASES)
 def test_each_rule_fires_on_its_program(analyses: dict[str, Analysis], program: str, rule: str) -> None:
     f = analyses[program].finding(rule)
     assert f is not None, (program, fired(analyses[program]))
@@ -151,6 +173,10 @@ def test_findings_carry_their_evidence(analyses: dict[str, Analysis]) -> None:
     assert b["evidence"]["calls"][0]["count"] == 8 and b["evidence"]["calls"][0]["path"] == "step"
     g = analyses["sleepy"].finding("long-idle-gaps")
     assert g["evidence"]["gaps"] == 3 and g["evidence"]["longest_ns"] >= 100_000_000
+    st = analyses["small_copies"].finding("small-transfers")
+    assert st["evidence"]["small"] == 120 and st["instances"][0]["bytes"] == 1024
+    ir = analyses["idle_steps"].finding("idle-regions")
+    assert ir["evidence"]["regions"][0]["path"] == "step" and ir["evidence"]["regions"][0]["runs"] == 4
     lb = analyses["launch_bound"].finding("launch-bound")
     assert lb["evidence"]["launch_bound"] >= 150
 

@@ -36,6 +36,7 @@ class Use:
     other_ns: int
     transfer_kernel_overlap_ns: int | None = None  # devices with more than one queue
     queues: list[str] = field(default_factory=list)
+    track: int | None = None  # the queue's track id (None for a device)
     # Idle gaps between commands (not before the first or after the last): start, end (ns).
     gap_start: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), repr=False)
     gap_end: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64), repr=False)
@@ -90,6 +91,7 @@ def utilisation(td: TraceData) -> tuple[list[Use], list[Use]]:
         if not len(idx):
             continue
         queues.append(_use(td, idx, blocked, q.name, q.device))
+        queues[-1].track = t
         by_device.setdefault(q.device, []).append(t)
     kernel, transfer = td.cat_mask(KERNEL), td.cat_mask(TRANSFER)
     devices: list[Use] = []

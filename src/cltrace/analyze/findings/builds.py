@@ -6,7 +6,7 @@ from collections import Counter
 
 import numpy as np
 
-from ...timeline.spans import BUILD, COMPILE
+from ...timeline.spans import COMPILE
 from ..text import fmt_ns
 from .base import Context, Finding, instance, worst
 
@@ -23,9 +23,7 @@ def _builds(ctx: Context) -> np.ndarray:
     build_ids = set(td.id[idx].tolist())
     for i in idx:
         s = td.spans[i]
-        if s.parent in build_ids or (s.cat == COMPILE and (s.attrs or {}).get("cache") == "memory"):
-            continue
-        if s.cat in (COMPILE, BUILD):
+        if s.parent not in build_ids and not (s.cat == COMPILE and (s.attrs or {}).get("cache") == "memory"):
             keep.append(i)
     return np.array(keep, np.int64)
 

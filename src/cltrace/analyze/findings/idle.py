@@ -25,8 +25,7 @@ def long_idle_gaps(ctx: Context) -> Finding | None:
     td = ctx.td
     rows = []
     for q in ctx.queues:
-        t = next(k for k, v in td.queues.items() if v.name == q.name)
-        on = td.work & (td.track == t)
+        on = td.work & (td.track == q.track)
         median = float(np.median(td.dev_end[on] - td.dev_start[on])) if on.any() else 0.0
         length = q.gap_end - q.gap_start
         long_ = length >= max(GAP_MIN_NS, GAP_MEDIAN_FACTOR * median)
