@@ -93,3 +93,13 @@ def test_units_and_single_durations() -> None:
     assert unit_for([120_000.0]) == ("us", 1e3)
     assert unit_for([2e11]) == ("s", 1e9)
     assert fmt_ns(2_300_000) == "2.30 ms" and fmt_ns(17) == "17 ns" and fmt_ns(None) == "-"
+
+
+def test_devices_command_writes_drift_per_second_and_counts_calibrations(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "cltrace", "devices", "--samples", "8"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120).stdout
+    clock = next(ln for ln in out.splitlines() if "clock:" in ln)
+    assert re.search(r"over (1 calibration|\d+ calibrations) \(drift -?[\d.]+ ns/s\)", clock), clock

@@ -29,6 +29,7 @@ def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
 def cmd_devices(args: argparse.Namespace) -> int:
     import pyopencl as cl
 
+    from ..analyze.text import plural
     from ..timeline.clock import DeviceClock
     from ..record.queues import PROFILING, default_device
 
@@ -65,7 +66,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
             c = row.get("clock")
             if c and "error" not in c:
                 print(f"     clock: {c['method']}, stamps {c['domain']} time, offset {c['offset_ns']} ns, "
-                      f"bound ±{c['bound_ns']} ns over {c['points']} calibrations (drift {c['drift_ns']} ns)")
+                      f"bound ±{c['bound_ns']} ns over {plural(c['points'], 'calibration')} "
+                      f"(drift {c['drift_ns_per_s']} ns/s)")
             elif c:
                 print(f"     clock: calibration failed: {c['error']}")
     if args.json:
