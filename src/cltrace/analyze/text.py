@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -61,11 +62,16 @@ class Column:
 
 
 def terminal_width() -> int:
+    """``COLUMNS``, else the terminal's width; output to a pipe or file is not narrowed."""
     try:
         cols = int(os.environ.get("COLUMNS", "0"))
     except ValueError:
         cols = 0
-    return cols or shutil.get_terminal_size((120, 24)).columns
+    if cols:
+        return cols
+    if not sys.stdout.isatty():
+        return 1 << 16
+    return shutil.get_terminal_size((120, 24)).columns
 
 
 def table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], width: int | None = None,
