@@ -171,13 +171,17 @@ def test_perf_counter_reports_nested_paths_on_device_and_host(queue, kernels, cl
     text = cltrace.PerfCounter().report()
     lines = text.splitlines()
     assert lines[0] == "cltrace report"
-    assert lines[1].split() == ["region", "/", "kernel", "src", "count", "total", "mean", "min", "max", "p50", "p99"]
-    rows = {ln.split()[0]: ln for ln in lines[3:] if ln and not ln.startswith(" " * 44) and ln.split()[0] in
+    head = lines[1]
+    for col in ("region / kernel", "src", "count", "total ", "self ", "% parent", "% run", "mean ", "p50 ", "p99 "):
+        assert col in head, col
+    rows = {ln.split()[0]: ln for ln in lines[3:] if ln and not ln.startswith(" " * 12) and ln.split()[0] in
             ("train", "forward", "spin", "host_step")}
     assert rows["train"].startswith("train ") and rows["forward"].startswith("  forward")
     assert rows["spin"].startswith("    spin") and rows["host_step"].startswith("  host_step")
     assert rows["spin"].split()[1:3] == ["device", "12"]
     assert rows["host_step"].split()[1:3] == ["host", "12"]
+    spin_enqueue = lines[lines.index(rows["spin"]) + 1]
+    assert spin_enqueue.split()[:2] == ["enqueue", "12"]  # a kernel's host row is its enqueue cost
     assert "errors=1" in rows["train"]
     assert "spans: 49 recorded, 0 dropped" in text
     assert "bound ±" in text and f"({clock_domain})" in text

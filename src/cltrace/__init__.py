@@ -6,6 +6,8 @@ and OTLP. Tracing is off until ``start()``/``trace()`` or ``CLTRACE=1``.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .errors import CltraceError, EventTimerError, ProfilingNotEnabledError, TraceFileError
 from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
 from .record.recorder import RECORDER
@@ -25,17 +27,34 @@ __all__ = [
     "RECORDER", "copy", "launch", "record_launch", "region", "timing_region", "PerfCounter",
     "enabled", "start", "stop", "trace", "Span", "EventTimer", "timing",
     "compile", "Program", "Kernel", "LaunchProfile", "instrument", "uninstrument", "ProgramCache", "BuildError",
-    "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial",
+    "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial", "analyze", "Analysis",
 ]
 
 
 def __getattr__(name: str) -> object:
-    """``cltrace.OtlpSink``, imported on first use: importing cltrace does not load OpenTelemetry."""
+    """``cltrace.OtlpSink`` and ``cltrace.Analysis``, imported on first use: importing cltrace loads
+    neither OpenTelemetry nor the analysis modules."""
     if name == "OtlpSink":
         from .export.otlp import OtlpSink
 
         return OtlpSink
+    if name == "Analysis":
+        from .analyze.analysis import Analysis
+
+        return Analysis
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def analyze(spans_or_path: Any = None, meta: dict[str, Any] | None = None, by_shape: bool = False) -> Any:
+    """Where the time went: an ``Analysis`` of a trace file (``.json``/``.pftrace``), a list of
+    spans, or (None) the recorder's spans. See ``cltrace.analyze.analysis.analyze``.
+
+    (This function takes the name of the ``cltrace.analyze`` package as an attribute of ``cltrace``;
+    ``import cltrace.analyze.<module>`` still reaches the package.)
+    """
+    from .analyze.analysis import analyze as _analyze
+
+    return _analyze(spans_or_path, meta=meta, by_shape=by_shape)
 
 
 def _init_from_env() -> None:

@@ -1,5 +1,9 @@
-"""Analyze: reports built from spans, in memory or read from a file.
+"""Analyze: where the time went, from spans in memory or read from a file.
 
-One module per question (``report``: the region tree; ``summary``: a file's statistics).
+One module per question, after Holistic Trace Analysis: ``model`` (the trace as columns),
+``utilisation`` (busy/idle per device and queue, idle causes), ``kernels`` (the kernel table),
+``launches`` (enqueue against device time, queue depth), ``regions`` and ``report`` (the region
+tree), ``findings/`` (rules with evidence and advice), ``diff`` (two runs), ``render``/``text``
+(terminal output), ``plot`` (matplotlib, optional); ``analysis`` is the facade (``cltrace.analyze``).
 May import ``read``, ``record`` and ``timeline``.
 """

@@ -1,14 +1,25 @@
-"""PerfCounter: the region tree aggregated, as text or as a dict."""
+"""The region report (``PerfCounter.report()``, ``cltrace summary``): the region tree with self
+and total time, % of parent and of run, each level sorted by total time.
+
+Each region has a device row (from device stamps: the time between its bracketing markers) and
+a host row (wall time on its thread). A command launched inside a region sits under it; its second
+row is the host's *enqueue* cost, not its run time. Self time is total minus the children's totals
+of the same kind: for a region's device row, the device time its commands do not account for.
+"""
 from __future__ import annotations
 
 from typing import Any
 
 from ..record.recorder import RECORDER, Recorder
+from ..timeline.spans import BUILD, COMPILE, REGION_CATS
 from ..timeline.stats import Stats
+from .text import Column, plural, table
+
+SOURCES = ("device", "host")
 
 
 def format_ns(ns: float | None) -> str:
-    """A duration for a table: ns, us, ms or s."""
+    """A single duration: ns, us, ms or s (the tuner's table; report tables use one unit per column)."""
     if ns is None:
         return "-"
     if ns >= 1e9:
@@ -20,33 +31,118 @@ def format_ns(ns: float | None) -> str:
     return f"{ns:.0f}ns"
 
 
-def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str = "cltrace report") -> str:
-    """Text table of a ``Stats.as_dict()`` tree. Device columns come from device stamps only."""
-    cols = ("count", "total", "mean", "min", "max", "p50", "p99")
-    head = f"{'region / kernel':<44} {'src':<6}" + "".join(f"{c:>11}" for c in cols)
-    lines = [title, head, "-" * len(head)]
-    for row in tree.values():
-        label = ("  " * row["depth"] + row["name"])[:44]
-        for src in ("device", "host"):
+def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
+    """The tree as rows in display order: each level sorted by total time (device time where the
+    node has it, host time otherwise), with self time and shares of parent and run per source."""
+    children: dict[str, list[str]] = {}
+    roots: list[str] = []
+    for path, row in tree.items():
+        parent = path.rpartition("/")[0] if row["depth"] else ""
+        (children.setdefault(parent, []) if parent in tree else roots).append(path)
+
+    def total(path: str, src: str) -> float | None:
+        s = tree[path][src]
+        return None if s is None else s["total_ns"]
+
+    def key(path: str) -> float:
+        d, h = total(path, "device"), total(path, "host")
+        return -(d if d is not None else h or 0)
+
+    run = {src: sum(total(p, src) or 0 for p in roots) for src in SOURCES}
+    out: list[dict[str, Any]] = []
+
+    def visit(path: str, parent: str | None) -> None:
+        row = tree[path]
+        kids = children.get(path, [])
+        for src in SOURCES:
             s = row[src]
             if s is None:
                 continue
-            vals = (str(s["count"]), format_ns(s["total_ns"]), format_ns(s["mean_ns"]), format_ns(s["min_ns"]),
-                    format_ns(s["max_ns"]), format_ns(s["p50_ns"]), format_ns(s["p99_ns"]))
-            err = f"  errors={row['errors']}" if row["errors"] else ""
-            lines.append(f"{label:<44} {src:<6}" + "".join(f"{v:>11}" for v in vals) + err)
-            label = ""
+            sub = [total(k, src) for k in kids]
+            own = s["total_ns"] - sum(v for v in sub if v is not None)
+            ptot = total(parent, src) if parent else None
+            out.append({"path": path, "name": row["name"], "cat": row["cat"], "depth": row["depth"],
+                        "source": src, "label": _label(row["cat"], src), "count": s["count"],
+                        "total_ns": s["total_ns"], "self_ns": own if kids else s["total_ns"],
+                        "parent_pct": 100.0 * s["total_ns"] / ptot if ptot else None,
+                        "run_pct": 100.0 * s["total_ns"] / run[src] if run[src] else None,
+                        "mean_ns": s["mean_ns"], "p50_ns": s["p50_ns"], "p99_ns": s["p99_ns"],
+                        "max_ns": s["max_ns"], "errors": row["errors"]})
+        for k in sorted(kids, key=key):
+            visit(k, path)
+
+    for r in sorted(roots, key=key):
+        visit(r, None)
+    return out
+
+
+def _label(cat: str, src: str) -> str:
+    if src == "device":
+        return "device"
+    if cat in REGION_CATS or cat in (COMPILE, BUILD):
+        return "host"
+    return "enqueue"  # a command's host row: what the host paid to issue it
+
+
+def _pct(v: float | None) -> str | None:
+    return None if v is None else f"{v:.1f}"
+
+
+def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str = "cltrace report",
+           width: int | None = 1 << 30) -> str:
+    """The region tree of a ``Stats.as_dict()`` as text; ``width=None`` fits the terminal."""
+    rows = region_rows(tree)
+    cols = (Column("region / kernel", keep=9), Column("src", keep=9, left=True), Column("count", keep=8),
+            Column("total", time=True, keep=9), Column("self", time=True, keep=7), Column("% parent", keep=6),
+            Column("% run", keep=7), Column("mean", time=True, keep=5), Column("p50", time=True, keep=3),
+            Column("p99", time=True, keep=4), Column("max", time=True, keep=2), Column("", keep=1, left=True))
+    data = []
+    last = None
+    for r in rows:
+        name = "" if r["path"] == last else "  " * r["depth"] + r["name"]
+        last = r["path"]
+        data.append((name, r["label"], r["count"], r["total_ns"], r["self_ns"], _pct(r["parent_pct"]),
+                     _pct(r["run_pct"]), r["mean_ns"], r["p50_ns"], r["p99_ns"], r["max_ns"],
+                     f"errors={r['errors']}" if r["errors"] and name else ""))
+    lines = [title]
+    body = table(cols, data, width=width)
+    lines.append(body[0])
+    lines.append("-" * len(body[0]))
+    lines.extend(body[1:])
+    lines.append("self: total minus its children's; % run: of all top-level time of that kind; "
+                 "enqueue: host time to issue a command")
     if meta:
-        dropped = meta.get("dropped_spans", 0)
         lines.append("")
-        line = f"spans: {meta.get('recorded_spans', '?')} recorded, {dropped} dropped"
-        if meta.get("memory_dropped_spans"):
-            line += f", {meta['memory_dropped_spans']} not kept in memory"
-        lines.append(line)
-        for dev, c in (meta.get("clocks") or {}).items():
-            lines.append(f"clock {dev}: {c.get('method')} ({c.get('domain')}), "
-                         f"bound ±{c.get('bound_ns')} ns, drift {c.get('drift_ns')} ns")
+        lines.extend(footer(meta))
     return "\n".join(lines)
+
+
+def device_name(key: str, meta: dict[str, Any]) -> str:
+    """A device's name from its internal key (``platform|name|driver``)."""
+    info = (meta.get("devices") or {}).get(key)
+    if isinstance(info, dict) and info.get("name"):
+        return str(info["name"])
+    parts = key.split("|")
+    return parts[1] if len(parts) == 3 else key
+
+
+def footer(meta: dict[str, Any]) -> list[str]:
+    """Recording facts: spans kept and dropped, and each device's clock mapping."""
+    dropped = meta.get("dropped_spans", 0)
+    line = f"spans: {meta.get('recorded_spans', '?')} recorded, {dropped} dropped"
+    if meta.get("memory_dropped_spans"):
+        line += f", {meta['memory_dropped_spans']} not kept in memory"
+    lines = [line]
+    for key, c in (meta.get("clocks") or {}).items():
+        if not isinstance(c, dict):
+            continue
+        rate = c.get("drift_ns_per_s")
+        drift = f"drift {rate} ns/s" if rate is not None else f"drift {c.get('drift_ns')} ns over the run"
+        points = c.get("points")
+        cal = f", {plural(int(points), 'calibration')}" if isinstance(points, int) else ""
+        lines.append(f"clock {device_name(key, meta)}: {c.get('method')} ({c.get('domain')}), "
+                     f"bound ±{c.get('bound_ns')} ns, {drift}{cal}")
+    return lines
 
 
 class PerfCounter:

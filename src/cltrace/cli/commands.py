@@ -1,4 +1,4 @@
-"""The ``cltrace`` command: devices, demo, summary, run, tune."""
+"""The ``cltrace`` command: devices, demo, summary, analyze, diff, run, tune."""
 from __future__ import annotations
 
 import argparse
@@ -29,6 +29,7 @@ def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
 def cmd_devices(args: argparse.Namespace) -> int:
     import pyopencl as cl
 
+    from ..analyze.text import plural
     from ..timeline import stamps
     from ..timeline.clock import DeviceClock
     from ..record.queues import PROFILING, default_device
@@ -67,7 +68,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
             c = row.get("clock")
             if c and "error" not in c:
                 print(f"     clock: {c['method']}, stamps {c['domain']} time, offset {c['offset_ns']} ns, "
-                      f"bound ±{c['bound_ns']} ns over {c['points']} calibrations (drift {c['drift_ns']} ns)")
+                      f"bound ±{c['bound_ns']} ns over {plural(c['points'], 'calibration')} "
+                      f"(drift {c['drift_ns_per_s']} ns/s)")
             elif c:
                 print(f"     clock: calibration failed: {c['error']}")
     print(f"span pipeline: {stamps.DETAIL}")
@@ -97,8 +99,77 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"regions": stats.as_dict(), "meta": meta}, indent=2, default=str))
     else:
-        print(render(stats.as_dict(), meta, title=f"cltrace summary: {args.file}"))
+        print(render(stats.as_dict(), meta, title=f"cltrace summary: {args.file}", width=None))
     return 0
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from ..analyze.analysis import analyze
+    from ..analyze.render import render_analysis
+
+    a = analyze(args.file, by_shape=args.by_shape)
+    if args.json:
+        print(a.to_json())
+    else:
+        print(render_analysis(a, sort=args.sort, top=args.top or None))
+    if args.plot:
+        from ..analyze.plot import plot
+
+        print(f"wrote {plot(a, args.plot)}", file=sys.stderr if args.json else sys.stdout)
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from ..analyze.analysis import analyze
+    from ..analyze.diff import diff, regressions, render_diff
+
+    rows = diff(analyze(args.a), analyze(args.b))
+    bad = regressions(rows, args.fail_above) if args.fail_above is not None else []
+    if args.json:
+        print(json.dumps({"a": args.a, "b": args.b, "rows": [r.as_dict() for r in rows],
+                          "regressions": [r.name for r in bad]}, indent=2))
+    else:
+        print(render_diff(rows, args.a, args.b, top=args.top or None))
+        if args.fail_above is not None:
+            print(f"\n{len(bad)} regression(s) above {args.fail_above:g}%" +
+                  "".join(f"\n  {r.kind} {r.name}: {r.change_pct:+.1f}%" for r in bad))
+    return 1 if bad else 0
+
+
+def _percent(value: str) -> float:
+    try:
+        return float(value.rstrip("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a percentage: {value!r} (e.g. 5 or 5%)") from None
+
+
+def _png(value: str) -> str:
+    if not value.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"{value!r}: the plot is a PNG file, name it *.png")
+    return value
+
+
+def add_analysis_commands(sub: Any) -> None:
+    """``cltrace analyze`` and ``cltrace diff``."""
+    from ..analyze.kernels import SORT_KEYS
+
+    a = sub.add_parser("analyze", help="where the time went: utilisation, idle causes, kernels, launches, findings")
+    a.add_argument("file", help="trace file (.json or .pftrace)")
+    a.add_argument("--json", action="store_true", help="print the analysis as JSON (schema cltrace.analysis/1)")
+    a.add_argument("--plot", metavar="FILE.png", type=_png, help="also draw utilisation over time and top kernels")
+    a.add_argument("--sort", choices=SORT_KEYS, default="total", help="order of the kernel table (default: total)")
+    a.add_argument("--top", type=int, default=10, metavar="N", help="kernels to list (default 10; 0: all)")
+    a.add_argument("--by-shape", action="store_true", help="group kernels by name and launch shape")
+    a.set_defaults(fn=cmd_analyze)
+
+    d = sub.add_parser("diff", help="compare two traces per region and kernel; gate CI with --fail-above")
+    d.add_argument("a", help="the baseline trace (.json or .pftrace)")
+    d.add_argument("b", help="the trace to compare with it")
+    d.add_argument("--fail-above", type=_percent, metavar="PCT",
+                   help="exit 1 when a region or kernel got slower per call by more than PCT percent")
+    d.add_argument("--top", type=int, default=20, metavar="N", help="rows to list (default 20; 0: all)")
+    d.add_argument("--json", action="store_true", help="print the rows as JSON")
+    d.set_defaults(fn=cmd_diff)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -137,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_summary)
+
+    add_analysis_commands(sub)
 
     r = sub.add_parser("run", help="trace an unmodified pyopencl script: cltrace run script.py [args...]")
     r.add_argument("--out", action="append", help="trace file (repeatable; format from suffix)")

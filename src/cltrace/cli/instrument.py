@@ -11,6 +11,9 @@
   call them through the module) — "transfer"/"fill" spans with ``bytes``.
 * ``Program.build`` — a "build" span on the compile track, with pyopencl's own
   binary-cache outcome when it reports one.
+* ``CommandQueue.finish``, ``Event.wait`` and ``wait_for_events`` — host-only "sync" spans
+  (``blocking: true``): the time the host sat blocked on the device, which analysis needs to
+  tell a starved device from a blocked host. Copies carry ``blocking`` too (pyopencl's default: true).
 * ``CommandQueue`` — a stand-in class (``isinstance`` still holds for every queue)
   that adds PROFILING_ENABLE, so queues made while instrumented have device times.
 
@@ -34,7 +37,7 @@ from ..programs.compiler import kernel_names
 from ..record.queues import PROFILING
 from ..record.recorder import RECORDER, new_id
 from ..record.regions import current_parent, record_launch, thread_key
-from ..timeline.spans import BUILD, FILL, KERNEL, STATUS_ERROR, TRANSFER
+from ..timeline.spans import BUILD, FILL, KERNEL, STATUS_ERROR, SYNC, TRANSFER
 from ..timeline.tracks import COMPILE_THREAD
 
 _perf = time.perf_counter_ns
@@ -53,6 +56,9 @@ _ORIG_COPY = cl.enqueue_copy
 _ORIG_FILL = cl.enqueue_fill_buffer
 _ORIG_BUILD = cl.Program.build
 _ORIG_QUEUE = _cl.CommandQueue
+_ORIG_FINISH = _cl.CommandQueue.finish
+_ORIG_EV_WAIT = _cl.Event.wait
+_ORIG_WAIT_EVENTS = _cl.wait_for_events
 
 
 def _profiled(queue: Any) -> bool:
@@ -172,9 +178,7 @@ def enqueue_copy(queue: Any, dest: Any, src: Any, **kwargs: Any) -> Any:
         raise
     he = _perf()
     name, nbytes = _copy_info(dest, src, kwargs)
-    attrs: dict[str, Any] = {"bytes": nbytes}
-    if "is_blocking" in kwargs:
-        attrs["blocking"] = bool(kwargs["is_blocking"])
+    attrs: dict[str, Any] = {"bytes": nbytes, "blocking": bool(kwargs.get("is_blocking", True))}
     _record(name, TRANSFER, queue, ev, hb, he, attrs)
     return ev
 
@@ -243,6 +247,41 @@ def program_build(self: Any, options: Any = None, devices: Any = None, cache_dir
     return result
 
 
+# ---- blocking waits ----------------------------------------------------------------------
+
+_BLOCKING = {"blocking": True}
+
+
+def queue_finish(self: Any) -> Any:
+    """``CommandQueue.finish``, recorded as a host-only "sync" span while tracing."""
+    if not _state.ENABLED:
+        return _ORIG_FINISH(self)
+    hb = _perf()
+    result = _ORIG_FINISH(self)
+    record_launch("finish", None, None, hb, _perf(), SYNC, _BLOCKING)
+    return result
+
+
+def event_wait(self: Any) -> Any:
+    """``Event.wait``, recorded as a host-only "sync" span while tracing."""
+    if not _state.ENABLED:
+        return _ORIG_EV_WAIT(self)
+    hb = _perf()
+    result = _ORIG_EV_WAIT(self)
+    record_launch("wait", None, None, hb, _perf(), SYNC, _BLOCKING)
+    return result
+
+
+def wait_for_events(events: Any) -> Any:
+    """``pyopencl.wait_for_events``, recorded as a host-only "sync" span while tracing."""
+    if not _state.ENABLED:
+        return _ORIG_WAIT_EVENTS(events)
+    hb = _perf()
+    result = _ORIG_WAIT_EVENTS(events)
+    record_launch("wait", None, None, hb, _perf(), SYNC, _BLOCKING)
+    return result
+
+
 # ---- queues ---------------------------------------------------------------------------
 
 class _QueueMeta(type):
@@ -281,6 +320,10 @@ def _hooks() -> list[tuple[Any, str, Any]]:
         (cl, "enqueue_copy", enqueue_copy),
         (cl, "enqueue_fill_buffer", enqueue_fill_buffer),
         (cl.Program, "build", program_build),
+        (_cl.CommandQueue, "finish", queue_finish),
+        (_cl.Event, "wait", event_wait),
+        (_cl, "wait_for_events", wait_for_events),
+        (cl, "wait_for_events", wait_for_events),
         (cl, "CommandQueue", CommandQueue),
     ]
 
@@ -294,6 +337,7 @@ def instrument() -> None:
         _warned = False
         _set_originals(_cl.enqueue_nd_range_kernel, cl.enqueue_copy, cl.enqueue_fill_buffer,
                        cl.Program.build, cl.CommandQueue)
+        _set_waits(_cl.CommandQueue.finish, _cl.Event.wait, _cl.wait_for_events)
         for owner, attr, hook in _hooks():
             _saved.append((owner, attr, attr in vars(owner), getattr(owner, attr)))
             setattr(owner, attr, hook)
@@ -303,6 +347,11 @@ def instrument() -> None:
 def _set_originals(ndrange: Any, copy: Any, fill: Any, build: Any, queue: Any) -> None:
     global _ORIG_NDRANGE, _ORIG_COPY, _ORIG_FILL, _ORIG_BUILD, _ORIG_QUEUE
     _ORIG_NDRANGE, _ORIG_COPY, _ORIG_FILL, _ORIG_BUILD, _ORIG_QUEUE = ndrange, copy, fill, build, queue
+
+
+def _set_waits(finish: Any, wait: Any, wait_events: Any) -> None:
+    global _ORIG_FINISH, _ORIG_EV_WAIT, _ORIG_WAIT_EVENTS
+    _ORIG_FINISH, _ORIG_EV_WAIT, _ORIG_WAIT_EVENTS = finish, wait, wait_events
 
 
 def uninstrument() -> None:

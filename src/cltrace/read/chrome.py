@@ -8,6 +8,10 @@ from ..errors import TraceFileError
 from ..timeline.spans import Span
 from .tree import fill_paths
 
+# Args members the reader takes as span fields rather than attributes.
+_RESERVED = frozenset({"span", "parent", "source", "status", "error", "queued_host_ns", "submit_host_ns",
+                       "device.start", "device.end"})
+
 
 def _repair_json(text: str) -> list[Any]:
     """Parse a Chrome JSON trace, tolerating a run cut off mid-write."""
@@ -52,6 +56,9 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
     device: dict[int, dict[str, Any]] = {}
     meta: dict[str, Any] = {}
     dropped = 0
+    threads: dict[Any, str] = {}  # tid -> track name
+    processes: dict[Any, str] = {}  # pid -> process name
+    track_pid: dict[Any, Any] = {}
     for ev in events:
         if not isinstance(ev, dict):
             raise TraceFileError("not a Chrome trace: an event is not an object")
@@ -63,6 +70,13 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
                 continue
             target = host if sid not in host else device
             target[sid] = ev
+        elif ph == "M":
+            name = ev.get("name")
+            if name == "thread_name":
+                threads[ev.get("tid")] = str((ev.get("args") or {}).get("name", ""))
+                track_pid[ev.get("tid")] = ev.get("pid")
+            elif name == "process_name":
+                processes[ev.get("pid")] = str((ev.get("args") or {}).get("name", ""))
         elif ph == "i" and ev.get("name") == "cltrace.metadata":
             meta = ev.get("args") or {}
         elif ph == "C" and ev.get("name") == "cltrace.dropped_spans":
@@ -74,6 +88,7 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
         hb = round(float(ev["ts"]) * 1000)
         sp = Span(sid, int(a.get("parent", 0)), ev.get("name", "?"), ev.get("cat", "?"), int(ev.get("tid", 0)),
                   hb, hb + round(float(ev.get("dur", 0)) * 1000),
+                  attrs={k: v for k, v in a.items() if k not in _RESERVED} or None,
                   status="error" if a.get("status") == "error" else "ok", error=a.get("error"))
         d = device.get(sid)
         if d is not None:
@@ -81,7 +96,10 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
             sp.device_track = int(d.get("tid", 0))
             sp.dev_start, sp.dev_end = ds, ds + round(float(d.get("dur", 0)) * 1000)
             sp.raw_start, sp.raw_end = a.get("device.start"), a.get("device.end")
+            sp.dev_queued, sp.dev_submit = a.get("queued_host_ns"), a.get("submit_host_ns")
         spans[sid] = sp
     fill_paths(spans)
     meta.setdefault("recorded_spans", len(spans))
+    meta.setdefault("tracks", {str(t): {"name": n, "process": processes.get(track_pid.get(t), "")}
+                               for t, n in threads.items()})
     return list(spans.values()), meta

@@ -118,6 +118,7 @@ class _Reader:
         self.seqs: dict[int, _Sequence] = {}
         self.events: dict[int, list[tuple[int, int, int, Any]]] = {}  # track uuid -> (ts, index, type, payload)
         self.counter_names: dict[int, str] = {}
+        self.track_names: dict[int, tuple[str, int]] = {}  # uuid -> (name, parent uuid)
         self.meta: dict[str, Any] = {}
         self.dropped = 0
 
@@ -143,8 +144,13 @@ class _Reader:
                     if MONOTONIC in clocks:
                         st.mono_minus_host = clocks[MONOTONIC].timestamp - c.timestamp
         elif p.HasField("track_descriptor"):
-            if p.track_descriptor.HasField("counter"):
-                self.counter_names[p.track_descriptor.uuid] = p.track_descriptor.name
+            td = p.track_descriptor
+            if td.HasField("counter"):
+                self.counter_names[td.uuid] = td.name
+            else:
+                name = td.thread.thread_name if td.HasField("thread") and not td.name else td.name
+                self.track_names[td.uuid] = (name or (td.process.process_name if td.HasField("process") else ""),
+                                             td.parent_uuid)
         elif p.HasField("track_event"):
             self.track_event(p, st, index)
 
@@ -241,4 +247,7 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
     meta = reader.meta
     meta["dropped_spans"] = max(reader.dropped, int(meta.get("dropped_spans", 0) or 0))
     meta.setdefault("recorded_spans", len(spans))
+    names = reader.track_names
+    meta.setdefault("tracks", {str(u): {"name": n, "process": names.get(parent, ("", 0))[0]}
+                               for u, (n, parent) in names.items()})
     return spans, meta

@@ -20,6 +20,7 @@ COMPILE = "compile"
 BUILD = "build"
 AUTOTUNE = "autotune"
 TRIAL = "trial"
+SYNC = "sync"  # host-only: the host blocked until the device caught up (finish, wait)
 # Categories a timing_region may carry: bracketing spans whose path already ends in their name.
 REGION_CATS = frozenset({REGION, AUTOTUNE, TRIAL})
 

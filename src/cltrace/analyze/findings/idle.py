@@ -1,0 +1,91 @@
+"""A device left idle: long gaps between commands, and regions whose device time is mostly idle."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from ..intervals import Coverage, union
+from ..text import fmt_ns
+from ..model import distinct
+from .base import WORST, Context, Finding, instance
+
+# A gap this long at least (Nsight Systems' gpu_gaps rule uses 500 ms; shorter here, but well above
+# what a descheduled host thread on a loaded machine leaves), and this many times the queue's
+# median command, long gaps adding up to this share of the run.
+GAP_MIN_NS = 50_000_000
+GAP_MEDIAN_FACTOR = 50
+GAP_WALL_SHARE = 0.20
+REGION_BUSY_SHARE = 0.30  # a region whose device bracket is busy less than this
+REGION_RUNS = 3  # that ran at least this often
+REGION_WALL_SHARE = 0.10  # and covers this share of the run
+
+
+def long_idle_gaps(ctx: Context) -> Finding | None:
+    td = ctx.td
+    rows = []
+    for q in ctx.queues:
+        on = td.work & (td.track == q.track)
+        median = float(np.median(td.dev_end[on] - td.dev_start[on])) if on.any() else 0.0
+        length = q.gap_end - q.gap_start
+        long_ = length >= max(GAP_MIN_NS, GAP_MEDIAN_FACTOR * median)
+        for s, e in zip(q.gap_start[long_].tolist(), q.gap_end[long_].tolist()):
+            rows.append((e - s, s, q.name))
+    total = sum(r[0] for r in rows)
+    if not rows or total < GAP_WALL_SHARE * td.wall_ns:
+        return None
+    rows.sort(key=lambda r: -r[0])
+    inst = [{"name": f"idle {name}", "path": "", "at_s": round(td.at(s), 6), "ts_ns": s, "dur_ns": d}
+            for d, s, name in rows[:WORST]]
+    return Finding(
+        "long-idle-gaps", "Long device idle gaps", total,
+        f"{len(rows)} gaps of {fmt_ns(min(r[0] for r in rows))} or more between commands, "
+        f"{fmt_ns(total)} in all ({100 * total / td.wall_ns:.0f}% of the run); the longest {fmt_ns(rows[0][0])}",
+        "Find what the host did in each gap (the host track above it in Perfetto): move that work "
+        "off the critical path, overlap it with device work, or enqueue the next work before it.",
+        f"gaps >= max({fmt_ns(GAP_MIN_NS)}, {GAP_MEDIAN_FACTOR}x the queue's median command), "
+        f">= {GAP_WALL_SHARE:.0%} of the run in all",
+        {"gaps": len(rows), "total_ns": total, "longest_ns": rows[0][0]}, inst)
+
+
+def idle_regions(ctx: Context) -> Finding | None:
+    td = ctx.td
+    reg = np.flatnonzero(td.regions & td.on_device)
+    if not len(reg):
+        return None
+    busy = np.zeros(len(reg), np.int64)
+    work = td.work
+    for t in distinct(td.track[reg]).tolist():
+        on = work & (td.track == t)
+        s, e, _ = union(td.dev_start[on], td.dev_end[on])
+        m = td.track[reg] == t
+        busy[m] = Coverage(s, e).within(td.dev_start[reg[m]], td.dev_end[reg[m]])
+    bracket = td.dev_end[reg] - td.dev_start[reg]
+    by_path: dict[tuple, list[int]] = defaultdict(list)
+    for k, i in enumerate(reg):
+        by_path[td.spans[i].path].append(k)
+    rows = []
+    for path, ks in by_path.items():
+        b, u = int(bracket[ks].sum()), int(busy[ks].sum())
+        if len(ks) >= REGION_RUNS and b and u < REGION_BUSY_SHARE * b and b >= REGION_WALL_SHARE * td.wall_ns:
+            rows.append({"path": "/".join(path), "runs": len(ks), "device_ns": b, "busy_ns": u,
+                         "busy_pct": round(100 * u / b, 2), "idle_ns": b - u, "_ks": ks})
+    if not rows:
+        return None
+    rows.sort(key=lambda r: -r["idle_ns"])
+    top = rows[0]
+    ks = np.array(top.pop("_ks"))
+    for r in rows:
+        r.pop("_ks", None)
+    idle = bracket[ks] - busy[ks]
+    inst = [instance(td, int(reg[ks[k]]), dur_ns=int(bracket[ks[k]]), busy_ns=int(busy[ks[k]]))
+            for k in np.argsort(-idle, kind="stable")[:WORST]]
+    return Finding(
+        "idle-regions", "Regions whose device time is mostly idle", top["idle_ns"],
+        f"{top['path']}: the device was busy {top['busy_pct']:.0f}% of its {fmt_ns(top['device_ns'])} "
+        f"over {top['runs']} runs" + (f"; {len(rows) - 1} more region(s) alike" if len(rows) > 1 else ""),
+        "The device waits on the host inside these regions: see the launch-bound and blocking findings, "
+        "enqueue fewer, larger kernels, and keep host work out of the region.",
+        f"busy < {REGION_BUSY_SHARE:.0%} of the region's device time, >= {REGION_RUNS} runs, "
+        f">= {REGION_WALL_SHARE:.0%} of the run",
+        {"regions": rows}, inst)

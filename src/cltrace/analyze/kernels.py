@@ -1,0 +1,133 @@
+"""The kernel table: which kernels take the device's time, from device stamps only.
+
+Per kernel name (and launch shape, on request): count and total device time; ``self``, the
+kernel's share of device busy time when commands overlap (equal to total on an in-order queue),
+so ``% device`` adds up to 100 over all commands; the first launch (driver JIT, cold caches)
+apart from the steady-state mean, p50 and p99 of the launches after it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..timeline.spans import KERNEL
+from .model import TraceData, dense, distinct
+
+SORT_KEYS = ("total", "mean", "count", "p99")
+
+
+@dataclass
+class KernelRow:
+    name: str
+    shape: str | None  # "global [512, 64] local -" when grouped by launch shape
+    count: int
+    total_ns: int
+    self_ns: int
+    device_pct: float  # self time as a share of all device busy time
+    first_ns: int  # the first launch
+    mean_ns: float  # steady state: launches after the first (the only one when count == 1)
+    p50_ns: float
+    p99_ns: float
+    first_at_s: float  # where the first launch was enqueued: seconds since the trace's first span
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def self_time(td: TraceData) -> np.ndarray:
+    """Per span: its share of device busy time, dividing overlapped time among the commands
+    running together on a device. Zero for spans not on a queue."""
+    out = np.zeros(len(td.cat), np.float64)
+    work = td.work
+    devices: dict[str, list[int]] = {}
+    for t, q in td.queues.items():
+        devices.setdefault(q.device, []).append(t)
+    for tracks in devices.values():
+        idx = np.flatnonzero(work & np.isin(td.track, tracks))
+        if not len(idx):
+            continue
+        s, e = td.dev_start[idx], td.dev_end[idx]
+        b = distinct(np.r_[s, e])
+        delta = np.bincount(np.searchsorted(b, s), minlength=len(b)) - np.bincount(np.searchsorted(b, e),
+                                                                                   minlength=len(b))
+        active = np.cumsum(delta)[:-1]
+        w = np.where(active > 0, np.diff(b) / np.maximum(active, 1), 0.0)
+        f = np.r_[0.0, np.cumsum(w)]
+        out[idx] = f[np.searchsorted(b, e)] - f[np.searchsorted(b, s)]
+    return out
+
+
+def _shape(td: TraceData, i: int) -> str:
+    g, loc = td.attr(i, "global_size"), td.attr(i, "local_size")
+    fmt = (lambda v: "-" if v is None else "x".join(str(x) for x in v) if isinstance(v, (list, tuple)) else str(v))
+    return f"global {fmt(g)} local {fmt(loc)}"
+
+
+def sort_within(values: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """The order that sorts by group, then value: one argsort of a packed int64 key where the
+    values are non-negative integers below 2**40 (18 minutes in ns), else a lexsort."""
+    if len(values) and values.min() >= 0 and values.max() < 2**40 and group.max() < 2**22 \
+            and np.array_equal(values, np.floor(values)):
+        return np.argsort((group.astype(np.int64) << 40) | values.astype(np.int64), kind="stable")
+    return np.lexsort((values, group))
+
+
+def percentiles(values: np.ndarray, group: np.ndarray, ngroups: int, qs: tuple[float, ...]) -> list[np.ndarray]:
+    order = sort_within(values, group)
+    v = values[order]
+    counts = np.bincount(group, minlength=ngroups)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    out = []
+    for q in qs:
+        k = (np.maximum(counts, 1) - 1) * q
+        f = np.floor(k).astype(np.int64)
+        c = np.minimum(f + 1, np.maximum(counts - 1, 0))
+        lo = v[np.minimum(starts + f, len(v) - 1)] if len(v) else np.zeros(ngroups)
+        hi = v[np.minimum(starts + c, len(v) - 1)] if len(v) else np.zeros(ngroups)
+        out.append(np.where(counts > 0, lo + (hi - lo) * (k - f), np.nan))
+    return out
+
+
+def kernel_table(td: TraceData, self_ns: np.ndarray | None = None, by_shape: bool = False,
+                 sort: str = "total", top: int | None = None) -> list[KernelRow]:
+    """Rows of the kernel table, sorted by ``sort`` (one of ``SORT_KEYS``), the first ``top``."""
+    if sort not in SORT_KEYS:
+        raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}, not {sort!r}")
+    idx = np.flatnonzero(td.cat_mask(KERNEL) & td.on_device)
+    if not len(idx):
+        return []
+    if self_ns is None:
+        self_ns = self_time(td)
+    busy = self_ns[td.work].sum()
+    if by_shape:
+        keys: dict[tuple[int, str], int] = {}
+        group = np.fromiter((keys.setdefault((int(td.name[i]), _shape(td, i)), len(keys)) for i in idx),
+                            np.int64, len(idx))
+        labels = list(keys)
+    else:
+        codes, group = dense(td.name[idx])
+        labels = [(int(c), None) for c in codes]
+    ng = len(labels)
+    dur = (td.dev_end[idx] - td.dev_start[idx]).astype(np.int64)
+    start = td.dev_start[idx]
+    counts = np.bincount(group, minlength=ng)
+    total = np.bincount(group, weights=dur, minlength=ng)
+    selfs = np.bincount(group, weights=self_ns[idx], minlength=ng)
+    order = np.lexsort((start, group))
+    first_pos = order[np.r_[0, np.cumsum(counts)[:-1]]]
+    is_first = np.zeros(len(idx), bool)
+    is_first[first_pos] = True
+    steady = ~is_first | (counts[group] == 1)
+    sg, sd = group[steady], dur[steady]
+    mean = np.bincount(sg, weights=sd, minlength=ng) / np.maximum(np.bincount(sg, minlength=ng), 1)
+    p50, p99 = percentiles(sd.astype(np.float64), sg, ng, (0.5, 0.99))
+    rows = [KernelRow(td.names[labels[k][0]], labels[k][1], int(counts[k]), int(total[k]), int(round(selfs[k])),
+                      round(float(100.0 * selfs[k] / busy), 3) if busy else 0.0, int(dur[first_pos[k]]),
+                      float(mean[k]), float(p50[k]), float(p99[k]), round(td.at(int(td.host_begin[idx[first_pos[k]]])), 6))
+            for k in range(ng)]
+    key = {"total": lambda r: r.total_ns, "mean": lambda r: r.mean_ns, "count": lambda r: r.count,
+           "p99": lambda r: r.p99_ns}[sort]
+    rows.sort(key=lambda r: (-key(r), r.name))
+    return rows[:top] if top else rows

@@ -1,0 +1,152 @@
+"""The trace as columns: one numpy array per span field, shared by every analysis module.
+
+Built once from a list of ``Span`` (read from a file or taken from the recorder) so that
+each question (utilisation, kernels, launches, findings) is a few vectorised passes over
+arrays instead of a Python loop over a million objects. Times stay integer nanoseconds on
+the host ``perf_counter_ns`` timeline; ``NONE`` (-1) marks a missing device placement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..timeline.spans import BUILD, COMPILE, FILL, KERNEL, REGION_CATS, SYNC, TRANSFER, Span
+
+NONE = -1
+WORK_CATS = frozenset({KERNEL, TRANSFER, FILL})  # device commands that occupy a queue
+
+
+@dataclass
+class Queue:
+    """A device track: the queue's display name and the device it belongs to."""
+
+    track: int
+    name: str
+    device: str
+
+
+def _device_of(name: str, process: str) -> str:
+    """A device's name from its track names ("OpenCL: <device>", "<device> · queue N")."""
+    if process.startswith("OpenCL: "):
+        return process[len("OpenCL: "):]
+    if " · " in name:
+        return name.split(" · ")[0]
+    return process or name
+
+
+class TraceData:
+    """Columns of a trace and its track names. ``spans`` keeps the objects for evidence."""
+
+    def __init__(self, spans: Sequence[Span], meta: dict[str, Any] | None = None,
+                 tracks: dict[int, Queue] | None = None) -> None:
+        self.spans = list(spans)
+        self.meta = meta or {}
+        n = len(self.spans)
+        sp = self.spans
+        names: dict[str, int] = {}
+        cats: dict[str, int] = {}
+        name_code, cat_code = names.setdefault, cats.setdefault
+
+        def col(attr: str) -> np.ndarray:
+            return np.fromiter(map(attrgetter(attr), sp), np.int64, n)
+
+        def opt(attr: str) -> np.ndarray:  # None -> NONE
+            return np.array([NONE if v is None else v for v in map(attrgetter(attr), sp)], np.int64).reshape(n)
+
+        self.name = np.array([name_code(v, len(names)) for v in map(attrgetter("name"), sp)], np.int32).reshape(n)
+        self.cat = np.array([cat_code(v, len(cats)) for v in map(attrgetter("cat"), sp)], np.int32).reshape(n)
+        self.names = list(names)
+        self.cats = list(cats)
+        self.id, self.parent, self.thread = col("id"), col("parent"), col("thread")
+        self.host_begin, self.host_end = col("host_begin"), col("host_end")
+        self.dev_start, self.dev_end, self.track = opt("dev_start"), opt("dev_end"), opt("device_track")
+        self.error = np.array([v != "ok" for v in map(attrgetter("status"), sp)], bool).reshape(n)
+        self.on_device = self.dev_start != NONE
+        self.queues = tracks if tracks is not None else _queues_from_meta(self.meta, distinct(self.track[self.on_device]))
+        if n:
+            ends = np.maximum(self.host_end.max(), self.dev_end.max())
+            starts = np.where(self.on_device, np.minimum(self.host_begin, self.dev_start), self.host_begin)
+            self.t0, self.t1 = int(starts.min()), int(ends)
+        else:
+            self.t0 = self.t1 = 0
+
+    # ---- selections ---------------------------------------------------------------------
+    def cat_mask(self, *cats: str) -> np.ndarray:
+        codes = [self.cats.index(c) for c in cats if c in self.cats]
+        return np.isin(self.cat, codes) if codes else np.zeros(len(self.cat), bool)
+
+    @property
+    def work(self) -> np.ndarray:
+        """Device commands placed on a queue (kernels, transfers, fills)."""
+        return self.cat_mask(*WORK_CATS) & self.on_device
+
+    @property
+    def regions(self) -> np.ndarray:
+        return self.cat_mask(*REGION_CATS)
+
+    @property
+    def builds(self) -> np.ndarray:
+        return self.cat_mask(COMPILE, BUILD)
+
+    def blocking(self) -> np.ndarray:
+        """Host calls that block until the device is done: sync spans and blocking transfers."""
+        mask = self.cat_mask(SYNC)
+        for i in np.flatnonzero(self.cat_mask(TRANSFER)):
+            a = self.spans[i].attrs
+            if a and a.get("blocking"):
+                mask[i] = True
+        return mask
+
+    def attr(self, i: int, key: str, default: Any = None) -> Any:
+        a = self.spans[i].attrs
+        return a.get(key, default) if a else default
+
+    @property
+    def wall_ns(self) -> int:
+        return self.t1 - self.t0
+
+    def at(self, t: int) -> float:
+        """Seconds since the trace's first span: where to look in Perfetto's timeline."""
+        return (t - self.t0) / 1e9
+
+
+def distinct(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (``np.unique`` without its hash table, which is slow on int64)."""
+    v = np.sort(values)
+    return v[np.r_[True, v[1:] != v[:-1]]] if len(v) else v
+
+
+def dense(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct codes, each element's position among them) for small non-negative codes."""
+    if not len(codes):
+        return codes, codes.astype(np.int64)
+    present = np.flatnonzero(np.bincount(codes))
+    where = np.zeros(int(codes.max()) + 1, np.int64)
+    where[present] = np.arange(len(present))
+    return present, where[codes]
+
+
+def _queues_from_meta(meta: dict[str, Any], track_ids: np.ndarray) -> dict[int, Queue]:
+    names = meta.get("tracks") or {}
+    out = {}
+    for t in track_ids.tolist():
+        info = names.get(str(t)) or {}
+        name = info.get("name") or f"queue track {t}"
+        out[t] = Queue(t, name, _device_of(name, info.get("process") or ""))
+    return out
+
+
+def queues_from_registry(registry: Any, track_ids: Any) -> dict[int, Queue]:
+    """Queue names of spans held in memory, from the recorder's TrackRegistry."""
+    out = {}
+    for t in track_ids:
+        try:
+            tr = registry.get(int(t))
+        except KeyError:
+            continue
+        dev = registry.devices.get(tr.device)
+        out[int(t)] = Queue(int(t), tr.name, dev.name if dev else _device_of(tr.name, tr.process))
+    return out

@@ -1,0 +1,136 @@
+"""The analysis as text, one screen: utilisation, findings, top kernels, launches, top regions."""
+from __future__ import annotations
+
+from typing import Any
+
+from .text import Column, fmt_ns, plural, table, terminal_width
+
+Analysis = Any  # an analysis.Analysis (not imported: the facade imports this module)
+
+KERNEL_SORT = {"total": "total_ns", "mean": "mean_ns", "count": "count", "p99": "p99_ns"}
+
+
+def _pct(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f}" if whole else "-"
+
+
+def _use_rows(uses: list[dict[str, Any]]) -> list[tuple]:
+    return [(u["name"], u["commands"], u["busy_ns"], f"{u['busy_pct']:.1f}", u["idle_ns"],
+             u["idle"]["host_bound_ns"], u["idle"]["host_blocked_ns"], u["idle"]["other_ns"],
+             u.get("transfer_kernel_overlap_ns")) for u in uses]
+
+
+def utilisation_lines(a: Analysis, width: int) -> list[str]:
+    wall = a.wall["wall_ns"]
+    cols = [Column("device / queue", keep=9), Column("commands", keep=3), Column("busy", time=True, keep=8),
+            Column("busy %", keep=9), Column("idle", time=True, keep=7), Column("host-bound", time=True, keep=6),
+            Column("host-blocked", time=True, keep=6), Column("other", time=True, keep=5)]
+    rows = _use_rows(a.devices)
+    if len(a.queues) > len(a.devices):
+        rows += [("  " + r[0],) + r[1:] for r in _use_rows(a.queues)]
+    if any(r[-1] is not None for r in rows):
+        cols.append(Column("xfer||kernel", time=True, keep=4))
+    else:
+        rows = [r[:-1] for r in rows]
+    return [f"Device utilisation over the run's wall time ({fmt_ns(wall)}); idle = host-bound (queue empty)",
+            "  + host-blocked (host inside finish, wait or a blocking copy) + other (queued, not started):",
+            *table(cols, rows, width=width, indent="  ")]
+
+
+def headline(a: Analysis) -> list[str]:
+    """Where the time went, in a sentence per device: busy share, the top kernel, the idle's main cause."""
+    out = []
+    causes = {"host_bound_ns": "host-bound: the queue was empty, the host not enqueueing",
+              "host_blocked_ns": "host-blocked: the host sat in blocking calls",
+              "other_ns": "queued work not yet started"}
+    for d in a.devices:
+        line = f"{d['name']}: busy {d['busy_pct']:.0f}% of the wall time"
+        ks = [k for k in a.kernels]
+        if ks:
+            top = max(ks, key=lambda k: k["total_ns"])
+            line += f"; {top['name']} takes {top['device_pct']:.0f}% of the device time"
+        out.append(line)
+        if d["idle_ns"]:
+            cause, ns = max(d["idle"].items(), key=lambda kv: kv[1])
+            out.append(f"  idle {fmt_ns(d['idle_ns'])}, mostly {causes[cause]} ({fmt_ns(ns)})")
+    return out
+
+
+def finding_lines(a: Analysis, width: int) -> list[str]:
+    if not a.findings:
+        return ["Findings: none of the rules fired (see `cltrace analyze --json` for their thresholds)."]
+    out = [f"Findings, most time at stake first ({len(a.findings)}):"]
+    for n, f in enumerate(a.findings, 1):
+        out.append(f" {n}. {f['title']} [{f['rule']}], {fmt_ns(f['cost_ns'])} at stake")
+        out.append(f"    {f['summary']}")
+        worst = f["instances"][:3]
+        if worst:
+            out.append("    worst: " + "; ".join(
+                f"{i['name']} at {i['at_s']:.6f} s ({fmt_ns(i['dur_ns'])})" for i in worst))
+        out.append(f"    -> {f['suggestion']}")
+    return out
+
+
+def kernel_lines(a: Analysis, width: int, sort: str = "total", top: int | None = 10) -> list[str]:
+    if not a.kernels:
+        return ["Kernels: none with device times."]
+    key = KERNEL_SORT[sort]
+    rows = sorted(a.kernels, key=lambda r: (-r[key], r["name"]))
+    shown = rows[:top] if top else rows
+    by_shape = any(r.get("shape") for r in rows)
+    cols = [Column("kernel", keep=9)] + ([Column("launch shape", keep=8, left=True)] if by_shape else []) + [
+        Column("count", keep=8), Column("total", time=True, keep=9), Column("self", time=True, keep=4),
+        Column("% device", keep=8), Column("first", time=True, keep=6), Column("mean", time=True, keep=7),
+        Column("p50", time=True, keep=5), Column("p99", time=True, keep=5)]
+    data = [(r["name"],) + ((r["shape"],) if by_shape else ()) +
+            (r["count"], r["total_ns"], r["self_ns"], f"{r['device_pct']:.1f}", r["first_ns"], r["mean_ns"],
+             r["p50_ns"], r["p99_ns"]) for r in shown]
+    more = f", {len(rows) - len(shown)} more" if len(rows) > len(shown) else ""
+    return [f"Kernels by {sort} (device time; first launch apart, mean/p50/p99 after it{more}):",
+            *table(cols, data, width=width, indent="  ")]
+
+
+def launch_lines(a: Analysis, width: int) -> list[str]:
+    la = a.launches
+    if not la["count"]:
+        return []
+    out = [f"Launches: {la['count']} kernels, {la['launch_bound']} ({la['launch_bound_pct']:.0f}%) launch-bound "
+           f"(device time < host enqueue); enqueue {fmt_ns(la['enqueue_ns'])} vs device {fmt_ns(la['device_ns'])} "
+           f"in all"]
+    for name, d in la["queue_depth"].items():
+        out.append(f"  queue depth {name}: max {d['max']}, mean {d['mean']:.2f} commands in flight")
+    return out
+
+
+def region_lines(a: Analysis, width: int, depth: int = 1) -> list[str]:
+    rows = [r for r in a.regions if r["depth"] <= depth]
+    if not rows:
+        return []
+    cols = [Column("region", keep=9), Column("src", keep=9, left=True), Column("count", keep=7),
+            Column("total", time=True, keep=9), Column("self", time=True, keep=8), Column("% parent", keep=5),
+            Column("% run", keep=6), Column("p50", time=True, keep=4), Column("p99", time=True, keep=3)]
+    data, last = [], None
+    for r in rows:
+        name = "" if r["path"] == last else "  " * r["depth"] + r["name"]
+        last = r["path"]
+        data.append((name, r["label"], r["count"], r["total_ns"], r["self_ns"],
+                     None if r["parent_pct"] is None else f"{r['parent_pct']:.1f}",
+                     None if r["run_pct"] is None else f"{r['run_pct']:.1f}", r["p50_ns"], r["p99_ns"]))
+    return [f"Regions, top {depth + 1} levels (full tree: cltrace summary):", *table(cols, data, width=width,
+                                                                                   indent="  ")]
+
+
+def render_analysis(a: Analysis, width: int | None = None, sort: str = "total", top: int | None = 10) -> str:
+    width = width or terminal_width()
+    parts = [[f"cltrace analyze: {a.source}",
+              f"{plural(a.spans, 'span')} over {fmt_ns(a.wall['wall_ns'])}"
+              + ("" if a.devices else "; no device work"), *headline(a)],
+             utilisation_lines(a, width) if a.devices else [],
+             finding_lines(a, width), kernel_lines(a, width, sort, top), launch_lines(a, width),
+             region_lines(a, width)]
+    clocks = [f"clock {c['device']}: {c.get('method')}, bound ±{c.get('bound_ns')} ns, "
+              f"drift {c.get('drift_ns_per_s')} ns/s, {plural(int(c.get('points') or 0), 'calibration')}"
+              for c in a.clocks]
+    if clocks:
+        parts.append(clocks)
+    return "\n\n".join("\n".join(p) for p in parts if p)

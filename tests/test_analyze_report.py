@@ -1,0 +1,105 @@
+"""The region report (``PerfCounter.report()``, ``cltrace summary``) and the text tables under it:
+a tree sorted by total time per level, self and total, shares of parent and run, one unit per
+time column, names never cut, a command's host row labelled as its enqueue cost, devices by name."""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+import cltrace
+from cltrace.analyze.report import footer, region_rows
+from cltrace.analyze.text import Column, fmt_ns, table, unit_for
+
+LONG = "a_region_name_long_enough_that_an_old_fixed_width_column_would_have_cut_it_off"
+
+
+def _record(queue: Any, kernels: Any) -> None:
+    cltrace.start()
+    for _ in range(3):
+        with cltrace.region("outer", queue):
+            with cltrace.region("small", queue):  # runs first, takes less
+                kernels.launch_add(queue)
+            with cltrace.region(LONG, queue):
+                kernels.launch_spin(queue, 3000)
+    queue.finish()
+    cltrace.stop()
+
+
+def test_tree_sorted_by_total_with_self_and_shares(queue: Any, kernels: Any) -> None:
+    _record(queue, kernels)
+    rows = region_rows(cltrace.PerfCounter().as_dict())
+    dev = [r for r in rows if r["source"] == "device"]
+    assert [r["name"] for r in dev] == ["outer", LONG, "spin", "small", "add"]  # big before small
+    outer = dev[0]
+    kids = [r for r in dev if r["depth"] == 1]
+    assert outer["self_ns"] == outer["total_ns"] - sum(k["total_ns"] for k in kids)
+    assert outer["run_pct"] == 100.0 and outer["parent_pct"] is None
+    for k in kids:
+        assert k["parent_pct"] == np.float64(100.0 * k["total_ns"] / outer["total_ns"])
+    spin = next(r for r in rows if r["name"] == "spin" and r["source"] == "host")
+    assert spin["label"] == "enqueue"
+    assert next(r for r in rows if r["name"] == "outer" and r["source"] == "host")["label"] == "host"
+
+
+def test_report_text_one_unit_per_column_and_names_whole(queue: Any, kernels: Any) -> None:
+    _record(queue, kernels)
+    text = cltrace.PerfCounter().report()
+    lines = text.splitlines()
+    head = lines[1]
+    units = re.findall(r"(total|self|mean|p50|p99|max) (ns|us|ms|s)\b", head)
+    assert [u[0] for u in units] == ["total", "self", "mean", "p50", "p99", "max"]
+    body = [ln for ln in lines[3:] if ln.split()[:1] and ln.split()[0] in ("device", "enqueue", "host")
+            or any(ln.strip().startswith(n) for n in ("outer", "small", "spin", "add", LONG))]
+    assert any(LONG in ln for ln in body)
+    for ln in body:  # values carry no unit: the header has it
+        assert not re.search(r"\d(ns|us|ms|s)\b", ln), ln
+    assert "enqueue" in text
+    dev_name = cltrace.default_device().name.strip()
+    clock = next(ln for ln in lines if ln.startswith("clock "))
+    assert clock.startswith(f"clock {dev_name}:") and "|" not in clock
+    assert re.search(r"drift -?[\d.]+ ns/s", clock)
+    assert re.search(r"\b1 calibration$|\b\d+ calibrations$", clock) and "1 calibrations" not in clock
+
+
+def test_footer_names_devices_and_counts_calibrations_in_english() -> None:
+    meta = {"recorded_spans": 3, "dropped_spans": 0,
+            "devices": {"P|Dev X|1.0": {"name": "Dev X"}},
+            "clocks": {"P|Dev X|1.0": {"method": "m", "domain": "monotonic", "bound_ns": 5, "drift_ns": 2,
+                                       "drift_ns_per_s": 1.5, "points": 1},
+                       "Q|Dev Y|2": {"method": "m", "domain": "monotonic", "bound_ns": 5, "drift_ns": 2,
+                                     "drift_ns_per_s": 0.0, "points": 4}}}
+    lines = footer(meta)
+    assert lines[1] == "clock Dev X: m (monotonic), bound ±5 ns, drift 1.5 ns/s, 1 calibration"
+    assert lines[2] == "clock Dev Y: m (monotonic), bound ±5 ns, drift 0.0 ns/s, 4 calibrations"
+
+
+def test_table_drops_columns_not_names_when_narrow() -> None:
+    cols = [Column("name"), Column("count", keep=9), Column("total", time=True, keep=8),
+            Column("p99", time=True, keep=1)]
+    rows = [(LONG, 3, 1_500_000, 2_000_000), ("short", 1, 250, 300)]
+    wide = table(cols, rows, width=500)
+    assert wide[0].split() == ["name", "count", "total", "us", "p99", "us"]
+    assert wide[1].split()[2:] == ["1500.0", "2000.0"] and wide[2].split()[2:] == ["0.2", "0.3"]
+    narrow = table(cols, rows, width=len(LONG) + 12)
+    assert LONG in narrow[1] and "p99" not in narrow[0] and "count" in narrow[0]
+    tiny = table(cols, rows, width=10)
+    assert tiny[1].strip() == LONG  # the name stays whole even when nothing else fits
+
+
+def test_units_and_single_durations() -> None:
+    assert unit_for([5.0, 900.0]) == ("ns", 1.0)
+    assert unit_for([120_000.0]) == ("us", 1e3)
+    assert unit_for([2e11]) == ("s", 1e9)
+    assert fmt_ns(2_300_000) == "2.30 ms" and fmt_ns(17) == "17 ns" and fmt_ns(None) == "-"
+
+
+def test_devices_command_writes_drift_per_second_and_counts_calibrations(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "cltrace", "devices", "--samples", "8"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120).stdout
+    clock = next(ln for ln in out.splitlines() if "clock:" in ln)
+    assert re.search(r"over (1 calibration|\d+ calibrations) \(drift -?[\d.]+ ns/s\)", clock), clock
