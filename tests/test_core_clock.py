@@ -73,7 +73,9 @@ def test_interpolation_is_consistent_between_points(clock):
         assert lo <= clock.offset_at(d) <= hi
         assert clock.to_host(d) == d - clock.offset_at(d)
     assert clock.offset_at(dev_first - 10**9) == first.offset_ns
-    assert clock.offset_at(dev_last + 10**9) == last.offset_ns
+    # Past the last point the map runs flat (points too close for a drift slope); it follows jittery
+    # points at most 1000 ppm steeply, and its distance from them is part of the bound.
+    assert abs(clock.offset_at(dev_last + 10**9) - last.offset_ns) <= clock.bound_ns
     hosts = [clock.to_host(d) for d in stamps]
     assert hosts == sorted(hosts)
 

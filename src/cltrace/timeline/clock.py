@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from .placement import Placement
+
 _perf = time.perf_counter_ns
 log = logging.getLogger("cltrace")
 
@@ -75,9 +77,10 @@ class DeviceClock:
         # The map: knots (device ns, offset ns), extrapolated with _slope after the last one.
         self._kd: list[int] = []
         self._ko: list[int] = []
-        self._slope = 0.0
+        self._sl: list[float] = []  # slope of the segment starting at each knot
         self._mapped_max: int | None = None  # latest device stamp the map was used for
         self._err = 0  # largest distance between the map and a calibration point
+        self.placement = Placement(max(self.resolution_ns, 100))  # offsets commands are drawn with
         self.calibrate()
         self.domain = classify_domain(self.points[0].offset_ns)
 
@@ -146,43 +149,49 @@ class DeviceClock:
         return point
 
     def _add_knot(self, p: CalibrationPoint) -> None:
-        """Bend the map towards a new point, leaving it unchanged up to the latest stamp mapped."""
+        """Bend the map towards a new point, leaving it unchanged up to the latest stamp mapped.
+
+        Each segment keeps the slope it was used with, so a stamp maps by the same formula before
+        and after a later calibration (to the ns)."""
         d = p.host_ns + p.offset_ns
-        kd, ko = self._kd, self._ko
-        if kd:
-            m = self._mapped_max
-            if m is not None and m > kd[-1]:
-                kd.append(m)  # freeze what was already used: the extrapolated line up to m
-                ko.append(self._extrapolate(m))
-            if d <= kd[-1]:
-                self._update_slope()
-                return
-            step = (p.offset_ns - ko[-1]) / (d - kd[-1])
-            off = p.offset_ns
-            if abs(step) > MAX_SLOPE:
-                off = ko[-1] + round(MAX_SLOPE * (d - kd[-1]) * (1 if step > 0 else -1))
-            kd.append(d)
-            ko.append(off)
-            self._err = max(self._err, abs(off - p.offset_ns))
-        else:
+        kd, ko, sl = self._kd, self._ko, self._sl
+        if not kd:
             kd.append(d)
             ko.append(p.offset_ns)
+            sl.append(0.0)
+            self._update_slope()
+            return
+        m = self._mapped_max
+        if m is not None and m > kd[-1]:  # freeze what was already used: the extrapolated line up to m
+            ko.append(self._extrapolate(m))
+            kd.append(m)
+            sl.append(sl[-1])
+        if d > kd[-1]:
+            step = (p.offset_ns - ko[-1]) / (d - kd[-1])
+            sl[-1] = max(-MAX_SLOPE, min(MAX_SLOPE, step))
+            off = ko[-1] + round(sl[-1] * (d - kd[-1]))
+            kd.append(d)
+            ko.append(off)
+            sl.append(0.0)
+            self._err = max(self._err, abs(off - p.offset_ns))
         self._update_slope()
 
     def _update_slope(self) -> None:
-        """Drift per ns from the newest point and the newest one at least MIN_DRIFT_SPAN_NS before it."""
+        """Drift per ns from the newest point and the newest one at least MIN_DRIFT_SPAN_NS before it:
+        the slope of the map after its last knot (where nothing was mapped yet)."""
         pts = self.points
         last = pts[-1]
+        slope = 0.0
         for a in reversed(pts[:-1]):
             span = last.host_ns - a.host_ns
             if span >= MIN_DRIFT_SPAN_NS:
-                slope = (last.offset_ns - a.offset_ns) / span
-                self._slope = max(-MAX_SLOPE, min(MAX_SLOPE, slope))
-                return
-        self._slope = 0.0
+                slope = max(-MAX_SLOPE, min(MAX_SLOPE, (last.offset_ns - a.offset_ns) / span))
+                break
+        if self._mapped_max is None or self._mapped_max <= self._kd[-1]:
+            self._sl[-1] = slope
 
     def _extrapolate(self, d: int) -> int:
-        return self._ko[-1] + round(self._slope * (d - self._kd[-1]))
+        return self._ko[-1] + round(self._sl[-1] * (d - self._kd[-1]))
 
     def _commit(self, latest: int) -> None:
         """Note that stamps up to ``latest`` were mapped (no later than the device's present)."""
@@ -201,19 +210,13 @@ class DeviceClock:
         with self._lock:
             kd = np.array(self._kd, np.int64)
             ko = np.array(self._ko, np.int64)
-            slope = self._slope
+            sl = np.array(self._sl, np.float64)
             self._commit(int(d.max()))
-        out = np.empty(len(d), np.int64)
         i = np.searchsorted(kd, d, "right") - 1
         before = i < 0
+        i[before] = 0
+        out = ko[i] + np.rint(sl[i] * (d - kd[i])).astype(np.int64)
         out[before] = ko[0]
-        after = i >= len(kd) - 1
-        if after.any():
-            out[after] = ko[-1] + np.rint((d[after] - kd[-1]) * slope).astype(np.int64)
-        mid = ~before & ~after
-        if mid.any():
-            j = i[mid]
-            out[mid] = ko[j] + (ko[j + 1] - ko[j]) * (d[mid] - kd[j]) // (kd[j + 1] - kd[j])
         return out
 
     def to_host(self, device_ns: int) -> int:
@@ -221,17 +224,14 @@ class DeviceClock:
         return device_ns - self.offset_at(device_ns)
 
     def offset_at(self, device_ns: int) -> int:
-        """Offset (device - host) the map applies at ``device_ns``: interpolated between knots,
-        extrapolated along the measured drift after the last one, fixed once used."""
+        """Offset (device - host) the map applies at ``device_ns``: piecewise linear through the knots,
+        along the measured drift after the last one, fixed once used."""
         with self._lock:
-            kd, ko = self._kd, self._ko
             self._commit(device_ns)
-            i = bisect.bisect_right(kd, device_ns) - 1
+            i = bisect.bisect_right(self._kd, device_ns) - 1
             if i < 0:
-                return ko[0]
-            if i >= len(kd) - 1:
-                return self._extrapolate(device_ns)
-            return ko[i] + (ko[i + 1] - ko[i]) * (device_ns - kd[i]) // (kd[i + 1] - kd[i])
+                return self._ko[0]
+            return self._ko[i] + round(self._sl[i] * (device_ns - self._kd[i]))
 
     @property
     def bound_ns(self) -> int:
@@ -244,7 +244,7 @@ class DeviceClock:
             if span > 0:
                 pred = a.offset_ns + (c.offset_ns - a.offset_ns) * (b.host_ns - a.host_ns) // span
                 worst = max(worst, abs(b.offset_ns - pred))
-        return max(p.bound_ns for p in pts) + worst + self._err
+        return max(p.bound_ns for p in pts) + worst + self._err + self.placement.worst_ns
 
     @property
     def drift_ns(self) -> int:
@@ -268,6 +268,7 @@ class DeviceClock:
             "drift_ns_per_s": round(self.drift_rate(), 1),
             "points": len(self.points),
             "rejected": self.rejected,
+            "placement_ns": self.placement.worst_ns,  # how far drawn commands stray from the map (in bound_ns)
             "resolution_ns": self.resolution_ns,
         }
 

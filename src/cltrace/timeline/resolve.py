@@ -139,6 +139,7 @@ class Resolver:
         rows = np.flatnonzero(ok)
         track = np.zeros(n, np.int32)
         off = np.zeros(n, np.int64)
+        off_end = np.zeros(n, np.int64)  # regions' END may be drawn with a later offset than their START
         lane_rows: list[int] = []
         lane_keys: dict[int, tuple[Any, int, Any]] = {}
         if len(rows):
@@ -150,13 +151,12 @@ class Resolver:
             uk, kfirst, ik = np.unique(key, return_index=True, return_inverse=True)
             infos = [self.queue_info(qs[j], thread[int(rows[j])]) for j in kfirst.tolist()]
             track[rows] = np.array([inf[0] for inf in infos], np.int32)[ik]
-            starts = raw[rows, _START]
             clocks: dict[int, tuple[Any, list[int]]] = {}
             for g, inf in enumerate(infos):
                 clocks.setdefault(id(inf[1]), (inf[1], []))[1].append(g)
             for clock, groups in clocks.values():
-                sel = np.isin(ik, groups) if len(clocks) > 1 else slice(None)
-                off[rows[sel]] = clock.offsets(starts[sel])
+                mine = rows[np.isin(ik, groups)] if len(clocks) > 1 else rows
+                self._place(clock, mine, raw, region, off, off_end)
             for g, inf in enumerate(infos):
                 if inf[2] is not None:  # an out-of-order queue: its commands go on lanes
                     for j in np.flatnonzero(ik == g).tolist():
@@ -166,7 +166,7 @@ class Resolver:
                             lane_keys[i] = (qs[j], thread[i], inf[2])
         raw_start = raw[:, _START].copy()
         raw_end = raw[:, _END].copy()
-        self._nest(out, region, ok, track, off, raw_start, raw_end, lane_rows)
+        self._nest(out, region, ok, track, off, off_end, raw_start, raw_end, lane_rows)
         out["track"] = track
         z = np.where(ok, off, 0)
         out["raw_start"] = np.where(ok, raw_start, 0)
@@ -174,11 +174,33 @@ class Resolver:
         out["dev_queued"] = np.where(ok, raw[:, _QUEUED] - z, 0)
         out["dev_submit"] = np.where(ok, raw[:, _SUBMIT] - z, 0)
         out["dev_start"] = out["raw_start"] - z
-        out["dev_end"] = out["raw_end"] - z
+        out["dev_end"] = out["raw_end"] - np.where(ok, off_end, 0)
         if lane_rows:
             self._assign_lanes(lane_rows, lane_keys, out)
         out["status"] = err.astype(np.int8)
         return SpanBatch(t, out, attrs, errors)
+
+    @staticmethod
+    def _place(clock: Any, rows: np.ndarray, raw: np.ndarray, region: np.ndarray, off: np.ndarray,
+               off_end: np.ndarray) -> None:
+        """Offsets of one device's rows: commands get one committed offset each (``placement``);
+        a region's edges take the offset in force where they fall."""
+        starts, ends = raw[rows, _START], raw[rows, _END]
+        reg = region[rows]
+        cmd = ~reg
+        pl = clock.placement
+        if cmd.any():
+            o = pl.place(starts[cmd], ends[cmd], clock.offsets(starts[cmd]))
+            off[rows[cmd]] = o
+            off_end[rows[cmd]] = o
+        if reg.any():
+            try:
+                off[rows[reg]] = pl.lookup(starts[reg])
+                off_end[rows[reg]] = pl.lookup(ends[reg])
+            except LookupError:  # regions before any command on this device: they start the placement
+                o = pl.place(starts[reg], ends[reg], clock.offsets(starts[reg]))
+                off[rows[reg]] = o
+                off_end[rows[reg]] = o
 
     def _paths(self, path: tuple, name_ids: np.ndarray, cat_ids: np.ndarray, region: np.ndarray) -> np.ndarray:
         """Interned full path per row: a region's recorded path ends in its name; a launch's gets it added.
@@ -200,7 +222,8 @@ class Resolver:
         return np.array(ids, np.int32)[ik]
 
     def _nest(self, out: dict[str, np.ndarray], region: np.ndarray, ok: np.ndarray, track: np.ndarray,
-              off: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray, lane_rows: list[int]) -> None:
+              off: np.ndarray, off_end: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray,
+              lane_rows: list[int]) -> None:
         """Widen regions' device spans to their children's (markers can be stamped loosely), so nesting holds.
 
         Children's extents are gathered per (parent, track) in one sorted pass; regions are then taken in
@@ -214,7 +237,7 @@ class Resolver:
         rows = np.flatnonzero(leaf)
         if len(rows):
             p, tr = parent[rows], track[rows]
-            ds, de = raw_start[rows] - off[rows], raw_end[rows] - off[rows]
+            ds, de = raw_start[rows] - off[rows], raw_end[rows] - off_end[rows]
             order = np.lexsort((tr, p))
             p, tr, ds, de = p[order], tr[order], ds[order], de[order]
             first = np.flatnonzero(np.r_[True, (p[1:] != p[:-1]) | (tr[1:] != tr[:-1])])
@@ -229,28 +252,35 @@ class Resolver:
                         cur[0] = a
                     if b > cur[1]:
                         cur[1] = b
-        ids = out["id"]
-        for i in np.flatnonzero(region).tolist():
-            mine = ext.pop(int(ids[i]), None)
-            if not ok[i]:
+        regs = np.flatnonzero(region)
+        if not len(regs):
+            return
+        rs, re_ = raw_start[regs].tolist(), raw_end[regs].tolist()
+        rows = zip(out["id"][regs].tolist(), ok[regs].tolist(), track[regs].tolist(), off[regs].tolist(),
+                   off_end[regs].tolist(), parent[regs].tolist())
+        pop = ext.pop
+        for j, (sid, good, t, o, oe, pp) in enumerate(rows):
+            mine = pop(sid, None)
+            if not good:
                 continue
-            t = int(track[i])
-            o = int(off[i])
             e = mine.get(t) if mine else None
             if e is not None:
-                if e[0] + o < raw_start[i]:
-                    raw_start[i] = e[0] + o
-                if e[1] + o > raw_end[i]:
-                    raw_end[i] = e[1] + o
-            pp = int(parent[i])
+                if e[0] + o < rs[j]:
+                    rs[j] = e[0] + o
+                if e[1] + oe > re_[j]:
+                    re_[j] = e[1] + oe
             if pp:
-                a, b = int(raw_start[i]) - o, int(raw_end[i]) - o
+                a, b = rs[j] - o, re_[j] - oe
                 cur = ext.setdefault(pp, {}).get(t)
                 if cur is None:
                     ext[pp][t] = [a, b]
                 else:
-                    cur[0] = min(cur[0], a)
-                    cur[1] = max(cur[1], b)
+                    if a < cur[0]:
+                        cur[0] = a
+                    if b > cur[1]:
+                        cur[1] = b
+        raw_start[regs] = rs
+        raw_end[regs] = re_
 
     def _assign_lanes(self, rows: list[int], keys: dict[int, tuple[Any, int, Any]], out: dict[str, np.ndarray]) -> None:
         """Put out-of-order commands, in start order, on the first lane free at their start."""
