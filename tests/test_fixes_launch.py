@@ -107,3 +107,12 @@ def test_failed_cltrace_kernel_launch_is_named_with_tracing_off(cl_ctx: Any, que
         with pytest.raises(cl.LogicError, match=r"kernel 'add1' \(global_size \(4096,\), local_size \(3,\)\)"):
             launch()
     assert RECORDER.spans() == []
+
+
+def test_pyopencls_own_detail_is_kept_in_the_named_error(cl_ctx: Any, queue: Any, buf: Any) -> None:
+    knl = cltrace.compile("__kernel void addn(__global float *a, int n) { a[get_global_id(0)] += n; }",
+                          context=cl_ctx).kernel("addn")
+    with pytest.raises(cl.LogicError) as info:
+        knl(queue, (N,), None, buf, 3.5)  # a float where the kernel takes an int: pyopencl says which
+    msg = str(info.value)
+    assert "arg#2" in msg and "kernel 'addn'" in msg

@@ -69,8 +69,9 @@ def named_error(exc: Exception, name: str, gs: list[int] | None, ls: list[int] |
         rec = exc.args[0]
         code = rec.code()
         hint = _hint(code, kernel, queue, gs, ls)
-        new = type(exc)(cl._cl._ErrorRecord(routine=rec.routine(), code=code,
-                                            msg=f"{where}{': ' + hint if hint else ''}"))
+        what = rec.what()  # pyopencl's own detail (e.g. which argument), kept first
+        msg = f"{what + '; ' if what else ''}{where}{': ' + hint if hint else ''}"
+        new = type(exc)(cl._cl._ErrorRecord(routine=rec.routine(), code=code, msg=msg))
     except Exception:  # an error without pyopencl's record: keep it, with a note
         exc.add_note(f"cltrace: in {where}")
         new = exc
