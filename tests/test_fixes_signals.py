@@ -25,8 +25,8 @@ with cltrace.region("work", q):
     for _ in range(5):
         prg.inc[1024, None, q](buf)
 q.finish()
-print("ready", flush=True)
-with cltrace.region("waiting"):  # open when the signal comes
+with cltrace.region("waiting"):  # open when the signal comes: "ready" is printed inside it
+    print("ready", flush=True)
     time.sleep(60)
 '''
 
