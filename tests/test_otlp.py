@@ -439,7 +439,7 @@ def test_undelivered_spans_reported_at_exit() -> None:
     assert took < 30
 
 
-def test_opentelemetry_is_loaded_only_when_otlpsink_is_used() -> None:
+def test_opentelemetry_is_loaded_only_when_otlpsink_is_used(tmp_path: Any) -> None:
     p, _ = run_script("""
         import sys
         import cltrace
@@ -453,7 +453,7 @@ def test_opentelemetry_is_loaded_only_when_otlpsink_is_used() -> None:
             cltrace.NoSuchName
         except AttributeError as exc:
             print(exc)
-    """, env=clean_env(CLTRACE="1"))
+    """, env=clean_env(CLTRACE="1", CLTRACE_OUT=str(tmp_path / "t.json")))  # not the default in the cwd
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "module 'cltrace' has no attribute 'NoSuchName'"
 

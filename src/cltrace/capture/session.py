@@ -1,36 +1,132 @@
-"""Switching tracing on and off, and attaching file exporters by path."""
+"""Switching tracing on and off, attaching file exporters by path, and closing the trace
+however the process ends: ``stop()``, normal exit, or SIGTERM (what ``timeout``,
+``docker stop`` and job schedulers send).
+
+A session says where its files are when it closes them: one ``cltrace: wrote ...`` line
+on stderr (``quiet=True`` or ``CLTRACE_QUIET=1`` silences it). ``CLTRACE=1`` at import
+starts one from the environment (and says where only for the default file, the one the
+user did not name); a setting it cannot use costs that output, with one warning line,
+never the program.
+"""
 from __future__ import annotations
 
+import atexit
 import contextlib
+import logging
 import os
+import signal
+import sys
+import threading
 from typing import Any, Iterator
 
 from .. import _state
+from ..errors import CltraceError
 from ..export.formats import format_for, register_format, sink_for
 from ..record.recorder import RECORDER
 
-__all__ = ["start", "stop", "trace", "enabled", "start_from_env", "format_for", "sink_for", "register_format"]
+__all__ = ["start", "stop", "trace", "enabled", "start_from_env", "format_for", "sink_for", "register_format",
+           "OutputError", "default_output"]
+
+log = logging.getLogger("cltrace")
 
 _session_sinks: list[Any] = []
+_session_paths: dict[int, tuple[str, bool]] = {}  # id(sink) -> (the path it writes, say so when closed)
+_TRUE = ("1", "true", "yes", "on")
 
 
-def start(*outputs: str | Any, capacity: int | None = None, overflow: str | None = None) -> None:
-    """Turn tracing on. Each output is a path (format from its suffix) or a sink object."""
-    RECORDER.configure(capacity=capacity, overflow=overflow)
-    for out in outputs:
-        sink = sink_for(os.fspath(out)) if isinstance(out, (str, os.PathLike)) else out
+class OutputError(CltraceError, ValueError):
+    """A trace output path that cannot be written: unknown suffix, a file where a folder
+    should be, no permission. The message names the path and the fix."""
+
+
+def _open(out: str | os.PathLike[str]) -> tuple[Any, str]:
+    """A started sink for the trace path ``out``, or OutputError saying what to change."""
+    path = os.fspath(out)
+    try:
+        fmt = format_for(path)
+    except ValueError as exc:
+        raise OutputError(str(exc)) from None
+    if os.path.isdir(path):
+        raise OutputError(f"cannot write the trace {path!r}: it is a folder; give a file name such as "
+                          f"{os.path.join(path, 'trace.json')!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        raise OutputError(f"cannot write the trace {path!r}: {_shown(folder)!r} is a file, not a folder; "
+                          "choose another path")
+    sink = sink_for(path, fmt)
+    try:
         RECORDER.add_sink(sink)
-        _session_sinks.append(sink)
+    except OSError as exc:
+        raise OutputError(f"cannot write the trace {path!r}: {exc.strerror or exc}; "
+                          "choose a path in a folder you can write to") from None
+    return sink, path
+
+
+def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, overflow: str | None = None,
+          quiet: bool | None = None) -> None:
+    """Turn tracing on. Each output is a path (format from its suffix) or a sink object.
+
+    A path that cannot be written raises ``OutputError`` (a ``ValueError``) before tracing
+    starts, and none of this call's outputs is attached. ``quiet``: do not print where the
+    files are when they are closed (default: ``CLTRACE_QUIET``).
+    """
+    RECORDER.configure(capacity=capacity, overflow=overflow)
+    if quiet is None:
+        quiet = os.environ.get("CLTRACE_QUIET", "").strip().lower() in _TRUE
+    added: list[Any] = []
+    try:
+        for out in outputs:
+            if isinstance(out, (str, os.PathLike)):
+                sink, path = _open(out)
+                _session_paths[id(sink)] = (path, not quiet)
+            else:
+                sink = out
+                RECORDER.add_sink(sink)
+            added.append(sink)
+    except BaseException:
+        for sink in added:
+            _session_paths.pop(id(sink), None)
+            with contextlib.suppress(Exception):
+                RECORDER.remove_sink(sink)
+        raise
+    _session_sinks.extend(added)
     _state.ENABLED = True
     RECORDER.activate()
+    _install_sigterm()
 
 
 def stop() -> None:
-    """Turn tracing off, flush everything recorded and close the sinks ``start`` attached."""
+    """Turn tracing off, flush everything recorded and close the sinks ``start`` attached.
+
+    Prints one ``cltrace: wrote ...`` line on stderr for the files it closed, unless quiet."""
     _state.ENABLED = False
     RECORDER.flush(block=True)
+    wrote = []
     while _session_sinks:
-        RECORDER.remove_sink(_session_sinks.pop())
+        sink = _session_sinks.pop(0)
+        path, announce = _session_paths.pop(id(sink), (None, False))
+        try:
+            RECORDER.remove_sink(sink)
+        except Exception as exc:  # one output failing must not cost the others
+            log.warning("cltrace: writing %s failed: %s", path or repr(sink), exc)
+            continue
+        if announce:
+            wrote.append(path)
+    _uninstall_sigterm()
+    if wrote:
+        print(f"cltrace: wrote {', '.join(_shown(p) for p in wrote)}", file=sys.stderr, flush=True)
+
+
+def _shown(path: str) -> str:
+    """A path as the user can open it from where they are: relative under the working folder."""
+    full = os.path.abspath(path)
+    try:
+        rel = os.path.relpath(full)
+    except ValueError:  # another drive
+        return full
+    return full if rel.startswith(os.pardir) else rel
 
 
 def enabled() -> bool:
@@ -38,24 +134,134 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def trace(*outputs: str | Any, capacity: int | None = None, overflow: str | None = None) -> Iterator[Any]:
-    """``with cltrace.trace("out.json"):`` traces the block and writes the file(s) at exit."""
-    start(*outputs, capacity=capacity, overflow=overflow)
+def trace(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, overflow: str | None = None,
+          quiet: bool | None = None) -> Iterator[Any]:
+    """``with cltrace.trace("out.json"):`` traces the block and writes the file(s) at exit,
+    saying where on stderr unless ``quiet``."""
+    start(*outputs, capacity=capacity, overflow=overflow, quiet=quiet)
     try:
         yield RECORDER
     finally:
         stop()
 
 
-def start_from_env() -> None:
-    """``CLTRACE=1`` turns tracing on at import; ``CLTRACE_OUT`` names the output file(s);
-    OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT also sends the spans there (``otlp_sink_from_env``)."""
-    if os.environ.get("CLTRACE", "").strip().lower() in ("1", "true", "yes", "on"):
-        outs: list[Any] = [p for p in os.environ.get("CLTRACE_OUT", "").split(os.pathsep) if p]
-        if os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-            from ..export.otlp import otlp_sink_from_env
+@atexit.register
+def _at_exit() -> None:  # registered after the recorder's: runs first, so the files are named
+    if _session_sinks:
+        stop()
 
-            sink = otlp_sink_from_env()
-            if sink is not None:
-                outs.append(sink)
-        start(*outs)
+
+# ---- SIGTERM ------------------------------------------------------------------------------
+
+_prev_sigterm: Any = None
+_sigterm_installed = False
+
+
+def _install_sigterm() -> None:
+    """Close the trace on SIGTERM, then do what the process would have done without cltrace.
+
+    Installed only from the main thread and only over the default action or a Python
+    handler: an ignored SIGTERM stays ignored."""
+    global _prev_sigterm, _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        prev = signal.getsignal(signal.SIGTERM)
+        if prev is signal.SIG_IGN or prev is None:  # ignored, or set outside Python: leave it
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError, AttributeError):  # no signals here (embedded interpreter)
+        return
+    _prev_sigterm, _sigterm_installed = prev, True
+
+
+def _uninstall_sigterm() -> None:
+    global _sigterm_installed
+    if not _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _sigterm_installed = False
+    with contextlib.suppress(ValueError, OSError):
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # a handler set since is the program's
+            signal.signal(signal.SIGTERM, _prev_sigterm)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    prev = _prev_sigterm
+    if callable(prev):
+        # The program handles SIGTERM itself (it may exit, or carry on): make the files
+        # complete up to now and let it decide; exit closes them as usual.
+        RECORDER.flush(block=True)
+        prev(signum, frame)
+        return
+    # Default action: close every output, then die of the signal as without cltrace.
+    try:
+        stop()
+        RECORDER.shutdown()
+    finally:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+# ---- CLTRACE=1 ------------------------------------------------------------------------------
+
+def default_output(argv0: str | None = None) -> str:
+    """Where ``CLTRACE=1`` writes without ``CLTRACE_OUT``: ``traces/<script>.json``, as ``cltrace run``."""
+    a = sys.argv[0] if argv0 is None else argv0
+    base = os.path.splitext(os.path.basename(a))[0] if a and not a.startswith("-") else ""
+    return os.path.join("traces", f"{base or 'python'}.json")
+
+
+def start_from_env() -> None:
+    """``CLTRACE=1`` turns tracing on at import. ``CLTRACE_OUT`` names the output file(s)
+    (``os.pathsep``-separated); OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT also sends the spans
+    there. With neither, the trace goes to ``default_output()``. A setting that cannot be
+    used gives one warning line naming the variable and the fix, and that output is off:
+    importing cltrace never stops the program."""
+    if os.environ.get("CLTRACE", "").strip().lower() not in _TRUE:
+        return
+    try:
+        _start_from_env()
+    except Exception as exc:  # the last line of defence: the user's program goes on
+        _state.ENABLED = False
+        log.warning("cltrace: CLTRACE=1: tracing is off: %s", exc)
+
+
+def _start_from_env() -> None:
+    raw_out = os.environ.get("CLTRACE_OUT", "")
+    paths = [p for p in raw_out.split(os.pathsep) if p.strip()]
+    otlp = _otlp_from_env()
+    default = not paths and otlp is None and not _otlp_configured()
+    if default:
+        paths = [default_output()]
+    start()
+    for path in paths:
+        try:
+            start(path, quiet=None if default else True)  # CLTRACE_OUT's files are where the user said
+        except OutputError as exc:
+            log.warning("cltrace: CLTRACE_OUT: %s (this output is off)", exc)
+    if otlp is not None:
+        start(otlp)
+
+
+def _otlp_configured() -> bool:
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+def _otlp_from_env() -> Any:
+    """The OTLP sink the environment asks for, or None (with one warning line per bad setting)."""
+    if not _otlp_configured():
+        return None
+    from ..export.otlp.config import env_problems
+
+    problems = env_problems()
+    for p in problems:
+        log.warning("cltrace: %s (OTLP export is off)", p)
+    if problems:
+        return None
+    try:
+        from ..export.otlp import otlp_sink_from_env
+
+        return otlp_sink_from_env()
+    except Exception as exc:
+        log.warning("cltrace: OTLP export from OTEL_EXPORTER_OTLP_* is off: %s", exc)
+        return None

@@ -7,7 +7,26 @@ import os
 import sys
 from typing import Any, Sequence
 
+from .checks import check_device
+
 FORMATS = ("json", "pftrace")
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, ``cltrace: error: ...``, and exit status 2."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"cltrace: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, not {value!r}")
+    return n
 
 
 def _formats(value: str) -> tuple[str, ...]:
@@ -23,7 +42,19 @@ def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
         return []
     from ..export.otlp import OtlpSink
 
-    return [OtlpSink(endpoint=args.otlp, protocol=args.otlp_protocol)]
+    from ..errors import CltraceError
+    from ..export.otlp.config import env_problems
+
+    # --otlp gives the endpoint; the protocol and timeout may still come from the environment
+    problems = [p for p in env_problems() if "ENDPOINT" not in p.split("=")[0]]
+    if args.otlp_protocol:
+        problems = [p for p in problems if "PROTOCOL" not in p.split("=")[0]]
+    if problems:
+        raise CltraceError(problems[0])
+    try:
+        return [OtlpSink(endpoint=args.otlp, protocol=args.otlp_protocol)]
+    except (ValueError, TypeError) as exc:
+        raise CltraceError(f"--otlp {args.otlp}: {exc}") from None
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
@@ -44,8 +75,10 @@ def cmd_devices(args: argparse.Namespace) -> int:
     except Exception:
         default = None
     rows = []
+    # --json: stdout is the JSON document alone
+    say = (lambda *a, **k: None) if args.json else print
     for pi, p in enumerate(platforms):
-        print(f"platform {pi}: {p.name.strip()} ({p.version.strip()})")
+        say(f"platform {pi}: {p.name.strip()} ({p.version.strip()})")
         for di, d in enumerate(p.get_devices()):
             prof = bool(d.queue_properties & PROFILING)
             row = {"index": f"{pi}:{di}", "name": d.name.strip(), "type": cl.device_type.to_string(d.type),
@@ -62,27 +95,30 @@ def cmd_devices(args: argparse.Namespace) -> int:
                     row["clock"] = {"error": str(exc)}
             rows.append(row)
             mark = "*" if row["default"] else " "
-            print(f" {mark}{pi}:{di} {row['name']} [{row['type']}] driver {row['driver']}")
-            print(f"     profiling: {'yes' if prof else 'NO (device times unavailable)'}; "
+            say(f" {mark}{pi}:{di} {row['name']} [{row['type']}] driver {row['driver']}")
+            say(f"     profiling: {'yes' if prof else 'NO (device times unavailable)'}; "
                   f"timer resolution {row['timer_resolution_ns']} ns")
             c = row.get("clock")
             if c and "error" not in c:
-                print(f"     clock: {c['method']}, stamps {c['domain']} time, offset {c['offset_ns']} ns, "
-                      f"bound ±{c['bound_ns']} ns over {plural(c['points'], 'calibration')} "
-                      f"(drift {c['drift_ns_per_s']} ns/s)")
+                say(f"     clock: {c['method']}, stamps {c['domain']} time, offset {c['offset_ns']} ns, "
+                    f"bound ±{c['bound_ns']} ns over {plural(c['points'], 'calibration')} "
+                    f"(drift {c['drift_ns_per_s']} ns/s)")
             elif c:
-                print(f"     clock: calibration failed: {c['error']}")
-    print(f"span pipeline: {stamps.DETAIL}")
+                say(f"     clock: calibration failed: {c['error']}")
+    say(f"span pipeline: {stamps.DETAIL}")
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
-    print("(* = default device; choose another with CLTRACE_DEVICE=gpu|cpu|P:D|name)")
+    else:
+        print("(* = default device; choose another with CLTRACE_DEVICE=gpu|cpu|P:D|name)")
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    res = run_demo(out_dir=args.out, steps=args.steps, formats=args.format, extra_sinks=tuple(_otlp_sinks(args)))
+    check_device()
+    res = run_demo(out_dir=args.out, steps=args.steps, formats=args.format or FORMATS,
+                   extra_sinks=tuple(_otlp_sinks(args)))
     print(res.report)
     print()
     print(f"loss: {res.losses[0]:.4f} -> {res.losses[-1]:.4f} over {args.steps} steps ({res.seconds:.1f}s)")
@@ -172,50 +208,73 @@ def add_analysis_commands(sub: Any) -> None:
     d.set_defaults(fn=cmd_diff)
 
 
+def run_outputs(script: str, outs: Sequence[str] | None, formats: Sequence[str] | None) -> list[str]:
+    """The trace files of ``cltrace run``: each ``--out`` in each ``--format`` (the format's suffix
+    in place of the path's own), ``--out`` alone (format from its suffix), or else
+    ``traces/<script>.<format>``."""
+    if not outs:
+        base = os.path.join("traces", os.path.splitext(os.path.basename(script))[0])
+        return [f"{base}.{fmt}" for fmt in formats or FORMATS]
+    if not formats:
+        return list(outs)
+    paths: list[str] = []
+    for out in outs:
+        root, ext = os.path.splitext(out)
+        base = root if ext[1:] in FORMATS else out
+        paths += [p for p in (f"{base}.{fmt}" for fmt in formats) if p not in paths]
+    return paths
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    from ..errors import CltraceError
     from .run import run_script
 
-    outs = list(args.out or [])
-    if not outs:
-        base = os.path.splitext(os.path.basename(args.script))[0]
-        outs = [os.path.join("traces", f"{base}.{fmt}") for fmt in args.format]
-    return run_script(args.script, list(args.args), outs, extra_sinks=_otlp_sinks(args))
+    if not args.script:
+        raise CltraceError("run needs the script to trace: cltrace run [options] script.py [args...]")
+    if not os.path.isfile(args.script):
+        raise CltraceError(f"cannot open the script {args.script!r}: no such file")
+    if os.environ.get("CLTRACE_DEVICE"):
+        check_device()
+    outs = run_outputs(args.script, args.out, args.format)
+    return run_script(args.script, list(args.args), outs, extra_sinks=_otlp_sinks(args), quiet=args.quiet)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cltrace", description="Where the time of OpenCL programs goes.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="cltrace", description="Where the time of OpenCL programs goes.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
 
     d = sub.add_parser("devices", help="list OpenCL devices, profiling support and clock calibration")
-    d.add_argument("--samples", type=int, default=64, help="marker samples per calibration")
-    d.add_argument("--json", action="store_true", help="also print the details as JSON")
+    d.add_argument("--samples", type=_positive, default=64, help="marker samples per calibration (default 64)")
+    d.add_argument("--json", action="store_true", help="print the details as JSON only")
     d.set_defaults(fn=cmd_devices)
 
     def add_outputs(sp: argparse.ArgumentParser, default_formats: str) -> None:
-        sp.add_argument("--format", type=_formats, default=_formats(default_formats),
-                        help=f"comma-separated trace formats ({', '.join(FORMATS)})")
+        sp.add_argument("--format", type=_formats, default=None,
+                        help=f"comma-separated trace formats ({', '.join(FORMATS)}; default {default_formats})")
         sp.add_argument("--otlp", metavar="ENDPOINT", help="also send spans to an OTLP collector")
         sp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), default=None,
                         help="OTLP protocol (default: from OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
 
     dm = sub.add_parser("demo", help="train a tiny MLP with OpenCL kernels, traced")
     dm.add_argument("--out", default="traces", help="directory for demo.<format> (default: traces)")
-    dm.add_argument("--steps", type=int, default=40)
+    dm.add_argument("--steps", type=_positive, default=40, help="training steps (default 40)")
     add_outputs(dm, "json,pftrace")
     dm.set_defaults(fn=cmd_demo)
 
     s = sub.add_parser("summary", help="region/kernel report of a trace file (.json or .pftrace)")
-    s.add_argument("file")
+    s.add_argument("file", help="a trace written by cltrace (.json or .pftrace)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     s.set_defaults(fn=cmd_summary)
 
     add_analysis_commands(sub)
 
     r = sub.add_parser("run", help="trace an unmodified pyopencl script: cltrace run script.py [args...]")
-    r.add_argument("--out", action="append", help="trace file (repeatable; format from suffix)")
+    r.add_argument("--out", action="append",
+                   help="trace file (repeatable; format from its suffix, or each --format next to it)")
     add_outputs(r, "json,pftrace")
-    r.add_argument("script")
-    r.add_argument("args", nargs=argparse.REMAINDER)
+    r.add_argument("--quiet", action="store_true", help="do not print where the trace files are")
+    r.add_argument("script", nargs="?", help="the Python script to run, as `python script.py` would")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     r.set_defaults(fn=cmd_run)
 
     try:

@@ -159,14 +159,18 @@ def run_demo(out_dir: str = "traces", steps: int = 40, formats: tuple[str, ...] 
              extra_sinks: tuple[Any, ...] = (), device: Any = None, batch: int = 512,
              lr: float = 0.5) -> DemoResult:
     """Train the MLP for ``steps`` steps with tracing on; write ``demo.<fmt>`` files into ``out_dir``."""
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as exc:
+        raise session.OutputError(f"cannot write the demo traces into {out_dir!r}: {exc.strerror or exc}; "
+                                  "choose another --out folder") from None
     paths = [os.path.join(out_dir, f"demo.{fmt}") for fmt in formats]
     dev = device or default_device()
     queue = profiling_queue(device=dev)
     RECORDER.clear()
     t0 = time.perf_counter()
     losses: list[float] = []
-    session.start(*paths, *extra_sinks)
+    session.start(*paths, *extra_sinks, quiet=True)  # the caller says where the files are
     try:
         with regions.timing_region("setup"):
             model = _MLP(queue, n=batch, d=32, h=64, c=8)

@@ -9,6 +9,11 @@
   the kernel's function name.
 * ``enqueue_copy`` and ``enqueue_fill_buffer`` (``enqueue_fill`` and ``Array.get/set``
   call them through the module) — "transfer"/"fill" spans with ``bytes``.
+* every other command pyopencl can enqueue (``COMMANDS``): image fills, buffer and image
+  maps and their unmap (``MemoryMap.release``), SVM fills, maps, unmaps and migrations,
+  memory-object migrations, AMD peer copies ("transfer"/"fill" spans), and markers and
+  barriers ("marker" spans; cltrace's own markers — clock calibration, ``EventTimer`` —
+  are not the program's and are not recorded).
 * ``Program.build`` — a "build" span on the compile track, with pyopencl's own
   binary-cache outcome when it reports one.
 * ``CommandQueue.finish``, ``Event.wait`` and ``wait_for_events`` — host-only "sync" spans
@@ -24,10 +29,12 @@ Work on a queue made without profiling gives host-only spans and one warning.
 from __future__ import annotations
 
 import hashlib
+import sys
 import threading
 import time
 import warnings
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import pyopencl as cl
 import pyopencl._cl as _cl
@@ -36,8 +43,9 @@ from .. import _state
 from ..programs.compiler import kernel_names
 from ..record.queues import PROFILING
 from ..record.recorder import RECORDER, new_id
-from ..record.regions import current_parent, record_launch, thread_key
-from ..timeline.spans import BUILD, FILL, KERNEL, STATUS_ERROR, SYNC, TRANSFER
+from ..record.failures import sizes as _sizes
+from ..record.regions import current_parent, failed_launch, record_failure, record_launch
+from ..timeline.spans import BUILD, FILL, KERNEL, MARKER, STATUS_ERROR, SYNC, TRANSFER
 from ..timeline.tracks import COMPILE_THREAD
 
 _perf = time.perf_counter_ns
@@ -87,34 +95,24 @@ def _record(name: str, cat: str, queue: Any, ev: Any, hb: int, he: int, attrs: d
         record_launch(name, None, None, hb, he, cat, attrs)
 
 
-def _record_failure(name: str, cat: str, hb: int, exc: BaseException, attrs: dict[str, Any]) -> None:
-    parent, path = current_parent()
-    RECORDER.push((cat, name, new_id(), parent, path, thread_key(), hb, _perf(),
-                   None, None, None, attrs, STATUS_ERROR, f"{type(exc).__name__}: {exc}"))
-
-
-def _sizes(v: Any) -> list[int] | None:
-    if v is None:
-        return None
-    try:
-        return [int(x) for x in v]
-    except TypeError:
-        return [int(v)]
+_record_failure = record_failure
 
 
 # ---- kernels -------------------------------------------------------------------------
 
 def enqueue_nd_range_kernel(queue: Any, kernel: Any, global_size: Any, local_size: Any,
                             *args: Any, **kwargs: Any) -> Any:
-    """``pyopencl.enqueue_nd_range_kernel``, recorded as a "kernel" span while tracing."""
+    """``pyopencl.enqueue_nd_range_kernel``, recorded as a "kernel" span while tracing.
+
+    A failed enqueue leaves a failed span and raises the same pyopencl error, naming the
+    kernel and its sizes."""
     if not _state.ENABLED:
         return _ORIG_NDRANGE(queue, kernel, global_size, local_size, *args, **kwargs)
     hb = _perf()
     try:
         ev = _ORIG_NDRANGE(queue, kernel, global_size, local_size, *args, **kwargs)
-    except Exception as exc:
-        _record_failure(_kernel_name(kernel), KERNEL, hb, exc, {"global_size": _sizes(global_size)})
-        raise
+    except cl.Error as exc:
+        raise failed_launch(exc, _kernel_name(kernel), global_size, local_size, hb, kernel, queue) from None
     he = _perf()
     _record(_kernel_name(kernel), KERNEL, queue, ev, hb, he,
             {"global_size": _sizes(global_size), "local_size": _sizes(local_size)})
@@ -282,6 +280,141 @@ def wait_for_events(events: Any) -> Any:
     return result
 
 
+# ---- every other command -------------------------------------------------------------------
+
+Info = Callable[[tuple, dict, Any], dict]
+
+
+@dataclass(frozen=True)
+class Command:
+    """A pyopencl entry point that enqueues one command: where it lives, the span it gives,
+    and ``info(args, kwargs, result)`` -> the span's attributes (``bytes`` where known)."""
+
+    owner: Any
+    attr: str
+    name: str
+    cat: str
+    info: Info | None = None
+    skip_own: bool = False  # calls from cltrace's own modules are not recorded
+
+
+def _arg(args: tuple, kwargs: dict, i: int, key: str, default: Any = None) -> Any:
+    return args[i] if len(args) > i else kwargs.get(key, default)
+
+
+def _prod(xs: Any) -> int:
+    n = 1
+    for x in xs:
+        n *= int(x)
+    return n
+
+
+def _mapped_bytes(args: tuple, kwargs: dict, res: Any) -> dict:
+    return {"bytes": int(res[0].nbytes)}
+
+
+def _image_fill_bytes(args: tuple, kwargs: dict, res: Any) -> dict:
+    return {"bytes": _prod(_arg(args, kwargs, 4, "region")) * int(_arg(args, kwargs, 1, "mem").element_size)}
+
+
+def _objects_bytes(i: int, key: str) -> Info:
+    def info(args: tuple, kwargs: dict, res: Any) -> dict:
+        return {"bytes": sum(int(m.size) for m in _arg(args, kwargs, i, key))}
+    return info
+
+
+def _svm_fill_bytes(args: tuple, kwargs: dict, res: Any) -> dict:
+    n = _arg(args, kwargs, 3, "byte_count")
+    dest = _arg(args, kwargs, 1, "dest")
+    return {"bytes": int(n) if n is not None else _nbytes(getattr(dest, "mem", dest)) or getattr(dest, "size", None)}
+
+
+def _svm_map_bytes(args: tuple, kwargs: dict, res: Any) -> dict:
+    n = _arg(args, kwargs, 5, "size")
+    return {"bytes": int(n) if n is not None else getattr(_arg(args, kwargs, 3, "svm"), "size", None)}
+
+
+def _svm_bytes(args: tuple, kwargs: dict, res: Any) -> dict:
+    return {"bytes": getattr(_arg(args, kwargs, 1, "svm"), "size", None)}
+
+
+def _p2p_bytes(args: tuple, kwargs: dict, res: Any) -> dict:
+    n = _arg(args, kwargs, 4, "byte_count")
+    return {"bytes": int(n) if n is not None else getattr(_arg(args, kwargs, 2, "src"), "size", None)}
+
+
+def _waits(args: tuple, kwargs: dict, res: Any) -> dict:
+    return {"wait_for": len(_arg(args, kwargs, 1, "wait_for") or ())}
+
+
+# Every command-enqueuing entry point not hooked above. enqueue_fill reaches the driver through
+# enqueue_fill_buffer / enqueue_svm_memfill (looked up in the module), SVM copies through enqueue_copy.
+COMMANDS: tuple[Command, ...] = (
+    Command(cl, "enqueue_fill_image", "fill image", FILL, _image_fill_bytes),
+    Command(cl, "enqueue_svm_memfill", "fill SVM", FILL, _svm_fill_bytes),
+    Command(cl, "enqueue_map_buffer", "map buffer", TRANSFER, _mapped_bytes),
+    Command(cl, "enqueue_map_image", "map image", TRANSFER, _mapped_bytes),
+    Command(_cl.MemoryMap, "release", "unmap", TRANSFER),
+    Command(_cl, "_enqueue_svm_map", "map SVM", TRANSFER, _svm_map_bytes),
+    Command(_cl, "_enqueue_svm_unmap", "unmap SVM", TRANSFER, _svm_bytes),
+    Command(cl, "enqueue_migrate_mem_objects", "migrate", TRANSFER, _objects_bytes(1, "mem_objects")),
+    Command(cl, "enqueue_svm_migrate_mem", "migrate SVM", TRANSFER, _objects_bytes(1, "svms")),
+    Command(cl, "enqueue_copy_buffer_p2p_amd", "copy P2P", TRANSFER, _p2p_bytes),
+    Command(cl, "enqueue_marker", "marker", MARKER, _waits, skip_own=True),
+    Command(cl, "enqueue_barrier", "barrier", MARKER, _waits, skip_own=True),
+)
+
+
+def _from_cltrace() -> bool:
+    """Whether the hook's caller is cltrace itself (two frames up: caller -> hook -> here)."""
+    return sys._getframe(2).f_globals.get("__name__", "").startswith("cltrace.")
+
+
+def _queue_of(args: tuple, kwargs: dict, ev: Any) -> Any:
+    for a in args[:2]:
+        if isinstance(a, _ORIG_QUEUE):
+            return a
+    q = kwargs.get("queue")
+    return q if q is not None else ev.command_queue
+
+
+def command_hook(original: Any, cmd: Command) -> Any:
+    """A stand-in for ``original`` recording each call as one ``cmd`` span while tracing."""
+    name, cat, info, skip_own = cmd.name, cmd.cat, cmd.info, cmd.skip_own
+
+    def attrs_of(args: tuple, kwargs: dict, res: Any) -> dict[str, Any]:
+        try:
+            return info(args, kwargs, res) if info is not None else {}
+        except Exception:  # attributes are best effort: never break the program for them
+            return {}
+
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        if not _state.ENABLED or (skip_own and _from_cltrace()):
+            return original(*args, **kwargs)
+        hb = _perf()
+        try:
+            res = original(*args, **kwargs)
+        except Exception as exc:
+            _record_failure(name, cat, hb, exc, attrs_of(args, kwargs, None))
+            raise
+        he = _perf()
+        try:
+            ev = res[1] if isinstance(res, tuple) else res
+            queue = _queue_of(args, kwargs, ev)
+        except Exception:
+            return res
+        _record(name, cat, queue, ev, hb, he, attrs_of(args, kwargs, res))
+        return res
+
+    for a in ("__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(hook, a, getattr(original, a))
+        except (AttributeError, TypeError):
+            pass
+    hook.__wrapped__ = original  # type: ignore[attr-defined]
+    return hook
+
+
 # ---- queues ---------------------------------------------------------------------------
 
 class _QueueMeta(type):
@@ -341,6 +474,12 @@ def instrument() -> None:
         for owner, attr, hook in _hooks():
             _saved.append((owner, attr, attr in vars(owner), getattr(owner, attr)))
             setattr(owner, attr, hook)
+        for cmd in COMMANDS:
+            original = getattr(cmd.owner, cmd.attr, None)
+            if original is None:  # not in this pyopencl
+                continue
+            _saved.append((cmd.owner, cmd.attr, cmd.attr in vars(cmd.owner), original))
+            setattr(cmd.owner, cmd.attr, command_hook(original, cmd))
         ACTIVE = _state.INSTRUMENTED = True
 
 

@@ -40,14 +40,18 @@ def _print_exception(exc: BaseException, script: str) -> None:
 
 def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (), *,
                extra_sinks: Sequence[Any] = (), capacity: int | None = None,
-               overflow: str | None = None) -> int:
+               overflow: str | None = None, quiet: bool = True) -> int:
     """Run ``script`` with ``sys.argv = [script, *argv]`` as ``__main__``, traced into ``outputs``.
 
     ``outputs`` are trace paths (format from the suffix); ``extra_sinks`` are sink
     objects (e.g. an OTLP exporter). ``sys.path[0]`` is the script's directory while
-    it runs. Returns the script's exit status: 0, its ``SystemExit`` code (None -> 0,
-    a message -> printed, 1), 1 after an uncaught exception (traceback printed as
-    Python prints it), 130 after KeyboardInterrupt. The trace is written in every case.
+    it runs; its ``__file__`` is absolute, as ``python script.py`` gives it. Returns the
+    script's exit status: 0, its ``SystemExit`` code (None -> 0, a message -> printed, 1),
+    1 after an uncaught exception (traceback printed as Python prints it), 130 after
+    KeyboardInterrupt. The trace is written in every case; with ``quiet=False`` (as the
+    ``cltrace run`` command calls it) one ``cltrace: wrote ...`` line on stderr says where. SIGTERM closes the trace, then ends
+    the process as it would have without cltrace. An output that cannot be written raises
+    ``session.OutputError`` before the script starts.
     """
     script = os.fspath(script)
     if not os.path.isfile(script):
@@ -56,7 +60,8 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     saved_argv = sys.argv[:]
     saved_path0 = sys.path[0] if sys.path else None
     sys.argv = [script, *argv]
-    script_dir = os.path.dirname(os.path.abspath(script))
+    full = os.path.abspath(script)
+    script_dir = os.path.dirname(full)
     if sys.path:
         sys.path[0] = script_dir
     else:
@@ -64,10 +69,10 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     was_instrumented = instrumented()
     status = 0
     try:
-        session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow)
+        session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet)
         instrument()
         try:
-            runpy.run_path(script, run_name="__main__")
+            runpy.run_path(full, run_name="__main__")
         except SystemExit as exc:
             status = _exit_status(exc.code)
         except KeyboardInterrupt as exc:

@@ -7,6 +7,8 @@ import os
 import sys
 from typing import Any
 
+from .checks import check_device, check_plot_path
+
 
 def _size(value: str) -> tuple[int, int, int]:
     try:
@@ -96,6 +98,8 @@ def main_tune(args: argparse.Namespace) -> int:
         except ImportError:
             print("cltrace tune: --plot needs matplotlib: pip install 'cltrace[plot]'", file=sys.stderr)
             return 2
+        check_plot_path(args.plot)  # before the sweep, not after it
+    check_device()
     queue = default_queue()
     m, n, k = args.size
     problem = MatmulProblem(queue, m, n, k)
@@ -110,7 +114,7 @@ def main_tune(args: argparse.Namespace) -> int:
         return tuner.tune(MATMUL, problem.args, args.workgroups, args.tiles, args.unroll, **check)
 
     if args.out:
-        with trace(*args.out):
+        with trace(*args.out, quiet=True):  # the paths are printed below
             result = sweep()
     else:
         result = sweep()

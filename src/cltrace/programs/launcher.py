@@ -21,7 +21,7 @@ from .. import _state
 from ..errors import ProfilingNotEnabledError
 from ..record.queues import has_profiling
 from ..record.recorder import RECORDER, new_id
-from ..record.regions import _ROOT, _tls
+from ..record.regions import _ROOT, _tls, failed_launch
 from .context import default_queue
 from ..timeline.spans import KERNEL
 
@@ -76,12 +76,16 @@ def _invoker(knl: Any, nargs: int, arg_types: Sequence[Any] | None) -> tuple[Any
 # measured launch: arguments bound first (skipped when unchanged), then two clock reads
 # around the enqueue alone, then the span record and/or the profile. The record is what
 # ``regions.record_launch`` pushes, appended here without its two calls (the floor of a
-# traced launch); the globals it uses are ``_RECORD_GLOBALS``.
+# traced launch); the globals it uses are ``_RECORD_GLOBALS``. A pyopencl error from the
+# enqueue leaves through ``_failed`` (the try costs nothing until something is raised).
 _TEMPLATE = """
 def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profile_error, m):
     def launch({params}*, profile=None, wait_for=None):
         if profile is None and not state.ENABLED:
-            {fast}
+            try:
+                {fast}
+            except cl_error as exc:
+                raise failed(exc, m, queue, None) from None
         if profile is not None and not m.profiled:
             raise profile_error(m.name)
         args = ({params})
@@ -92,7 +96,10 @@ def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profi
         if not same:
             owner._bind_args(args)
         hb = perf()
-        ev = enqueue(queue, tknl, gs, ls, None, wait_for, False, False)
+        try:
+            ev = enqueue(queue, tknl, gs, ls, None, wait_for, False, False)
+        except cl_error as exc:
+            raise failed(exc, m, queue, hb) from None
         he = perf()
         if state.ENABLED:
             st = tls.stack
@@ -110,10 +117,18 @@ def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profi
         return ev
     return launch
 """
+
+
+def _failed(exc: Exception, m: "_LaunchMeta", queue: Any, hb: int | None) -> Exception:
+    """The error path of a launcher: a failed span (when tracing) and the error naming the launch."""
+    return failed_launch(exc, m.name, m.attrs["global_size"], m.attrs["local_size"], hb, m.kernel._fast, queue)
+
+
 # Read by the traced path as the generated module's globals: the recorder's deque and its
 # back-pressure check (as ``RECORDER.push``), and this thread's innermost open region.
 _RECORD_GLOBALS = {"tls": _tls, "root": _ROOT, "new_id": new_id,
-                   "pending": RECORDER.pending, "append": RECORDER.pending.append, "recorder": RECORDER}
+                   "pending": RECORDER.pending, "append": RECORDER.pending.append, "recorder": RECORDER,
+                   "cl_error": cl.Error, "failed": _failed}
 _FACTORIES: dict[tuple[int, bool], Any] = {}
 
 
@@ -125,7 +140,7 @@ def _factory(nargs: int, typed: bool) -> Any:
             fast = f"return enq(knl, queue, gs, ls, {params}wait_for=wait_for)"
         else:
             pairs = "".join(f"{i}, a{i}, " for i in range(nargs))
-            setargs = f"setm(({pairs}))\n            " if nargs else ""
+            setargs = f"setm(({pairs}))\n                " if nargs else ""
             fast = f"{setargs}return enqueue(queue, knl, gs, ls, None, wait_for, False, False)"
         ns: dict[str, Any] = dict(_RECORD_GLOBALS)
         exec(_TEMPLATE.format(params=params, fast=fast, cat=KERNEL), ns)  # fixed template: only the arity varies
@@ -170,6 +185,7 @@ class Kernel(dict):
 
     __slots__ = ("program", "name", "_fast", "_knl", "_enq", "_set", "_typed", "_last", "_tuned_ls",
                  "_prime_ns")
+    records_launches = True  # cltrace.launch(knl, ...) calls it without recording a second span
     __hash__ = object.__hash__  # identity, not contents
     __eq__ = object.__eq__
     __ne__ = object.__ne__
@@ -207,6 +223,11 @@ class Kernel(dict):
         return self._tuned_ls
 
     @property
+    def function_name(self) -> str:
+        """The kernel's name, as ``cl.Kernel.function_name`` gives it."""
+        return self.name
+
+    @property
     def num_args(self) -> int:
         return self._fast.num_args
 
@@ -227,7 +248,10 @@ class Kernel(dict):
         if profile is None and not _state.ENABLED:
             if self._tuned_ls is not None and local_size is None and len(self._tuned_ls) == len(global_size):
                 local_size = self._tuned_ls
-            return self._enq(self._fast, queue, global_size, local_size, *args, wait_for=wait_for)
+            try:
+                return self._enq(self._fast, queue, global_size, local_size, *args, wait_for=wait_for)
+            except cl.Error as exc:
+                raise failed_launch(exc, self.name, global_size, local_size, None, self._fast, queue) from None
         return self._get((global_size, local_size, queue))(*args, profile=profile, wait_for=wait_for)
 
     def _bind(self, key: Any) -> Any:

@@ -29,6 +29,7 @@ from typing import Any, Callable
 
 from .. import _state
 from .._version import version
+from ..timeline import stamps
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.clock import ClockRegistry
 from ..timeline.resolve import Resolver
@@ -140,7 +141,7 @@ class Recorder:
             try:
                 if ev is not None and ev.command_execution_status > 0:
                     self.device_waits += 1
-                    ev.wait()  # the device is behind: the GIL is released while it works
+                    stamps.wait(stamps.handles([ev]))  # the device is behind: the GIL is released meanwhile
             except Exception:
                 pass
         self._room = min(len(pending) + max(16, cap // 16), self.hard_cap)

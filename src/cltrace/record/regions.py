@@ -17,6 +17,7 @@ import pyopencl as cl
 
 from .. import _state
 from ..errors import ProfilingNotEnabledError
+from .failures import named_error, sizes
 from . import queues as _queues
 from .queues import active_queue, has_profiling
 from .recorder import RECORDER, new_id
@@ -211,19 +212,60 @@ def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: 
     return sid
 
 
+def record_failure(name: str, cat: str, host_begin: int, exc: BaseException,
+                   attrs: dict[str, Any] | None) -> None:
+    """Record a command that failed to enqueue: a host-only span with status error."""
+    parent, path = current_parent()
+    _push((cat, name, new_id(), parent, path, thread_key(), host_begin, _perf(),
+           None, None, None, attrs, STATUS_ERROR, f"{type(exc).__name__}: {exc}"))
+
+
+def failed_launch(exc: Exception, name: str, global_size: Any, local_size: Any, host_begin: int | None,
+                  kernel: Any = None, queue: Any = None) -> Exception:
+    """The error path of every launch site: a failed "kernel" span (when tracing) and the error
+    to raise in ``exc``'s place, naming the kernel and its sizes (see ``failures``)."""
+    gs, ls = sizes(global_size), sizes(local_size)
+    if _state.ENABLED and not getattr(exc, "cltrace_launch", None):
+        record_failure(name, KERNEL, _perf() if host_begin is None else host_begin, exc,
+                       {"global_size": gs, "local_size": ls})
+    return named_error(exc, name, gs, ls, kernel, queue)
+
+
 def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: Any,
            wait_for: Any = None, name: str | None = None) -> Any:
     """Enqueue a pyopencl kernel and record it (when tracing is on). Returns the event.
 
-    Under ``cltrace.instrument()`` pyopencl's own launch is recorded, so this records nothing more.
+    Under ``cltrace.instrument()`` pyopencl's own launch is recorded, and a ``cltrace.Kernel``
+    records its own launches, so then this records nothing more (``name`` is not used). A
+    failed enqueue leaves a failed span and raises the same pyopencl error, naming the
+    kernel and its sizes.
     """
-    if not _state.ENABLED or _state.INSTRUMENTED:
+    if not _state.ENABLED or _state.INSTRUMENTED or getattr(kernel, "records_launches", False):
         return kernel(queue, global_size, local_size, *args, wait_for=wait_for)
     hb = _perf()
-    ev = kernel(queue, global_size, local_size, *args, wait_for=wait_for)
+    try:
+        ev = kernel(queue, global_size, local_size, *args, wait_for=wait_for)
+    except cl.Error as exc:
+        raise failed_launch(exc, name or _kernel_name(kernel), global_size, local_size, hb,
+                            kernel, queue) from None
     he = _perf()
-    record_launch(name or kernel.function_name, queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size))
+    record_launch(name or _kernel_name(kernel), queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size))
     return ev
+
+
+def _kernel_name(kernel: Any) -> str:
+    """A kernel object's name: pyopencl's ``function_name``, else ``name``, else its type."""
+    name = getattr(kernel, "function_name", None) or getattr(kernel, "name", None)
+    return name if isinstance(name, str) else type(kernel).__name__
+
+
+def _size_tuple(v: Any) -> tuple[int, ...] | None:
+    if not v:
+        return None
+    try:
+        return tuple(v)
+    except TypeError:  # a plain int size
+        return (v,)
 
 
 _ATTRS: dict[Any, dict[str, Any]] = {}
@@ -236,9 +278,8 @@ def _launch_attrs(global_size: Any, local_size: Any) -> dict[str, Any]:
     except KeyError:
         pass
     except TypeError:  # sizes given as lists
-        global_size, local_size = tuple(global_size), tuple(local_size) if local_size else None
-        return _launch_attrs(global_size, local_size)
-    attrs = {"global_size": tuple(global_size), "local_size": tuple(local_size) if local_size else None}
+        return {"global_size": _size_tuple(global_size), "local_size": _size_tuple(local_size)}
+    attrs = {"global_size": _size_tuple(global_size), "local_size": _size_tuple(local_size)}
     if len(_ATTRS) < 4096:
         _ATTRS[(global_size, local_size)] = attrs
     return attrs

@@ -18,7 +18,6 @@ import numpy as np
 
 from . import stamps
 from .batch import NAMES, SpanBatch, Tables
-from .spans import REGION_CATS
 from .tracks import COMPILE_THREAD
 
 log = logging.getLogger("cltrace")

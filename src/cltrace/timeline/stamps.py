@@ -87,6 +87,17 @@ def _not_read(ev: Any, code: int, error: type, flat: list[int]) -> int:
         return _PROFILING_INFO_NOT_AVAILABLE  # complete without stamps: no profiling on its queue
 
 
+def _originals() -> tuple[Any, Any]:
+    """pyopencl's own waits, as they were before ``cltrace.instrument()`` could hook them: cltrace's
+    waits are not the program's."""
+    import pyopencl._cl as _cl
+
+    return _cl.wait_for_events, _cl.Event.wait
+
+
+_WAIT_EVENTS, _EVENT_WAIT = _originals()
+
+
 def _python_wait(handles: np.ndarray) -> None:
     import pyopencl as cl
 
@@ -95,11 +106,11 @@ def _python_wait(handles: np.ndarray) -> None:
         return
     events = [cl.Event.from_int_ptr(h, True) for h in hs.tolist()]
     try:
-        cl.wait_for_events(events)
+        _WAIT_EVENTS(events)
     except cl.Error:
         for ev in events:  # a failed command must not stop the others
             try:
-                ev.wait()
+                _EVENT_WAIT(ev)
             except cl.Error:
                 pass
 

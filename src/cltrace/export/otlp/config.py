@@ -86,3 +86,45 @@ def timeout_from_env() -> float | None:
         return float(raw)
     except ValueError:
         raise ValueError(f"OTEL_EXPORTER_OTLP_TIMEOUT={raw!r} is not a number of seconds") from None
+
+
+def endpoint_problem(endpoint: str) -> str | None:
+    """What is wrong with an OTLP endpoint (``host:port`` or ``http[s]://host:port[/path]``), or None."""
+    try:
+        u = urlparse(endpoint if "://" in endpoint else "//" + endpoint)
+        u.port  # raises for a port that is not a number in range
+    except ValueError as exc:
+        return f"is not a valid URL ({exc})"
+    if u.scheme not in ("", "http", "https"):
+        return f"has scheme {u.scheme!r}"
+    if not u.hostname:
+        return "names no host"
+    return None
+
+
+def env_problems() -> list[str]:
+    """One line per OTEL_EXPORTER_OTLP_* setting in effect that cannot be used, naming the
+    variable and the fix (checked before building a sink, so a bad value costs only OTLP export)."""
+    out = []
+    for names, check, fix in (
+        (("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"),
+         lambda v: None if v.lower() in _PROTOCOLS else "is not a supported protocol", "set it to grpc or http/protobuf"),
+        (("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"),
+         _timeout_problem, "set it to the export timeout in seconds, e.g. 10"),
+        (ENDPOINT_VARS, endpoint_problem, "set it to host:port or http://host:port"),
+    ):
+        name = next((n for n in names if os.environ.get(n, "").strip()), None)
+        if name is None:
+            continue
+        value = os.environ[name].strip()
+        problem = check(value)
+        if problem:
+            out.append(f"{name}={value!r} {problem}: {fix}")
+    return out
+
+
+def _timeout_problem(value: str) -> str | None:
+    try:
+        return None if float(value) > 0 else "is not a positive number"
+    except ValueError:
+        return "is not a number"
