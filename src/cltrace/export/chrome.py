@@ -10,7 +10,8 @@ nanoseconds survive the trip through a double.
 Layout: host threads and the compile track are threads of the host process;
 each device is a process ("OpenCL: <device>") whose threads are its queues.
 A launch's host slice and device slice are joined by a flow (``s``/``f``
-events, binding to the enclosing slices, as Kineto emits them).
+events, binding to the enclosing slices, as Kineto emits them) in the slices'
+own category: Chrome DevTools binds a flow event only to a slice of its category.
 """
 from __future__ import annotations
 
@@ -189,15 +190,15 @@ class ChromeTraceSink:
                 else:
                     # Flow: from inside the host launch slice to the device slice (Kineto style).
                     app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
-                        f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},{hh}{ts}}},\n'
-                        f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},{dh}{dts}}},')
+                        f'{{"ph":"s","cat":"{cat}","name":"launch","id":{sid},{hh}{ts}}},\n'
+                        f'{{"ph":"f","bp":"e","cat":"{cat}","name":"launch","id":{sid},{dh}{dts}}},')
                     packed += 3
             elif cat in REGION_CATS:
                 app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
             else:
                 app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
-                    f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},{hh}{ts}}},\n'
-                    f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},{dh}{dts}}},')
+                    f'{{"ph":"s","cat":"{cat}","name":"launch","id":{sid},{hh}{ts}}},\n'
+                    f'{{"ph":"f","bp":"e","cat":"{cat}","name":"launch","id":{sid},{dh}{dts}}},')
                 packed += 2
         self.events_written += packed
         if out:
