@@ -16,6 +16,7 @@ from cltrace import TraceFileError
 from cltrace import read as tracefile
 from cltrace.analyze.summary import summarize
 from cltrace.export.chrome import ChromeTraceSink
+from cltrace.export.processes import program_name
 from cltrace.record.recorder import RECORDER
 
 
@@ -100,7 +101,7 @@ def test_metadata_names_host_threads_and_device_queues(tmp_path, cl_ctx, queue, 
     tr = chrome.read(path)
     procs = tr.process_names()
     dev_name = queue.device.name.strip()
-    assert procs[tr.host_pid] == f"host (pid {tr.host_pid})"
+    assert procs[tr.host_pid] == program_name() and " " in procs[tr.host_pid]  # "python3 <argv...>"
     (dev_pid,) = [p for p, n in procs.items() if p != tr.host_pid]
     assert procs[dev_pid] == f"OpenCL: {dev_name}"
     names = tr.track_names()

@@ -7,7 +7,8 @@ cut off after a flush still loads in ui.perfetto.dev and chrome://tracing
 with three decimals relative to the trace start (as Kineto writes them), so
 nanoseconds survive the trip through a double.
 
-Layout: host threads and the compile track are threads of the host process;
+Layout (``processes``; the .pftrace shows the same tree): host threads and the compile
+track are threads of the host process, named after the program (``python3 train.py``);
 each device is a process ("OpenCL: <device>") whose threads are its queues.
 A launch's host slice and device slice are joined by a flow (``s``/``f``
 events, binding to the enclosing slices, as Kineto emits them) in the slices'
@@ -20,11 +21,9 @@ import os
 from typing import IO, Any, Sequence
 
 from .base import open_trace_file
+from .processes import device_pid, program_name
 from ..timeline.spans import REGION_CATS, STATUS_OK, Span
 from ..timeline.tracks import DEVICE_QUEUE
-
-_DEVICE_PID_BASE = 1_000_000
-
 
 def _us(ns: int) -> str:
     """Nanoseconds -> microseconds with exactly three decimals, as text (no float rounding)."""
@@ -97,7 +96,7 @@ class ChromeTraceSink:
         self._hheads.clear()  # they hold the host pid
         self._emit_lines([
             "[",
-            self._meta("process_name", self._host_pid, 0, {"name": f"host (pid {self._host_pid})"}),
+            self._meta("process_name", self._host_pid, 0, {"name": program_name()}),
             self._meta("process_sort_index", self._host_pid, 0, {"sort_index": 0}),
         ])
         self._fh.flush()
@@ -288,7 +287,7 @@ class ChromeTraceSink:
         if track.kind == DEVICE_QUEUE:
             pid = self._pids.get(track.process)
             if pid is None:
-                pid = self._pids[track.process] = _DEVICE_PID_BASE + len(self._pids)
+                pid = self._pids[track.process] = device_pid(self._recorder.tracks, track.device)
                 out.append(self._meta("process_name", pid, 0, {"name": track.process}))
                 out.append(self._meta("process_sort_index", pid, 0, {"sort_index": len(self._pids)}))
         else:
