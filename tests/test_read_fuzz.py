@@ -239,6 +239,13 @@ def test_wrongly_typed_fields_exit_2_with_one_line(event: dict[str, Any], reason
     assert err.count("\n") == 1 and err.startswith("cltrace: error: ") and reason in err, err
 
 
+def test_a_name_with_a_lone_surrogate_is_printed(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "s.json"
+    path.write_text('[{"ph": "X", "name": "a\\ud800b", "ts": 1, "dur": 2, "args": {"span": 1}}]')
+    assert main(["summary", str(path)]) == 0
+    assert "a\ufffdb" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("ext", [".json", ".pftrace"])
 def test_summary_of_a_cut_off_file_warns_how_much_was_read(ext: str, originals: dict[str, bytes], tmp_path: Any,
                                                            capsys: pytest.CaptureFixture[str]) -> None:

@@ -47,8 +47,13 @@ def micros_to_ns(v: Any, what: str) -> int:
 
 
 def text(v: Any, what: str) -> str:
+    """``v`` as printable text (a lone surrogate from a ``\\ud800`` escape becomes U+FFFD)."""
     if not isinstance(v, str):
         raise TraceFileError(f"{what} is {_show(v)}, not a string")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        v = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in v)
     return v
 
 

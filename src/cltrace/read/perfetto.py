@@ -70,14 +70,19 @@ def _annotation_value(a: Any) -> Any:
         if a.array_values:
             return [_annotation_value(x) for x in a.array_values]
         if a.dict_entries:
-            return {x.name: _annotation_value(x) for x in a.dict_entries}
+            return {_str(x.name): _annotation_value(x) for x in a.dict_entries}
         return None
     if kind == "legacy_json_value":
         try:
             return json.loads(a.legacy_json_value)
         except ValueError:
             return a.legacy_json_value
-    return getattr(a, kind)
+    return _str(getattr(a, kind))
+
+
+def _str(v: Any) -> Any:
+    """A proto2 string field holding invalid UTF-8 reads back as bytes: text with replacements."""
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
 class _Sequence:
@@ -134,9 +139,9 @@ class _Reader:
             st.uuid = p.trace_packet_defaults.track_event_defaults.track_uuid
         if p.HasField("interned_data"):
             i = p.interned_data
-            st.names.update((e.iid, e.name) for e in i.event_names)
-            st.cats.update((e.iid, e.name) for e in i.event_categories)
-            st.dnames.update((e.iid, e.name) for e in i.debug_annotation_names)
+            st.names.update((e.iid, _str(e.name)) for e in i.event_names)
+            st.cats.update((e.iid, _str(e.name)) for e in i.event_categories)
+            st.dnames.update((e.iid, _str(e.name)) for e in i.debug_annotation_names)
         if p.HasField("clock_snapshot"):
             clocks = {c.clock_id: c for c in p.clock_snapshot.clocks}
             for cid, c in clocks.items():
@@ -157,14 +162,14 @@ class _Reader:
         if te.type == END:
             self.events.setdefault(uuid, []).append((ts, index, END, None))
         elif te.type == BEGIN:
-            name = te.name if te.HasField("name") else st.names.get(te.name_iid, "?")
+            name = _str(te.name) if te.HasField("name") else st.names.get(te.name_iid, "?")
             if te.categories:
-                cat = te.categories[0]
+                cat = _str(te.categories[0])
             else:
                 cat = st.cats.get(te.category_iids[0], "?") if te.category_iids else "?"
             ann: dict[str, Any] = {}
             for a in te.debug_annotations:
-                key = a.name if a.HasField("name") else st.dnames.get(a.name_iid, f"#{a.name_iid}")
+                key = _str(a.name) if a.HasField("name") else st.dnames.get(a.name_iid, f"#{a.name_iid}")
                 ann.setdefault(key, _annotation_value(a))
             sid = ann.get(A_SPAN)
             if sid is None:
