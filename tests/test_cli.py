@@ -38,7 +38,7 @@ def test_demo_writes_both_formats_and_prints_the_region_report(demo_dir):
 def test_demo_trace_has_nested_regions_on_the_host_and_kernels_on_a_queue_track_with_flows(demo_dir):
     d, _ = demo_dir
     events = json.loads((d / "traces" / "demo.json").read_text())
-    host_pid = next(e["pid"] for e in events if e.get("name") == "process_name" and "host" in e["args"]["name"])
+    host_pid = next(e["pid"] for e in events if e.get("name") == "process_name" and "OpenCL" not in e["args"]["name"])
     x = [e for e in events if e.get("ph") == "X"]
     host = {e["args"]["span"]: e for e in x if e["pid"] == host_pid}
     device = [e for e in x if e["pid"] != host_pid]

@@ -16,6 +16,7 @@ from cltrace import TraceFileError
 from cltrace import read as tracefile
 from cltrace.analyze.summary import summarize
 from cltrace.export.chrome import ChromeTraceSink
+from cltrace.export.processes import program_name
 from cltrace.record.recorder import RECORDER
 
 
@@ -100,7 +101,7 @@ def test_metadata_names_host_threads_and_device_queues(tmp_path, cl_ctx, queue, 
     tr = chrome.read(path)
     procs = tr.process_names()
     dev_name = queue.device.name.strip()
-    assert procs[tr.host_pid] == f"host (pid {tr.host_pid})"
+    assert procs[tr.host_pid] == program_name() and " " in procs[tr.host_pid]  # "python3 <argv...>"
     (dev_pid,) = [p for p, n in procs.items() if p != tr.host_pid]
     assert procs[dev_pid] == f"OpenCL: {dev_name}"
     names = tr.track_names()
@@ -139,7 +140,7 @@ def test_each_kernel_has_one_flow_pair_from_host_to_device(tmp_path, queue, kern
         h, d = pl["host"], pl["device"]
         assert (s["pid"], s["tid"], s["ts"]) == (h["pid"], h["tid"], h["ts"])
         assert (f["pid"], f["tid"], f["ts"], f["bp"]) == (d["pid"], d["tid"], d["ts"], "e")
-        assert s["cat"] == f["cat"] == "launch"
+        assert s["cat"] == f["cat"] == h["cat"] == d["cat"]  # DevTools binds on the category too
 
 
 def test_file_is_loadable_after_a_flush_before_close(tmp_path, queue, kernels):

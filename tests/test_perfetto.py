@@ -22,6 +22,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
 from cltrace.errors import TraceFileError
+from cltrace.export.processes import program_name
 from cltrace.export.perfetto import PerfettoTraceSink
 from cltrace.read.perfetto import iter_packets, load_pftrace
 from cltrace.record.recorder import RECORDER, Recorder
@@ -226,22 +227,25 @@ def test_format_registered() -> None:
 def test_track_descriptors(traced: Traced) -> None:
     desc = traced.decoded.descriptors
     procs = [d for d in desc.values() if d.HasField("process")]
-    assert [p.process.pid for p in procs] == [os.getpid()]
+    assert procs[0].process.pid == os.getpid()
+    assert procs[0].process.process_name == program_name()
+    device_procs = {p.process.pid: p for p in procs[1:]}
+    assert device_procs and all(p.process.process_name.startswith("OpenCL: ") for p in device_procs.values())
     tracks = {t.id: t for t in RECORDER.tracks.tracks()}
     threads = {d.uuid: d for d in desc.values() if d.HasField("thread")}
     assert {d.thread.thread_name for d in threads.values()} >= {"MainThread", "worker-thread"}
     for uuid, d in threads.items():
         assert tracks[uuid].name == d.thread.thread_name
-        assert d.thread.pid == os.getpid()
+        if tracks[uuid].kind == "thread":
+            assert d.thread.pid == os.getpid()
     used = {s.track for s in traced.decoded.slices}  # the registry also holds other tests' tracks
     device_queues = [t for t in tracks.values() if t.kind == "queue" and t.id in used]
     assert len(device_queues) >= 2  # the main queue and the worker's queue
-    for t in device_queues:
+    for t in device_queues:  # threads of their device's process, as in the Chrome JSON
         d = desc[t.id]
-        assert d.name == t.name
-        assert "queue" in d.name
-        assert desc[d.parent_uuid].name == t.process  # "OpenCL: <device>"
-        assert desc[d.parent_uuid].name.startswith("OpenCL: ")
+        assert d.thread.thread_name == t.name and d.thread.tid == t.id
+        assert "queue" in t.name
+        assert device_procs[d.thread.pid].process.process_name == t.process  # "OpenCL: <device>"
     compile_tracks = [t for t in tracks.values() if t.kind == "compile"]
     assert compile_tracks
     d = desc[compile_tracks[0].id]

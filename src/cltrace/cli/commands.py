@@ -136,6 +136,11 @@ def cmd_summary(args: argparse.Namespace) -> int:
         print(json.dumps({"regions": stats.as_dict(), "meta": meta}, indent=2, default=str))
     else:
         print(render(stats.as_dict(), meta, title=f"cltrace summary: {args.file}", width=None))
+    if meta.get("truncated"):
+        from ..read.checks import describe_cut
+
+        sys.stdout.flush()
+        print(f"cltrace: warning: {args.file}: {describe_cut(meta['truncated'])}", file=sys.stderr)
     return 0
 
 

@@ -7,10 +7,12 @@ cut off after a flush still loads in ui.perfetto.dev and chrome://tracing
 with three decimals relative to the trace start (as Kineto writes them), so
 nanoseconds survive the trip through a double.
 
-Layout: host threads and the compile track are threads of the host process;
+Layout (``processes``; the .pftrace shows the same tree): host threads and the compile
+track are threads of the host process, named after the program (``python3 train.py``);
 each device is a process ("OpenCL: <device>") whose threads are its queues.
 A launch's host slice and device slice are joined by a flow (``s``/``f``
-events, binding to the enclosing slices, as Kineto emits them).
+events, binding to the enclosing slices, as Kineto emits them) in the slices'
+own category: Chrome DevTools binds a flow event only to a slice of its category.
 """
 from __future__ import annotations
 
@@ -19,12 +21,10 @@ import os
 from typing import IO, Any, Sequence
 
 from .base import open_trace_file
+from .processes import device_pid, program_name
 from ..timeline.batch import as_batch
 from ..timeline.spans import REGION_CATS, Span
 from ..timeline.tracks import DEVICE_QUEUE
-
-_DEVICE_PID_BASE = 1_000_000
-
 
 def _us(ns: int) -> str:
     """Nanoseconds -> microseconds with exactly three decimals, as text (no float rounding)."""
@@ -98,7 +98,7 @@ class ChromeTraceSink:
         self._hheads.clear()  # they hold the host pid
         self._emit_lines([
             "[",
-            self._meta("process_name", self._host_pid, 0, {"name": f"host (pid {self._host_pid})"}),
+            self._meta("process_name", self._host_pid, 0, {"name": program_name()}),
             self._meta("process_sort_index", self._host_pid, 0, {"sort_index": 0}),
         ])
         self._fh.flush()
@@ -191,15 +191,15 @@ class ChromeTraceSink:
                 else:
                     # Flow: from inside the host launch slice to the device slice (Kineto style).
                     app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
-                        f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},{hh}{ts}}},\n'
-                        f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},{dh}{dts}}},')
+                        f'{{"ph":"s","cat":"{cat}","name":"launch","id":{sid},{hh}{ts}}},\n'
+                        f'{{"ph":"f","bp":"e","cat":"{cat}","name":"launch","id":{sid},{dh}{dts}}},')
                     packed += 3
             elif cat in region_cats:
                 app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
             else:
                 app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
-                    f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},{hh}{ts}}},\n'
-                    f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},{dh}{dts}}},')
+                    f'{{"ph":"s","cat":"{cat}","name":"launch","id":{sid},{hh}{ts}}},\n'
+                    f'{{"ph":"f","bp":"e","cat":"{cat}","name":"launch","id":{sid},{dh}{dts}}},')
                 packed += 2
         self.events_written += packed
         if out:
@@ -284,7 +284,7 @@ class ChromeTraceSink:
         if track.kind == DEVICE_QUEUE:
             pid = self._pids.get(track.process)
             if pid is None:
-                pid = self._pids[track.process] = _DEVICE_PID_BASE + len(self._pids)
+                pid = self._pids[track.process] = device_pid(self._recorder.tracks, track.device)
                 out.append(self._meta("process_name", pid, 0, {"name": track.process}))
                 out.append(self._meta("process_sort_index", pid, 0, {"sort_index": len(self._pids)}))
         else:

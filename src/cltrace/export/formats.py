@@ -11,6 +11,7 @@ from typing import Any, Callable
 _BUILTIN: dict[str, tuple[str, str]] = {
     "json": (".json", ".chrome:ChromeTraceSink"),
     "pftrace": (".pftrace", ".perfetto:PerfettoTraceSink"),
+    "speedscope": (".speedscope.json", ".speedscope:SpeedscopeSink"),
 }
 _EXTRA: dict[str, tuple[str, Callable[[str], Any]]] = {}
 
@@ -25,8 +26,10 @@ def names() -> list[str]:
 
 
 def format_for(path: str) -> str:
-    """The format name a path's suffix stands for."""
-    for name, (suffix, _) in [*_EXTRA.items(), *_BUILTIN.items()]:
+    """The format name a path's suffix stands for (the longest suffix that fits: ``.speedscope.json``
+    before ``.json``)."""
+    known = [*_EXTRA.items(), *_BUILTIN.items()]
+    for name, (suffix, _) in sorted(known, key=lambda kv: -len(kv[1][0])):  # stable: extras first
         if path.endswith(suffix):
             return name
     suffixes = sorted({s for s, _ in [*_BUILTIN.values(), *_EXTRA.values()]})

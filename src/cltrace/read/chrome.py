@@ -1,11 +1,18 @@
-"""Reading Chrome trace JSON back into spans, tolerating a file cut off mid-write."""
+"""Reading Chrome trace JSON back into spans, tolerating a file cut off mid-write.
+
+cltrace writes one event per line, so a cut-off file is read line by line: every line that
+parses is kept, one that does not (the torn last line, or a corrupt one) is skipped, in one
+linear pass. Every field the summary uses is checked; a wrong one is a one-line TraceFileError.
+"""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 from ..errors import TraceFileError
 from ..timeline.spans import Span
+from . import checks
 from .tree import fill_paths
 
 # Args members the reader takes as span fields rather than attributes.
@@ -13,36 +20,63 @@ _RESERVED = frozenset({"span", "parent", "source", "status", "error", "queued_ho
                        "device.start", "device.end"})
 
 
-def _repair_json(text: str) -> list[Any]:
-    """Parse a Chrome JSON trace, tolerating a run cut off mid-write."""
+def _parse(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise TraceFileError("not a Chrome trace: JSON nested too deeply") from None
+
+
+def _repair(text: str, start: int) -> tuple[list[Any], int, int]:
+    """(events, characters read, lines skipped) of a cut-off array whose ``[`` ends at ``start``."""
+    events: list[Any] = []
+    skipped = bad = 0
+    read = pos = start
+    for line in text[start:].split("\n"):
+        nxt = pos + len(line) + 1
+        s = line.strip()
+        if s.endswith(","):
+            s = s[:-1]
+        if s and s != "]":
+            try:
+                ev = _parse(s)
+            except (ValueError, TraceFileError):
+                ev = None
+            if isinstance(ev, dict):
+                events.append(ev)
+                skipped += bad  # unreadable lines before a readable one were skipped, not cut
+                bad = 0
+                read = pos + len(line)
+            else:
+                bad += 1
+        pos = nxt
+    return events, read, skipped
+
+
+def _events(text: str) -> tuple[list[Any], tuple[int, int] | None]:
+    """The trace's events, and (characters read, lines skipped) where the file was cut off."""
     stripped = text.strip()
     if not stripped:
         raise TraceFileError("file is empty")
     if stripped[0] == "{":
         try:
-            obj = json.loads(stripped)
+            obj = _parse(stripped)
         except json.JSONDecodeError as exc:
             raise TraceFileError(f"not valid JSON: {exc}") from None
-        events = obj.get("traceEvents")
+        events = obj.get("traceEvents") if isinstance(obj, dict) else None
         if not isinstance(events, list):
             raise TraceFileError("JSON object has no traceEvents list")
-        return events
+        return events, None
     if stripped[0] != "[":
         raise TraceFileError("not a Chrome trace (expected a JSON array or object)")
     try:
-        return json.loads(stripped)
+        return _parse(stripped), None
     except json.JSONDecodeError:
         pass
-    # Truncated: keep every complete line (one event per line), close the array.
-    lines = stripped.split("\n")
-    body = [ln for ln in lines[1:] if ln.strip() and ln.strip() != "]"]
-    while body:
-        candidate = "[" + "\n".join(body).rstrip().rstrip(",") + "]"
-        try:
-            return json.loads(candidate)
-        except json.JSONDecodeError:
-            body.pop()
-    raise TraceFileError("not a Chrome trace: no complete event could be read")
+    events, read, skipped = _repair(text, text.index("[") + 1)
+    if not events:
+        raise TraceFileError("not a Chrome trace: no complete event could be read")
+    return events, (read, skipped)
 
 
 def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
@@ -51,55 +85,71 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
             text = fh.read()
         except UnicodeDecodeError:
             raise TraceFileError("not a Chrome trace (binary data)") from None
-    events = _repair_json(text)
-    host: dict[int, dict[str, Any]] = {}
-    device: dict[int, dict[str, Any]] = {}
+    events, cut = _events(text)
+    host: dict[int, tuple[int, dict[str, Any]]] = {}
+    device: dict[int, tuple[int, dict[str, Any]]] = {}
     meta: dict[str, Any] = {}
     dropped = 0
     threads: dict[Any, str] = {}  # tid -> track name
     processes: dict[Any, str] = {}  # pid -> process name
     track_pid: dict[Any, Any] = {}
-    for ev in events:
+    for i, ev in enumerate(events):
+        where = f"event {i + 1}"
         if not isinstance(ev, dict):
-            raise TraceFileError("not a Chrome trace: an event is not an object")
+            raise TraceFileError(f"not a Chrome trace: {where} is not an object")
         ph = ev.get("ph")
         if ph == "X":
-            args = ev.get("args") or {}
-            sid = args.get("span")
-            if sid is None:
-                continue
+            args = ev.get("args")
+            if args is None or (isinstance(args, dict) and args.get("span") is None):
+                continue  # not a cltrace span
+            sid = checks.integer(checks.mapping(args, f"{where}: 'args'").get("span"), f"{where}: 'args.span'")
             target = host if sid not in host else device
-            target[sid] = ev
+            target[sid] = (i, ev)
         elif ph == "M":
             name = ev.get("name")
+            margs = ev.get("args") if isinstance(ev.get("args"), dict) else {}
             if name == "thread_name":
-                threads[ev.get("tid")] = str((ev.get("args") or {}).get("name", ""))
+                threads[ev.get("tid")] = str(margs.get("name", ""))
                 track_pid[ev.get("tid")] = ev.get("pid")
             elif name == "process_name":
-                processes[ev.get("pid")] = str((ev.get("args") or {}).get("name", ""))
+                processes[ev.get("pid")] = str(margs.get("name", ""))
         elif ph == "i" and ev.get("name") == "cltrace.metadata":
-            meta = ev.get("args") or {}
+            meta = checks.metadata(ev.get("args"))
         elif ph == "C" and ev.get("name") == "cltrace.dropped_spans":
-            dropped = max(dropped, int((ev.get("args") or {}).get("dropped", 0)))
+            args = checks.mapping(ev.get("args"), f"{where}: 'args'")
+            dropped = max(dropped, checks.integer(args.get("dropped", 0), f"{where}: 'args.dropped'"))
     meta.setdefault("dropped_spans", dropped)
     spans: dict[int, Span] = {}
-    for sid, ev in host.items():
-        a = ev.get("args") or {}
-        hb = round(float(ev["ts"]) * 1000)
-        sp = Span(sid, int(a.get("parent", 0)), ev.get("name", "?"), ev.get("cat", "?"), int(ev.get("tid", 0)),
-                  hb, hb + round(float(ev.get("dur", 0)) * 1000),
+    for sid, (i, ev) in host.items():
+        where = f"event {i + 1}"
+        a = ev["args"]
+        hb = checks.micros_to_ns(ev.get("ts"), f"{where}: 'ts'")
+        status = a.get("status")
+        error = a.get("error")
+        sp = Span(sid, checks.integer(a.get("parent", 0), f"{where}: 'args.parent'"),
+                  checks.text(ev.get("name", "?"), f"{where}: 'name'"), checks.text(ev.get("cat", "?"), f"{where}: 'cat'"),
+                  checks.integer(ev.get("tid", 0), f"{where}: 'tid'"),
+                  hb, hb + checks.micros_to_ns(ev.get("dur", 0), f"{where}: 'dur'"),
                   attrs={k: v for k, v in a.items() if k not in _RESERVED} or None,
-                  status="error" if a.get("status") == "error" else "ok", error=a.get("error"))
+                  status="error" if status == "error" else "ok",
+                  error=None if error is None else checks.text(error, f"{where}: 'args.error'"))
         d = device.get(sid)
         if d is not None:
-            ds = round(float(d["ts"]) * 1000)
-            sp.device_track = int(d.get("tid", 0))
-            sp.dev_start, sp.dev_end = ds, ds + round(float(d.get("dur", 0)) * 1000)
-            sp.raw_start, sp.raw_end = a.get("device.start"), a.get("device.end")
-            sp.dev_queued, sp.dev_submit = a.get("queued_host_ns"), a.get("submit_host_ns")
+            j, dev = d
+            dwhere = f"event {j + 1}"
+            ds = checks.micros_to_ns(dev.get("ts"), f"{dwhere}: 'ts'")
+            sp.device_track = checks.integer(dev.get("tid", 0), f"{dwhere}: 'tid'")
+            sp.dev_start, sp.dev_end = ds, ds + checks.micros_to_ns(dev.get("dur", 0), f"{dwhere}: 'dur'")
+            sp.raw_start = checks.optional_integer(a.get("device.start"), f"{where}: 'args.device.start'")
+            sp.raw_end = checks.optional_integer(a.get("device.end"), f"{where}: 'args.device.end'")
+            sp.dev_queued = checks.optional_integer(a.get("queued_host_ns"), f"{where}: 'args.queued_host_ns'")
+            sp.dev_submit = checks.optional_integer(a.get("submit_host_ns"), f"{where}: 'args.submit_host_ns'")
         spans[sid] = sp
     fill_paths(spans)
     meta.setdefault("recorded_spans", len(spans))
     meta.setdefault("tracks", {str(t): {"name": n, "process": processes.get(track_pid.get(t), "")}
                                for t, n in threads.items()})
+    if cut is not None:
+        read, skipped = cut
+        checks.cut_off(meta, len(text[:read].encode()), os.path.getsize(path), len(events), skipped, "events")
     return list(spans.values()), meta

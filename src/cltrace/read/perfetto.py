@@ -17,8 +17,9 @@ from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ..errors import TraceFileError
+from . import checks
 from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
-                                    DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET)
+                                    DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET, uv)
 from ..timeline.spans import STATUS_ERROR, STATUS_OK, Span
 from .tree import fill_paths
 
@@ -69,14 +70,19 @@ def _annotation_value(a: Any) -> Any:
         if a.array_values:
             return [_annotation_value(x) for x in a.array_values]
         if a.dict_entries:
-            return {x.name: _annotation_value(x) for x in a.dict_entries}
+            return {_str(x.name): _annotation_value(x) for x in a.dict_entries}
         return None
     if kind == "legacy_json_value":
         try:
             return json.loads(a.legacy_json_value)
         except ValueError:
             return a.legacy_json_value
-    return getattr(a, kind)
+    return _str(getattr(a, kind))
+
+
+def _str(v: Any) -> Any:
+    """A proto2 string field holding invalid UTF-8 reads back as bytes: text with replacements."""
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
 
 
 class _Sequence:
@@ -121,6 +127,7 @@ class _Reader:
         self.track_names: dict[int, tuple[str, int]] = {}  # uuid -> (name, parent uuid)
         self.meta: dict[str, Any] = {}
         self.dropped = 0
+        self.closed = False  # the final metadata, written when the run closed the file, was read
 
     def packet(self, p: Any, index: int) -> None:
         st = self.seqs.get(p.trusted_packet_sequence_id)
@@ -133,9 +140,9 @@ class _Reader:
             st.uuid = p.trace_packet_defaults.track_event_defaults.track_uuid
         if p.HasField("interned_data"):
             i = p.interned_data
-            st.names.update((e.iid, e.name) for e in i.event_names)
-            st.cats.update((e.iid, e.name) for e in i.event_categories)
-            st.dnames.update((e.iid, e.name) for e in i.debug_annotation_names)
+            st.names.update((e.iid, _str(e.name)) for e in i.event_names)
+            st.cats.update((e.iid, _str(e.name)) for e in i.event_categories)
+            st.dnames.update((e.iid, _str(e.name)) for e in i.debug_annotation_names)
         if p.HasField("clock_snapshot"):
             clocks = {c.clock_id: c for c in p.clock_snapshot.clocks}
             for cid, c in clocks.items():
@@ -161,14 +168,14 @@ class _Reader:
         if te.type == END:
             self.events.setdefault(uuid, []).append((ts, index, END, None))
         elif te.type == BEGIN:
-            name = te.name if te.HasField("name") else st.names.get(te.name_iid, "?")
+            name = _str(te.name) if te.HasField("name") else st.names.get(te.name_iid, "?")
             if te.categories:
-                cat = te.categories[0]
+                cat = _str(te.categories[0])
             else:
                 cat = st.cats.get(te.category_iids[0], "?") if te.category_iids else "?"
             ann: dict[str, Any] = {}
             for a in te.debug_annotations:
-                key = a.name if a.HasField("name") else st.dnames.get(a.name_iid, f"#{a.name_iid}")
+                key = _str(a.name) if a.HasField("name") else st.dnames.get(a.name_iid, f"#{a.name_iid}")
                 ann.setdefault(key, _annotation_value(a))
             sid = ann.get(A_SPAN)
             if sid is None:
@@ -181,9 +188,11 @@ class _Reader:
             for a in te.debug_annotations:
                 if a.name == "json":
                     try:
-                        self.meta = json.loads(a.string_value)
-                    except ValueError:
+                        meta = json.loads(a.string_value)
+                    except (ValueError, RecursionError):
                         raise TraceFileError("corrupt Perfetto trace: cltrace.metadata is not JSON") from None
+                    self.meta = checks.metadata(meta)
+                    self.closed = self.closed or "recorded_spans" in meta  # written by close only
 
     def spans(self) -> list[Span]:
         """Pair BEGIN/END per track and join each span's host and device slices."""
@@ -199,23 +208,27 @@ class _Reader:
                     begin, (sid, name, cat, ann) = stack.pop()
                     if sid is None:
                         continue
+                    sid = checks.integer(sid, f"span id {sid!r:.20} of {name!r:.40}")
                     if A_DEV_START in ann:
                         device[sid] = (uuid, begin, ts, ann)
                     else:
                         host[sid] = (uuid, begin, ts, name, cat, ann)
         spans: dict[int, Span] = {}
         for sid, (uuid, hb, he, name, cat, ann) in host.items():
+            where = f"span {sid} ({name!r:.40})"
             failed = ann.get(A_STATUS) == STATUS_ERROR
-            sp = Span(int(sid), int(ann.get(A_PARENT, 0)), name, cat, uuid, hb, he,
+            error = ann.get(A_ERROR) if failed else None
+            sp = Span(sid, checks.integer(ann.get(A_PARENT, 0), f"{where}: parent"), name, cat, uuid, hb, he,
                       attrs={k: v for k, v in ann.items() if k not in _RESERVED} or None,
-                      status=STATUS_ERROR if failed else STATUS_OK, error=ann.get(A_ERROR) if failed else None)
+                      status=STATUS_ERROR if failed else STATUS_OK,
+                      error=None if error is None else checks.text(error, f"{where}: error"))
             d = device.get(sid)
             if d is not None:  # a device slice whose END was cut off leaves the span host-only
                 sp.device_track, sp.dev_start, sp.dev_end, dann = d
-                sp.raw_start = raw = dann[A_DEV_START]
+                sp.raw_start = raw = checks.optional_integer(dann[A_DEV_START], f"{where}: device start")
                 if A_DEV_END in dann:
-                    sp.raw_end = dann[A_DEV_END]
-                elif isinstance(raw, int):  # left out where END - START equals the slice's length
+                    sp.raw_end = checks.optional_integer(dann[A_DEV_END], f"{where}: device end")
+                elif raw is not None:  # left out where END - START equals the slice's length
                     sp.raw_end = raw + (sp.dev_end - sp.dev_start)
             spans[sp.id] = sp
         fill_paths(spans)
@@ -238,16 +251,21 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
     for index, (offset, raw) in enumerate(packets):
         try:
             p = pb.TracePacket.FromString(raw)
-        except DecodeError:
+        except (DecodeError, ValueError, RecursionError):
             raise TraceFileError(f"corrupt Perfetto trace: the packet at byte {offset} does not parse") from None
         if index == 0 and not p.HasField("clock_snapshot"):
             raise TraceFileError("not a cltrace Perfetto trace: it does not open with cltrace's clock snapshot")
         reader.packet(p, index)
     spans = reader.spans()
     meta = reader.meta
-    meta["dropped_spans"] = max(reader.dropped, int(meta.get("dropped_spans", 0) or 0))
+    meta["dropped_spans"] = max(reader.dropped, meta.get("dropped_spans", 0))
     meta.setdefault("recorded_spans", len(spans))
     names = reader.track_names
     meta.setdefault("tracks", {str(u): {"name": n, "process": names.get(parent, ("", 0))[0]}
                                for u, (n, parent) in names.items()})
+    offset, raw = packets[-1]
+    end = offset + 1 + len(uv(len(raw))) + len(raw)
+    if end < len(data) or not reader.closed:
+        checks.cut_off(meta, end, len(data), len(packets), 0, "packets")
     return spans, meta
+

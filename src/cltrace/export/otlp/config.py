@@ -3,6 +3,7 @@ standard ``OTEL_EXPORTER_OTLP_*`` variables, with a clear error for a bad value.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urlparse
 
@@ -12,6 +13,7 @@ _PROTOCOLS = {"grpc": GRPC, "http/protobuf": HTTP, "http": HTTP}
 
 DEFAULT_TIMEOUT_S = 2.0
 DEFAULT_CLOSE_TIMEOUT_S = 5.0
+DEFAULT_FAILING_CLOSE_TIMEOUT_S = 1.0  # the most close waits once exports have been failing
 DEFAULT_MAX_QUEUE_SPANS = 131_072
 DEFAULT_MAX_BATCH_SPANS = 4096
 DEFAULT_MAX_REQUEST_BYTES = 3 << 20  # collectors (otelcol, rotel) refuse gRPC messages over 4 MiB
@@ -47,20 +49,70 @@ def resolve_protocol(protocol: str | None, endpoint: str | None) -> str:
     return GRPC
 
 
-def http_url(endpoint: str) -> str:
-    """The OTLP/HTTP traces URL for ``endpoint``: ``http://`` when no scheme, ``/v1/traces`` when no path."""
-    url = endpoint if "://" in endpoint else "http://" + endpoint
-    u = urlparse(url)
-    if u.path in ("", "/"):
-        url = url.rstrip("/") + "/v1/traces"
-    return url
+INSECURE_VARS = ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "OTEL_EXPORTER_OTLP_INSECURE")
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318/v1/traces"
 
 
-def grpc_url(endpoint: str | None) -> str | None:
-    """A bare ``host:port`` is a plain-text collector: ``http://host:port``."""
-    if endpoint is not None and "://" not in endpoint:
-        return "http://" + endpoint
-    return endpoint
+@dataclass(frozen=True)
+class Target:
+    """Where a sink's own exporters send, and how: ``url`` (``http://`` or ``https://``, else a gRPC
+    target as given), ``insecure`` (plain text), and ``how``: what decided the transport, for the
+    hint when every export fails."""
+
+    url: str
+    insecure: bool
+    how: str
+
+
+def _insecure_env() -> tuple[bool, str] | None:
+    """OTEL_EXPORTER_OTLP_[TRACES_]INSECURE as (value, variable), or None when neither is set."""
+    for name in INSECURE_VARS:
+        raw = os.environ.get(name, "").strip()
+        if raw:
+            if raw.lower() not in ("true", "false"):
+                raise ValueError(f"{name}={raw!r} is not a boolean: set it to true (plain text) or false (TLS)")
+            return raw.lower() == "true", name
+    return None
+
+
+def resolve_target(endpoint: str | None, protocol: str) -> Target:
+    """The one reading of an endpoint, whether it came as an argument (``--otlp``, ``OtlpSink``) or
+    from OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, as the OpenTelemetry specification has it:
+
+    - ``https://`` means TLS and ``http://`` plain text, whatever OTEL_EXPORTER_OTLP_INSECURE says;
+    - a bare ``host:port`` (gRPC) is plain text unless OTEL_EXPORTER_OTLP_[TRACES_]INSECURE=false
+      asks for TLS (true: plain text): the collectors' default OTLP receivers, which a bare address
+      names in practice, speak plain text; for OTLP/HTTP it is ``http://host:port``;
+    - OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as it is, OTEL_EXPORTER_OTLP_ENDPOINT gets
+      ``/v1/traces`` appended for OTLP/HTTP; neither: localhost:4317 (gRPC) or :4318 (HTTP).
+    """
+    var = None
+    if endpoint is None:
+        for var in ENDPOINT_VARS:
+            endpoint = env(var)
+            if endpoint:
+                break
+        else:
+            var = None
+    if not endpoint:
+        url = DEFAULT_GRPC_ENDPOINT if protocol == GRPC else DEFAULT_HTTP_ENDPOINT
+        return Target(url, True, "the default endpoint")
+    source = var or "the endpoint"
+    scheme = endpoint.split("://", 1)[0].lower() if "://" in endpoint else ""
+    if protocol != GRPC:
+        url = endpoint if scheme else "http://" + endpoint
+        if var == "OTEL_EXPORTER_OTLP_ENDPOINT" or (var is None and urlparse(url).path in ("", "/")):
+            url = url.rstrip("/") + "/v1/traces"
+        return Target(url, urlparse(url).scheme != "https", f"the scheme of {source}")
+    if scheme in ("http", "https"):
+        return Target(endpoint, scheme == "http", f"the {scheme}:// of {source}")
+    setting = _insecure_env()
+    if setting is not None:
+        insecure, name = setting
+        url = (("http://" if insecure else "https://") + endpoint) if not scheme else endpoint
+        return Target(url, insecure, f"{name}={'true' if insecure else 'false'}")
+    return Target("http://" + endpoint if not scheme else endpoint, True, f"a bare host:port in {source}")
 
 
 def parse_headers(headers: Mapping[str, str] | str | None) -> dict[str, str] | None:

@@ -19,6 +19,7 @@ from ...timeline.spans import Span
 from .batch import Batch, BatchExporter
 from .config import (
     DEFAULT_CLOSE_TIMEOUT_S,
+    DEFAULT_FAILING_CLOSE_TIMEOUT_S,
     DEFAULT_MAX_BATCH_SPANS,
     DEFAULT_MAX_QUEUE_SPANS,
     DEFAULT_MAX_REQUEST_BYTES,
@@ -27,6 +28,7 @@ from .config import (
     env,
     timeout_from_env,
 )
+from .diagnose import diagnose
 from .logs import ExporterLogFilter
 from .mapping import Mapper
 from .resource import base_resource
@@ -41,10 +43,14 @@ class OtlpSink:
     """Streams spans to an OTLP endpoint, a user's ``SpanExporter`` or a ``TracerProvider``.
 
     ``endpoint``: ``host:port`` or URL (default: ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``,
-    else localhost:4317 / :4318). ``protocol``: ``"grpc"`` or ``"http/protobuf"`` (see
+    else localhost:4317 / :4318), read as ``config.resolve_target`` says (``https://`` TLS,
+    ``http://`` plain text, a bare ``host:port`` as OTEL_EXPORTER_OTLP_[TRACES_]INSECURE says,
+    plain text without it). ``protocol``: ``"grpc"`` or ``"http/protobuf"`` (see
     ``resolve_protocol``). ``headers``: dict or ``"k=v,k2=v2"``. ``timeout_s``: per export
     request, retries included (default: OTEL_EXPORTER_OTLP_TIMEOUT, else 2 s).
-    ``close_timeout_s``: the most ``close`` waits for delivery. ``max_request_bytes`` keeps
+    ``close_timeout_s``: the most ``close`` waits for delivery; ``failing_close_timeout_s``: the
+    most it waits once exports have been failing (a dead or silent collector), counted from the
+    later of the close and the failure. ``max_request_bytes`` keeps
     requests under collectors' usual 4 MiB limit. Counters: ``delivered``, ``failed`` (export
     refused or timed out), ``dropped`` (never sent: queue full, written after close, or still
     queued when close gave up).
@@ -59,6 +65,7 @@ class OtlpSink:
                  headers: Mapping[str, str] | str | None = None, timeout_s: float | None = None,
                  exporter: Any = None, service_name: str | None = None, *,
                  tracer_provider: Any = None, close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
+                 failing_close_timeout_s: float = DEFAULT_FAILING_CLOSE_TIMEOUT_S,
                  max_queue_spans: int = DEFAULT_MAX_QUEUE_SPANS,
                  max_batch_spans: int = DEFAULT_MAX_BATCH_SPANS,
                  max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
@@ -67,20 +74,23 @@ class OtlpSink:
             raise ValueError("OtlpSink: pass exporter or tracer_provider, not both")
         if timeout_s is None:
             timeout_s = timeout_from_env() or DEFAULT_TIMEOUT_S
-        if not timeout_s > 0 or not close_timeout_s >= 0:
-            raise ValueError("OtlpSink: timeout_s must be > 0 and close_timeout_s >= 0")
+        if not timeout_s > 0 or not close_timeout_s >= 0 or not failing_close_timeout_s >= 0:
+            raise ValueError("OtlpSink: timeout_s must be > 0, close_timeout_s and failing_close_timeout_s >= 0")
         if min(max_queue_spans, max_batch_spans, max_request_bytes, senders) < 1:
             raise ValueError("OtlpSink: max_queue_spans, max_batch_spans, max_request_bytes "
                              "and senders must be >= 1")
         self.timeout_s = float(timeout_s)
         self.close_timeout_s = float(close_timeout_s)
+        self.failing_close_timeout_s = float(failing_close_timeout_s)
         self.max_queue_spans = max_queue_spans
         self.max_batch_spans = max_batch_spans
         self.max_request_bytes = max_request_bytes
         self.service_name = service_name
         self._base_resource = base_resource(service_name)
+        self._last_error: str | None = None
+        self._stopping = False
         self._dest = dest = destination(endpoint, protocol, headers, self.timeout_s, exporter,
-                                        tracer_provider, senders, sdk_encoder)
+                                        tracer_provider, senders, sdk_encoder, self._error)
         self.protocol = dest.protocol
         self.endpoint = dest.endpoint
         self.exporters = dest.exporters
@@ -92,8 +102,8 @@ class OtlpSink:
         self.exports = 0
         self.failed_exports = 0
         self.received = 0
-        self._last_error: str | None = None
         self._warned = False
+        self._failing_since: float | None = None  # monotonic time of the first failure since the last success
         self._queue: deque[tuple[bool, list]] = deque()
         self._queued = 0
         self._inflight = 0
@@ -168,7 +178,8 @@ class OtlpSink:
         except Exception as exc:
             log.warning("cltrace: closing the OTLP sink failed: %s", exc)
         finally:
-            self._log_filter.remove()
+            if not any(t.is_alive() for t in self._workers):  # a worker left behind stays quiet
+                self._log_filter.remove()
 
     def _finish(self, meta: dict[str, Any]) -> None:
         if not self._workers or self.mapper is None:
@@ -180,9 +191,7 @@ class OtlpSink:
             self._queued += 1
             self._closing = True
             self._cv.notify_all()
-        deadline = time.monotonic() + self.close_timeout_s
-        for t in self._workers:
-            t.join(max(0.0, deadline - time.monotonic()))
+        limit = self._wait_for_delivery()
         if any(t.is_alive() for t in self._workers):
             with self._cv:
                 self.dropped += self._queued
@@ -190,16 +199,45 @@ class OtlpSink:
                 self._queued = 0
                 if not self._last_error:
                     self._last_error = f"gave up after close_timeout_s={self.close_timeout_s:g}"
-        if self._dest.own:
+            if self._dest.own:
+                self._stopping = True  # what the cut-short calls report is not the collector's doing
+                for exp in self.exporters:
+                    try:
+                        exp.shutdown()  # also cuts short a retry, and a gRPC call, still in flight
+                    except Exception:
+                        pass
+            # An HTTP request in flight cannot be cut short: its (daemon) worker is left behind.
+            failing = self._failing_since is not None
+            deadline = max(limit, time.monotonic() + 0.05) if failing else time.monotonic() + min(1.0, self.timeout_s)
+            for t in self._workers:
+                t.join(max(0.0, deadline - time.monotonic()))
+        elif self._dest.own:
             for exp in self.exporters:
                 try:
-                    exp.shutdown()  # also cuts short a retry still in flight
+                    exp.shutdown()
                 except Exception:
                     pass
-        deadline = time.monotonic() + min(1.0, self.timeout_s)
-        for t in self._workers:
-            t.join(max(0.0, deadline - time.monotonic()))
         self._report()
+
+    def _wait_for_delivery(self) -> float:
+        """Wait until the workers have sent everything and left: at most ``close_timeout_s``, and at
+        most ``failing_close_timeout_s`` past the close or the first failure, whichever came later.
+        Returns the time limit it kept to."""
+        start = time.monotonic()
+        with self._cv:
+            while True:
+                limit = start + self.close_timeout_s
+                if self._failing_since is not None:
+                    limit = min(limit, max(start, self._failing_since) + self.failing_close_timeout_s)
+                if not (self._queued or self._inflight):
+                    break
+                left = limit - time.monotonic()
+                if left <= 0 or not any(t.is_alive() for t in self._workers):
+                    return limit
+                self._cv.wait(left)
+        for t in self._workers:  # nothing left: they are on their way out
+            t.join(max(0.0, limit - time.monotonic()))
+        return limit
 
     # -- public helpers -------------------------------------------------------------------
     def force_flush(self, timeout_s: float | None = None) -> bool:
@@ -267,33 +305,41 @@ class OtlpSink:
                     self.exports += 1
                     if ok:
                         self.delivered += count
+                        self._failing_since = None
                     else:
                         self.failed += count
                         self.failed_exports += 1
+                        if self._failing_since is None:
+                            self._failing_since = time.monotonic()
                 self._inflight -= n
                 cv.notify_all()
-                warn = not self._warned and not all(ok for _, ok in results)
+                # At close the report says it; during the run, one early warning.
+                warn = not self._warned and not self._closing and not all(ok for _, ok in results)
                 if warn:
                     self._warned = True
             if warn:
-                log.warning("cltrace: OTLP export to %s failed (%s); tracing goes on, undelivered "
-                            "spans are counted and reported at exit", self.endpoint,
-                            self._last_error or "exporter returned FAILURE")
+                log.warning("cltrace: OTLP export to %s is failing (%s); tracing goes on, losses are "
+                            "reported at exit", self.endpoint, self.diagnosis())
 
     def _error(self, message: str, final: bool = True) -> None:
         """Keep ``message`` as the last error (one not ``final`` only where there is none yet)."""
+        if self._stopping:
+            return
         if final or not self._last_error:
             self._last_error = message
+
+    def diagnosis(self) -> str:
+        """Why exports fail and what to change, in one short phrase (from the last error)."""
+        return diagnose(self._last_error, self.protocol, self.endpoint, self._dest.target, self.timeout_s)
 
     def _report(self) -> None:
         st = self.stats()
         lost = st["received"] - st["delivered"]
         if lost <= 0:
             return
-        inflight = f", {st['in_flight']} still in flight" if st["in_flight"] else ""
-        log.warning("cltrace: OTLP: %d of %d spans not delivered to %s (%d failed, %d dropped%s%s)",
-                    lost, st["received"], self.endpoint, st["failed"], st["dropped"], inflight,
-                    f"; last error: {st['last_error']}" if st["last_error"] else "")
+        why = self.diagnosis() if st["failed"] or st["last_error"] else "the queue was full"
+        log.warning("cltrace: OTLP: %d of %d spans not delivered to %s (%s)", lost, st["received"],
+                    self.endpoint, why)
 
 
 def otlp_sink_from_env(**kwargs: Any) -> OtlpSink | None:

@@ -1,17 +1,19 @@
 """Where spans go: a tracer provider, a user's exporter, or the SDK's OTLP gRPC and HTTP
 exporters, taught to send requests cltrace already encoded.
 
-They keep the SDK's transport, retries and ``OTEL_EXPORTER_OTLP_*`` configuration; an
-``Encoded`` request goes out as it is, anything else through the stock encoder.
+They keep the SDK's transport, retries and the rest of its ``OTEL_EXPORTER_OTLP_*`` configuration
+(headers, certificates, compression); where to connect and whether in plain text is cltrace's one
+reading of the endpoint (``config.resolve_target``). An ``Encoded`` request goes out as it is,
+anything else through the stock encoder.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
-from .config import GRPC, grpc_url, http_url, parse_headers, resolve_protocol
+from .config import GRPC, Target, parse_headers, resolve_protocol, resolve_target
 
 
 class Encoded:
@@ -27,7 +29,9 @@ class Encoded:
         return self.count
 
 
-def grpc_exporter(endpoint: str | None, headers: dict[str, str] | None, timeout_s: float) -> tuple[Any, bool]:
+def grpc_exporter(target: Target, headers: dict[str, str] | None, timeout_s: float,
+                  on_error: Callable[[str], None]) -> tuple[Any, bool]:
+    import grpc
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
         ExportTraceServiceRequest,
@@ -37,32 +41,39 @@ def grpc_exporter(endpoint: str | None, headers: dict[str, str] | None, timeout_
     def serialize(request: Any) -> bytes:
         return request if isinstance(request, bytes) else request.SerializeToString()
 
-    class _RawStub:
-        """TraceService stub that sends already-encoded requests as they are."""
+    class _Client:
+        """The TraceService stub, sending already-encoded requests as they are and passing
+        each refused call's status on (the exporter logs only some of them)."""
 
         def __init__(self, channel: Any) -> None:
-            self.Export = channel.unary_unary(
+            self.call = channel.unary_unary(
                 "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
                 request_serializer=serialize,
                 response_deserializer=ExportTraceServiceResponse.FromString,
             )
 
+        def Export(self, request: Any, **kw: Any) -> Any:  # noqa: N802 (the stub's name)
+            try:
+                return self.call(request, **kw)
+            except grpc.RpcError as exc:
+                on_error(f"{exc.code().name}: {exc.details()}")
+                raise
+
     class _Exporter(OTLPSpanExporter):
         def _initialize_channel_and_stub(self) -> None:  # also runs on reconnect
             super()._initialize_channel_and_stub()
-            self._client = _RawStub(self._channel)
+            self._client = _Client(self._channel)
 
         def _translate_data(self, data: Any) -> Any:
             if isinstance(data, Encoded):
-                if isinstance(self._client, _RawStub):
-                    return data.payload
-                return ExportTraceServiceRequest.FromString(data.payload)
+                return data.payload
             return super()._translate_data(data)
 
-    return _Exporter(endpoint=grpc_url(endpoint), headers=headers, timeout=timeout_s), True
+    return _Exporter(endpoint=target.url, insecure=target.insecure, headers=headers, timeout=timeout_s), True
 
 
-def http_exporter(endpoint: str | None, headers: dict[str, str] | None, timeout_s: float) -> tuple[Any, bool]:
+def http_exporter(target: Target, headers: dict[str, str] | None, timeout_s: float,
+                  on_error: Callable[[str], None]) -> tuple[Any, bool]:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     class _Exporter(OTLPSpanExporter):
@@ -74,7 +85,7 @@ def http_exporter(endpoint: str | None, headers: dict[str, str] | None, timeout_
                 return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
             return super().export(spans)
 
-    exp = _Exporter(endpoint=http_url(endpoint) if endpoint else None, headers=headers, timeout=timeout_s)
+    exp = _Exporter(endpoint=target.url, headers=headers, timeout=timeout_s)
     # Older exporters have no payload client: fall back to ReadableSpans and the SDK encoder.
     return exp, callable(getattr(getattr(exp, "_client", None), "export", None))
 
@@ -83,7 +94,8 @@ def http_exporter(endpoint: str | None, headers: dict[str, str] | None, timeout_
 class Destination:
     """Where a sink's spans go: ``exporters`` has one exporter per worker (``[None]`` for a
     tracer provider, whose span ``processor`` and ``resource`` are kept); ``own``: the sink
-    made the exporters and shuts them down; ``wire``: they take ``Encoded`` requests."""
+    made the exporters (connecting as ``target`` says) and shuts them down; ``wire``: they take
+    ``Encoded`` requests."""
 
     protocol: str
     endpoint: str
@@ -92,11 +104,12 @@ class Destination:
     resource: Any = None
     own: bool = False
     wire: bool = False
+    target: Target | None = None  # how the sink's own exporters connect
 
 
 def destination(endpoint: str | None, protocol: str | None, headers: Mapping[str, str] | str | None,
                 timeout_s: float, exporter: Any, tracer_provider: Any, senders: int,
-                sdk_encoder: bool) -> Destination:
+                sdk_encoder: bool, on_error: Callable[[str], None]) -> Destination:
     """A tracer provider, a user's exporter, or else ``senders`` OTLP exporters of our own."""
     if tracer_provider is not None:
         processor = getattr(tracer_provider, "_active_span_processor", None)
@@ -109,9 +122,10 @@ def destination(endpoint: str | None, protocol: str | None, headers: Mapping[str
             raise TypeError("OtlpSink: exporter must be an opentelemetry SpanExporter (has export())")
         return Destination("exporter", type(exporter).__name__, [exporter])
     protocol = resolve_protocol(protocol, endpoint)
+    target = resolve_target(endpoint, protocol)
     hdrs = parse_headers(headers)
     make = grpc_exporter if protocol == GRPC else http_exporter
-    made = [make(endpoint, hdrs, timeout_s) for _ in range(senders)]
+    made = [make(target, hdrs, timeout_s, on_error) for _ in range(senders)]
     exporters = [e for e, _ in made]
-    name = str(getattr(exporters[0], "_endpoint", None) or endpoint or protocol)
-    return Destination(protocol, name, exporters, own=True, wire=made[0][1] and not sdk_encoder)
+    name = str(getattr(exporters[0], "_endpoint", None) or target.url)
+    return Destination(protocol, name, exporters, own=True, wire=made[0][1] and not sdk_encoder, target=target)

@@ -18,6 +18,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ...timeline.batch import as_batch
 from ...timeline.spans import Span
 from ..base import open_trace_file
+from ..processes import program_name
 from .order import HoldBack
 from .packets import encode
 from .rows import batch_rows
@@ -64,7 +65,7 @@ class PerfettoTraceSink:
             clock_snapshot=snap))]
         pid = recorder.tracks.pid
         out.append(tracks.descriptor(pb.TrackDescriptor(
-            uuid=tracks.process_uuid, process=pb.ProcessDescriptor(pid=pid, process_name=f"host (pid {pid})"))))
+            uuid=tracks.process_uuid, process=pb.ProcessDescriptor(pid=pid, process_name=program_name()))))
         self._dropped_uuid = tracks.new_uuid()
         out.append(tracks.descriptor(pb.TrackDescriptor(
             uuid=self._dropped_uuid, parent_uuid=tracks.process_uuid, name=DROPPED_TRACK,

@@ -1,8 +1,9 @@
 """The trace's tracks, each written on its own packet sequence.
 
-Tracks (TrackDescriptor): the host process; one thread track per host thread; the compile track
-inside the process; per device a parent track ("OpenCL: <device>") holding one track per (queue,
-submitting thread), named as the TrackRegistry names it; counter tracks for bytes transferred.
+Tracks (TrackDescriptor), the tree the Chrome JSON shows too (``export.processes``): the host
+process, named after the program; one thread track per host thread; the compile track inside the
+process; per device a process ("OpenCL: <device>") whose threads are its (queue, submitting
+thread) tracks, named as the TrackRegistry names them; counter tracks for bytes transferred.
 
 Each sequence opens with TracePacketDefaults that name its track and a sequence-scoped incremental
 clock (id 64, tied by a ClockSnapshot to BUILTIN_CLOCK_MONOTONIC, which ``perf_counter_ns`` reads on
@@ -21,6 +22,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ...timeline.spans import STATUS_ERROR
 from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
+from ..processes import device_pid
 from .layout import Pool
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID, DNAMES,
                    HOST_CLOCK, META_SEQ, MONOTONIC, NAMES, P_FLAGS, P_SEQ, P_TE, SEQ_CLEARED, SEQ_NEEDS,
@@ -123,14 +125,15 @@ class Tracks:
             desc = pb.TrackDescriptor(uuid=track.id, thread=pb.ThreadDescriptor(
                 pid=self.registry.pid, tid=_native_tid(track.attrs.get("thread.id")) or track.id,
                 thread_name=track.name))
-        elif track.kind == DEVICE_QUEUE:
-            parent = self._device_uuids.get(track.process)
-            if parent is None:
+        elif track.kind == DEVICE_QUEUE:  # a thread of the device's process, as in the Chrome JSON
+            dpid = device_pid(self.registry, track.device)
+            if track.process not in self._device_uuids:
                 parent = self._device_uuids[track.process] = self.new_uuid()
                 head.append(self.descriptor(pb.TrackDescriptor(
-                    uuid=parent, name=track.process, child_ordering=pb.TrackDescriptor.EXPLICIT)))
-            desc = pb.TrackDescriptor(uuid=track.id, parent_uuid=parent, name=track.name,
-                                      sibling_order_rank=track.id)
+                    uuid=parent, process=pb.ProcessDescriptor(pid=dpid, process_name=track.process),
+                    child_ordering=pb.TrackDescriptor.EXPLICIT)))
+            desc = pb.TrackDescriptor(uuid=track.id, thread=pb.ThreadDescriptor(
+                pid=dpid, tid=track.id, thread_name=track.name), sibling_order_rank=track.id)
         else:  # the compile track, or any other host-side track
             desc = pb.TrackDescriptor(uuid=track.id, parent_uuid=self.process_uuid, name=track.name)
         head.append(self.descriptor(desc))

@@ -1,0 +1,92 @@
+"""Field checks shared by the readers: a wrongly typed field is a one-line TraceFileError, never a
+traceback from deep inside the summary; and the note a reader leaves on a file that was cut off."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import TraceFileError
+
+_LIMIT_NS = 1 << 62  # times and durations beyond ~146 years are not stamps
+
+
+def _show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def integer(v: Any, what: str) -> int:
+    """``v`` as an int (an integral float is accepted, bool is not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TraceFileError(f"{what} is {_show(v)}, not an integer")
+    if isinstance(v, float):
+        if not v.is_integer():
+            raise TraceFileError(f"{what} is {_show(v)}, not an integer")
+        v = int(v)
+    if abs(v) >= _LIMIT_NS:
+        raise TraceFileError(f"{what} is {_show(v)}, out of range")
+    return v
+
+
+def optional_integer(v: Any, what: str) -> int | None:
+    return None if v is None else integer(v, what)
+
+
+def micros_to_ns(v: Any, what: str) -> int:
+    """A Chrome ``ts``/``dur`` (microseconds, a number or numeric text) as integer nanoseconds."""
+    if isinstance(v, str):
+        try:
+            v = float(v)
+        except ValueError:
+            raise TraceFileError(f"{what} is {_show(v)}, not a number") from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise TraceFileError(f"{what} is {_show(v)}, not a number")
+    if abs(v) * 1000 >= _LIMIT_NS:
+        raise TraceFileError(f"{what} is {_show(v)}, out of range")
+    return round(v * 1000)
+
+
+def text(v: Any, what: str) -> str:
+    """``v`` as printable text (a lone surrogate from a ``\\ud800`` escape becomes U+FFFD)."""
+    if not isinstance(v, str):
+        raise TraceFileError(f"{what} is {_show(v)}, not a string")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        v = "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in v)
+    return v
+
+
+def mapping(v: Any, what: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        raise TraceFileError(f"{what} is {_show(v)}, not an object")
+    return v
+
+
+def metadata(meta: Any) -> dict[str, Any]:
+    """The run's metadata, its counts and per-device tables checked for the report."""
+    meta = mapping(meta, "the cltrace.metadata")
+    for key in ("dropped_spans", "recorded_spans"):
+        if key in meta:
+            meta[key] = integer(meta[key], f"metadata {key!r}")
+    for key in ("clocks", "devices"):
+        if key in meta:
+            for dev, entry in mapping(meta[key], f"metadata {key!r}").items():
+                mapping(entry, f"metadata {key!r} of {dev!r}")
+    return meta
+
+
+def cut_off(meta: dict[str, Any], read_bytes: int, file_bytes: int, events: int, skipped: int, unit: str) -> None:
+    """Note in ``meta["truncated"]`` that the file ends before the run closed it, and how much was read."""
+    meta["truncated"] = {"read_bytes": read_bytes, "file_bytes": file_bytes, unit: events, "skipped": skipped}
+
+
+def describe_cut(info: dict[str, Any]) -> str:
+    """One line for a ``meta["truncated"]`` note: what was readable and what was not."""
+    unit = "events" if "events" in info else "packets"
+    n = info.get(unit, 0)
+    line = (f"the file is cut off (the traced run did not close it): summarised the {n:,} {unit} readable "
+            f"in its first {info['read_bytes']:,} of {info['file_bytes']:,} bytes")
+    if info.get("skipped"):
+        line += f"; {info['skipped']:,} unreadable {'lines' if unit == 'events' else 'packets'} skipped"
+    return line

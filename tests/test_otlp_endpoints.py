@@ -1,0 +1,173 @@
+"""OTLP endpoints as users write them, against a real collector (rotel, plain text):
+one reading of ``host:port`` for ``--otlp``/``OtlpSink(endpoint)`` and OTEL_EXPORTER_OTLP_ENDPOINT,
+the OTEL_EXPORTER_OTLP_[TRACES_]INSECURE variables, a one-line diagnosis naming the fix when
+every export fails, and a bounded close once exports have been failing."""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any, Iterator
+
+import pytest
+
+import cltrace
+from cltrace.export.otlp import OtlpSink, otlp_sink_from_env
+from cltrace.record.recorder import RECORDER
+from otlp_collector import RotelCollector, free_port
+from test_otlp import clean_env, run_script, wait_trace
+
+VARS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_INSECURE", "OTEL_EXPORTER_OTLP_TRACES_INSECURE")
+
+
+@pytest.fixture(scope="module")
+def collector() -> Iterator[RotelCollector]:
+    with RotelCollector() as col:
+        yield col
+
+
+@pytest.fixture(autouse=True)
+def no_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in VARS:
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_bare_host_port_in_the_environment_reaches_a_plaintext_collector(collector: RotelCollector,
+                                                                         tmp_path: Any) -> None:
+    service = "bare-env"
+    p, _ = run_script("""
+        import cltrace
+        for i in range(3):
+            with cltrace.region("bare %d" % i):
+                pass
+    """, env=clean_env(CLTRACE="1", CLTRACE_OUT=str(tmp_path / "t.json"), OTEL_SERVICE_NAME=service,
+                       OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint))  # 127.0.0.1:PORT, no scheme
+    assert p.returncode == 0 and "cltrace" not in p.stderr, p.stderr
+
+    def mine(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [s for s in spans if s["resource"].get("service.name") == service]
+
+    got = mine(collector.wait_for(lambda spans: len(mine(spans)) >= 4))
+    assert sorted(s["name"] for s in got) == ["bare 0", "bare 1", "bare 2", "cltrace.run"]
+
+
+# endpoint, variables, plain text? (the specification: a scheme wins; else the signal's INSECURE
+# variable, then the generic one; cltrace reads a bare host:port without them as plain text)
+CASES = [
+    ("127.0.0.1:4317", {}, True),
+    ("127.0.0.1:4317", {"OTEL_EXPORTER_OTLP_INSECURE": "false"}, False),
+    ("127.0.0.1:4317", {"OTEL_EXPORTER_OTLP_INSECURE": "TRUE"}, True),
+    ("127.0.0.1:4317", {"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "false", "OTEL_EXPORTER_OTLP_INSECURE": "true"}, False),
+    ("127.0.0.1:4317", {"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "true", "OTEL_EXPORTER_OTLP_INSECURE": "false"}, True),
+    ("http://127.0.0.1:4317", {"OTEL_EXPORTER_OTLP_INSECURE": "false"}, True),
+    ("https://127.0.0.1:4317", {"OTEL_EXPORTER_OTLP_INSECURE": "true"}, False),
+]
+
+
+@pytest.mark.parametrize("endpoint, env, plaintext", CASES)
+def test_argument_and_environment_read_an_endpoint_the_same_way(endpoint: str, env: dict[str, str],
+                                                               plaintext: bool,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    by_argument = OtlpSink(endpoint, protocol="grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    by_env = otlp_sink_from_env(protocol="grpc")
+    for sink in (by_argument, by_env):
+        assert sink.endpoint == "127.0.0.1:4317"
+        assert [e._insecure for e in sink.exporters] == [plaintext] * len(sink.exporters)  # what the SDK dials
+
+
+def test_a_bad_insecure_value_names_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "yes")
+    with pytest.raises(ValueError, match=r"OTEL_EXPORTER_OTLP_TRACES_INSECURE='yes'.*true.*false"):
+        OtlpSink("127.0.0.1:4317", protocol="grpc")
+
+
+def send_and_report(sink: OtlpSink, caplog: pytest.LogCaptureFixture) -> list[str]:
+    with caplog.at_level(logging.WARNING, logger="cltrace"):
+        caplog.clear()
+        with cltrace.trace(sink):
+            with cltrace.region("r"):
+                pass
+    return [r.getMessage() for r in caplog.records if r.name == "cltrace"]
+
+
+def test_insecure_true_makes_a_bare_endpoint_plain_text(collector: RotelCollector, caplog: Any,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    sink = OtlpSink(collector.grpc_endpoint, protocol="grpc")
+    assert send_and_report(sink, caplog) == []
+    wait_trace(collector, sink.trace_id, 2)
+
+
+@pytest.mark.parametrize("how, fix", [
+    ("OTEL_EXPORTER_OTLP_INSECURE=false", "set OTEL_EXPORTER_OTLP_INSECURE=true"),
+    ("https://", "use http://127.0.0.1:"),
+])
+def test_tls_to_a_plaintext_collector_is_one_line_naming_the_fix(how: str, fix: str, collector: RotelCollector,
+                                                                caplog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    if how.startswith("OTEL"):
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "false")
+        sink = OtlpSink(collector.grpc_endpoint, protocol="grpc", timeout_s=0.5)
+    else:
+        sink = OtlpSink("https://" + collector.grpc_endpoint, protocol="grpc", timeout_s=0.5)
+    (line,) = send_and_report(sink, caplog)
+    assert sink.delivered == 0
+    assert "2 of 2 spans not delivered" in line and "the collector speaks plain text" in line
+    assert fix in line and how in line  # what chose TLS, and what to change
+    assert len(line) < 260 and "\n" not in line
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers (a hung collector)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(64)
+        yield s.getsockname()[1]
+
+
+def fail_then_stop(sink: OtlpSink) -> float:
+    """Trace until an export has failed, queue 20 000 more spans, and time ``stop`` (the sink's close)."""
+    cltrace.start(sink)
+    t0 = time.monotonic()
+    while sink.failed_exports == 0:
+        assert time.monotonic() - t0 < 30, "no export failed"
+        with cltrace.region("before"):
+            pass
+        RECORDER.flush()
+        time.sleep(0.02)
+    for _ in range(20_000):
+        with cltrace.region("queued"):
+            pass
+    RECORDER.flush(block=True)  # resolved and queued for the sink: what is left is the sink's close
+    t = time.monotonic()
+    cltrace.stop()
+    return time.monotonic() - t
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+@pytest.mark.parametrize("collector_kind", ["silent", "dead"])
+def test_close_waits_at_most_the_failing_timeout_once_exports_fail(protocol: str, collector_kind: str,
+                                                                   silent_port: int, caplog: Any) -> None:
+    port = silent_port if collector_kind == "silent" else free_port()
+    ep = f"127.0.0.1:{port}" if protocol == "grpc" else f"http://127.0.0.1:{port}/v1/traces"
+    sink = OtlpSink(ep, protocol=protocol)  # default timeouts: 2 s per export, close 5 s, 1 s once failing
+    with caplog.at_level(logging.WARNING, logger="cltrace"):
+        took = fail_then_stop(sink)
+    assert took < sink.failing_close_timeout_s + 0.5, f"stop took {took:.2f} s"
+    st = sink.stats()
+    assert st["delivered"] == 0 and st["failed"] + st["dropped"] + st["in_flight"] == st["received"] > 20_000
+    lines = [r.getMessage() for r in caplog.records if r.name == "cltrace"]
+    assert all(len(ln) < 200 and "\n" not in ln for ln in lines), lines
+    assert sum("spans not delivered" in ln for ln in lines) == 1
+    cause = "no answer within 2 s" if collector_kind == "silent" else "connection refused"
+    assert all(cause in ln for ln in lines), lines
+
+
+def test_the_failing_timeout_is_configurable(silent_port: int) -> None:
+    sink = OtlpSink(f"127.0.0.1:{silent_port}", protocol="grpc", timeout_s=0.5, failing_close_timeout_s=0.2)
+    took = fail_then_stop(sink)
+    assert took < 0.2 + 0.5, f"stop took {took:.2f} s"
