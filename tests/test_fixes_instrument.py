@@ -100,7 +100,7 @@ def test_every_exported_enqueue_is_traced_or_listed(cl_ctx: Any, instrumented: N
         with cltrace.trace():
             call()
             q.finish()
-        spans = RECORDER.spans()
+        spans = [s for s in RECORDER.spans() if s.cat != "sync"]  # q.finish() is a host-side "sync" span
         assert [(s.cat, s.name) for s in spans] == [(cat, n) for n in name.split("+")], what
         assert all(s.device_track is not None and s.status == "ok" for s in spans), what  # device-timed
         if nbytes is not None:

@@ -6,6 +6,7 @@ Only ``CLTRACE_NATIVE=0`` (the fallback-only run) skips them.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -237,10 +238,14 @@ def test_cltrace_native_0_forces_the_fallback_and_devices_says_so(tmp_path: Any)
         native()
         runs[""] = "span pipeline: native (C extension)"
     for value, line in runs.items():
+        text = subprocess.run([sys.executable, "-m", "cltrace", "devices", "--samples", "4"],
+                              capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                              env=dict(env, CLTRACE_NATIVE=value))
+        assert text.returncode == 0, text.stderr
+        assert line in text.stdout.splitlines()
         proc = subprocess.run([sys.executable, "-m", "cltrace", "devices", "--samples", "4", "--json"],
                               capture_output=True, text=True, timeout=240, cwd=tmp_path,
                               env=dict(env, CLTRACE_NATIVE=value))
         assert proc.returncode == 0, proc.stderr
-        assert line in proc.stdout.splitlines()
         path = "python" if value == "0" else "native"
-        assert f'"span_pipeline": "{path}"' in proc.stdout
+        assert json.loads(proc.stdout)[0]["span_pipeline"] == path

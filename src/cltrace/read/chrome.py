@@ -108,6 +108,8 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
         elif ph == "M":
             name = ev.get("name")
             margs = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+            if not all(isinstance(ev.get(k), (int, str)) for k in ("pid", "tid")):
+                continue  # names of tracks only; a malformed one names nothing
             if name == "thread_name":
                 threads[ev.get("tid")] = str(margs.get("name", ""))
                 track_pid[ev.get("tid")] = ev.get("pid")

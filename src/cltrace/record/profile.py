@@ -16,6 +16,7 @@ from typing import Any
 import pyopencl as cl
 
 from ..errors import CltraceError
+from ..timeline.stamps import wait_events
 from .recorder import RECORDER
 
 # Launches whose stamps are not read yet; past this the profile folds them in (waiting once).
@@ -24,7 +25,7 @@ MAX_PENDING = 4096
 
 def _stamps(ev: Any, name: str) -> tuple[int, int, int, int]:
     try:
-        ev.wait()
+        wait_events([ev])
         p = ev.profile
         return p.queued, p.submit, p.start, p.end
     except cl.Error as exc:
@@ -89,7 +90,7 @@ class LaunchProfile:
         if not pending:
             return
         try:
-            cl.wait_for_events([ev for ev, _ in pending])
+            wait_events([ev for ev, _ in pending])
         except cl.Error:
             pass  # a failed launch raises below, with its name
         last = self.event
@@ -151,7 +152,11 @@ class LaunchProfile:
     def _host(self, i: int) -> int:
         stamps = self._last()
         clock = RECORDER.clocks.for_queue(self.queue)
-        return stamps[i] - clock.offset_at(stamps[2])
+        try:  # the offset the trace draws this command with
+            off = clock.placement.lookup(stamps[2])
+        except LookupError:
+            off = clock.offset_at(stamps[2])
+        return stamps[i] - off
 
     @property
     def queued_ns(self) -> int:

@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 import pyopencl as cl
 
 from ..errors import EventTimerError
+from ..timeline.stamps import wait_events
 from .queues import active_queue, require_profiling
 
 
@@ -36,7 +37,7 @@ class EventTimer:
         if self._ev0 is None:
             raise EventTimerError("EventTimer.stop() called before start()")
         self._ev1 = cl.enqueue_marker(self.queue)
-        self._ev1.wait()
+        wait_events([self._ev1])
         ns = self._ev1.profile.end - self._ev0.profile.end
         self._ev0 = None
         return ns / 1e6
@@ -102,10 +103,10 @@ def timing(fn: Callable[..., Any], *args: Any, n_warmup: int = 3, n: int = 100,
         require_profiling(q, "timing")
         pairs.append((ev0, cl.enqueue_marker(q)))
     if ev_lists:
-        cl.wait_for_events([e for evs in ev_lists for e in evs])
+        wait_events([e for evs in ev_lists for e in evs])
         per_call = [_span_ns(evs) / 1e9 for evs in ev_lists]
     if pairs:
-        pairs[-1][1].wait()
+        wait_events([pairs[-1][1]])
         per_call += [(b.profile.end - a.profile.end) / 1e9 for a, b in pairs]
     mean = sum(per_call) / len(per_call)
     std = math.sqrt(sum((x - mean) ** 2 for x in per_call) / (len(per_call) - 1)) if len(per_call) > 1 else 0.0

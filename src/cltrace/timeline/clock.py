@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .placement import Placement
+from .stamps import wait_events
 
 _perf = time.perf_counter_ns
 log = logging.getLogger("cltrace")
@@ -114,7 +115,7 @@ class DeviceClock:
                 ev = cl.enqueue_marker(q)
                 h1 = _perf()
                 brackets.append((h0, h1, ev))
-            q.finish()
+            wait_events([ev for _, _, ev in brackets])  # not q.finish(): instrument() records that
             stamped = []
             for h0, h1, ev in brackets:
                 try:

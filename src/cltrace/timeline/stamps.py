@@ -212,7 +212,13 @@ def wait(handles: np.ndarray) -> None:
     _active.wait(handles)
 
 
-__all__ = ["PATH", "DETAIL", "handles", "read", "wait"]
+def wait_events(events: Sequence[Any]) -> None:
+    """``wait`` on pyopencl Events: cltrace's own waits, never recorded as the program's (``instrument``)."""
+    if events:
+        wait(handles(events))
+
+
+__all__ = ["PATH", "DETAIL", "handles", "read", "wait", "wait_events"]
 
 
 def describe(code: int) -> str:
