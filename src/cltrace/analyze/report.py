@@ -43,7 +43,9 @@ def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str 
         if meta.get("memory_dropped_spans"):
             line += f", {meta['memory_dropped_spans']} not kept in memory"
         lines.append(line)
+        devices = meta.get("devices") or {}
         for dev, c in (meta.get("clocks") or {}).items():
+            dev = (devices.get(dev) or {}).get("label") or dev  # one line per physical device
             lines.append(f"clock {dev}: {c.get('method')} ({c.get('domain')}), "
                          f"bound ±{c.get('bound_ns')} ns, drift {c.get('drift_ns')} ns")
     return "\n".join(lines)

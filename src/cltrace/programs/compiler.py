@@ -1,17 +1,17 @@
 """Compiling OpenCL programs through a cache, with compile/build spans; the compiler's public names.
 
-``compile()`` looks a program up in a ``ProgramCache`` (memory, then program
-binaries on disk, keyed on source hash + build options + device identity
-including the driver version) and builds it from source only on a miss. With
-tracing on, each step is a host-only span on the compile track: the whole
-``compile`` call, the cache lookup, the source build (clBuildProgram), the
-binary load, the cache store. Its ``Program`` hands out ``Kernel``s (launcher.py).
+``compile()`` builds one program for every device of a context (or the devices
+named), looking it up in a ``ProgramCache`` (memory, then program binaries on
+disk, keyed on source hash + build options + device model including the driver
+version) and building from source only what is missing. With tracing on, each
+step is a host-only span on the compile track naming its devices: the whole
+``compile`` call, the cache lookups, the source builds (clBuildProgram), the
+binary load, the cache stores. Its ``Program`` hands out ``Kernel``s (launcher.py).
 
 The parts live in their own modules and are importable from here:
-program_cache.py (the cache and its entry format), program_build.py (the build
-steps and their spans, ``BuildError``), build_options.py (defines, tuned
-options), shared_context.py (default context and queue, ``device_key``),
-launcher.py (``Kernel`` and its launchers).
+cache.py (the cache and its entry format), build.py (the build steps and their
+spans, ``BuildError``), options.py (defines, tuned options), context.py (default
+context and queue, ``device_key``), launcher.py (``Kernel`` and its launchers).
 """
 from __future__ import annotations
 
