@@ -225,7 +225,8 @@ def report(res: dict[str, Any]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("outdir", help="folder for the .json/.pftrace files (created)")
-    ap.add_argument("--steps", type=int, default=1000, help="loop steps per set-up (each: 2 kernels, 2 copies per device)")
+    ap.add_argument("--steps", type=int, default=1000,
+                    help="loop steps per set-up (each: 2 kernels, 2 copies per device)")
     ap.add_argument("--seconds", type=float, default=6.0, help="the least time the steps are spread over, per set-up")
     ap.add_argument("--json", action="store_true", help="also print the results as one JSON line")
     args = ap.parse_args()

@@ -172,7 +172,8 @@ def test_cache_entries_per_device_and_a_shared_tune_store(tmp_path: Path) -> Non
 
 
 def test_transfers_go_on_the_track_of_their_queue_device(tmp_path: Path) -> None:
-    """cltrace.copy and instrumented pyopencl copies on device 1's queue land on device 1's track."""
+    """cltrace.copy and instrumented pyopencl copies on device 1's queue land on device 1's track,
+    and their OTLP attributes name that device."""
     res = run_two(tmp_path, """
         ctx = cl.Context([D0, D1])
         q0, q1 = (cl.CommandQueue(ctx, d, properties=PROF) for d in (D0, D1))
@@ -188,8 +189,14 @@ def test_transfers_go_on_the_track_of_their_queue_device(tmp_path: Path) -> None
         cltrace.stop()
         tracks = {t.id: t for t in cltrace.RECORDER.tracks.tracks()}
         spans = [s for s in cltrace.RECORDER.spans() if s.cat == "transfer"]
+        from cltrace.export.otlp.mapping import Mapper
+        from cltrace.export.otlp.resource import resource_attributes
+        otlp = [Mapper(cltrace.RECORDER, 1, 1).convert(s)[5] for s in spans]
+        res = resource_attributes(cltrace.RECORDER, {})
         done(ok=bool((out == host).all()), uids=[device_info(D0).uid, device_info(D1).uid],
-             placed=[(s.name, tracks[s.device_track].device, tracks[s.device_track].name) for s in spans])
+             placed=[(s.name, tracks[s.device_track].device, tracks[s.device_track].name) for s in spans],
+             otlp=[(a["cltrace.device.id"], a["cltrace.queue"]) for a in otlp],
+             resource={k: res[k] for k in ("cltrace.opencl.device.ids", "cltrace.opencl.device.labels")})
     """)
     assert res["ok"]
     uid0, uid1 = res["uids"]
@@ -199,6 +206,10 @@ def test_transfers_go_on_the_track_of_their_queue_device(tmp_path: Path) -> None
     assert placed["to0"][0] == uid0 and placed["to0"][1].startswith("pthread-AMD EPYC #0 · queue ")
     for name in ("from1", instrumented):
         assert placed[name][0] == uid1 and placed[name][1].startswith("pthread-AMD EPYC #1 · queue "), placed
+    # OTLP: each device span names its physical device; the resource lists both.
+    assert res["otlp"] == [[d, track] for _, d, track in res["placed"]]
+    assert sorted(res["resource"]["cltrace.opencl.device.ids"]) == sorted(res["uids"])
+    assert sorted(res["resource"]["cltrace.opencl.device.labels"]) == ["pthread-AMD EPYC #0", "pthread-AMD EPYC #1"]
 
 
 def test_traced_loop_on_both_devices_in_both_setups(tmp_path: Path) -> None:

@@ -239,7 +239,7 @@ class BuildSteps:
         return raw, build_log
 
     def _store(self, i: int, build_log: str) -> None:
-        """Write device ``i``'s new binary to the disk cache; a failure is a failed span and a warning, never an error."""
+        """Write device ``i``'s new binary to the disk cache; a failure is a failed span and a warning."""
         binary = self.binaries[i]
         assert binary is not None
         attrs: dict[str, Any] = {"binary_size": len(binary), "devices": self._sharing(i)}

@@ -28,10 +28,10 @@ class ProgramCache:
 
     On disk, keyed on (source hash, build options, device key incl. driver version): the
     device *model*, so identical devices share one binary. In memory, a program is kept per
-    context and set of devices it was built for. A disk entry is one file: a magic line, a JSON header (key, size, sha256) and the
-    binary; it is written to a temporary file and renamed, and checked against
-    its checksum before the driver sees it, so a truncated or garbled entry is
-    removed and rebuilt, never loaded.
+    context and set of devices it was built for. A disk entry is one file: a magic line, a
+    JSON header (key, size, sha256) and the binary; it is written to a temporary file and
+    renamed, and checked against its checksum before the driver sees it, so a truncated or
+    garbled entry is removed and rebuilt, never loaded.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, memory: bool = True) -> None:
