@@ -118,10 +118,10 @@ def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str 
 
 
 def device_name(key: str, meta: dict[str, Any]) -> str:
-    """A device's name from its internal key (``platform|name|driver``)."""
+    """A device's name from its key in the metadata: its label (unique per physical device), else its name."""
     info = (meta.get("devices") or {}).get(key)
-    if isinstance(info, dict) and info.get("name"):
-        return str(info["name"])
+    if isinstance(info, dict) and (info.get("label") or info.get("name")):
+        return str(info.get("label") or info["name"])
     parts = key.split("|")
     return parts[1] if len(parts) == 3 else key
 

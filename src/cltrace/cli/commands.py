@@ -63,6 +63,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     from ..analyze.text import plural
     from ..timeline import stamps
     from ..timeline.clock import DeviceClock
+    from ..timeline.tracks import device_info
     from ..record.queues import PROFILING, default_device
 
     try:
@@ -81,7 +82,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
         say(f"platform {pi}: {p.name.strip()} ({p.version.strip()})")
         for di, d in enumerate(p.get_devices()):
             prof = bool(d.queue_properties & PROFILING)
-            row = {"index": f"{pi}:{di}", "name": d.name.strip(), "type": cl.device_type.to_string(d.type),
+            info = device_info(d)
+            row = {"index": f"{pi}:{di}", "name": d.name.strip(), "label": info.label, "id": info.uid,
+                   "hardware_id": info.hardware_id, "type": cl.device_type.to_string(d.type),
                    "driver": d.driver_version.strip(), "profiling": prof,
                    "timer_resolution_ns": d.profiling_timer_resolution, "default": d.int_ptr == default,
                    "span_pipeline": stamps.PATH}
@@ -95,7 +98,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
                     row["clock"] = {"error": str(exc)}
             rows.append(row)
             mark = "*" if row["default"] else " "
-            say(f" {mark}{pi}:{di} {row['name']} [{row['type']}] driver {row['driver']}")
+            say(f" {mark}{pi}:{di} {info.label} [{row['type']}] driver {row['driver']}")
+            say(f"     id: {info.uid}" + ("" if info.hardware_id else " (the driver gives no PCI address or UUID)"))
             say(f"     profiling: {'yes' if prof else 'NO (device times unavailable)'}; "
                   f"timer resolution {row['timer_resolution_ns']} ns")
             c = row.get("clock")

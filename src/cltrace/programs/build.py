@@ -1,9 +1,8 @@
 """The steps of one ``compile`` call, each a host-only span on the compile track.
 
-``BuildSteps`` runs them — cache lookup, binary load, source build
-(clBuildProgram), cache store — and ``CompileSpans`` holds their spans until
-the call ends, then pushes them with the enclosing ``compile`` span (only
-while tracing).
+``BuildSteps`` runs them for the devices a program is for — cache lookup, source build
+(clBuildProgram), cache store, binary load — and ``CompileSpans`` holds their spans until
+the call ends, then pushes them with the enclosing ``compile`` span (only while tracing).
 """
 from __future__ import annotations
 
@@ -20,7 +19,7 @@ from .cache import CACHE_DISK, CACHE_MEMORY, CACHE_MISS, ProgramCache
 from ..record.recorder import RECORDER, new_id
 from ..record.regions import current_parent
 from ..timeline.spans import BUILD, COMPILE, STATUS_ERROR
-from ..timeline.tracks import COMPILE_THREAD
+from ..timeline.tracks import COMPILE_THREAD, device_info
 
 log = logging.getLogger("cltrace")
 
@@ -75,94 +74,180 @@ def _build_log(prg: Any, device: Any) -> str:
         return ""
 
 
-class BuildSteps:
-    """The steps of one ``compile`` call: cache lookup, binary load, source build, cache store."""
+def _joined_logs(prg: Any, devices: Sequence[Any]) -> str:
+    logs: list[str] = []
+    for d in devices:
+        text = _build_log(prg, d)
+        if text and text not in logs:
+            logs.append(text)
+    return "\n".join(logs)
 
-    def __init__(self, source: str, label: str, opts: tuple[str, ...], src_hash: str, dev_key: str,
-                 context: Any, device: Any, cache: ProgramCache) -> None:
+
+def _binary_of(raw: Any, device: Any) -> bytes:
+    """The binary a program built for ``device`` alone holds for it.
+
+    Drivers differ in what they list for the context's other, unbuilt devices (an empty
+    binary, or nothing: PoCL), so the one non-empty binary is the device's.
+    """
+    devices = raw.get_info(cl.program_info.DEVICES)
+    binaries = raw.get_info(cl.program_info.BINARIES)
+    if len(binaries) == len(devices):
+        for d, b in zip(devices, binaries):
+            if d.int_ptr == device.int_ptr and b:
+                return bytes(b)
+    found = [b for b in binaries if b]
+    if len(found) != 1:
+        raise CltraceError(f"the driver listed {len(found)} binaries for a program built for one device")
+    return bytes(found[0])
+
+
+class BuildSteps:
+    """The steps of one ``compile`` call for one or more devices of a context.
+
+    A cache lookup per device model (identical devices share a disk entry), a source build
+    (clBuildProgram) on one device per model whose binary is missing, a cache store per new
+    binary, and, for several devices, one binary load that makes a single program for all of
+    them, so its kernels launch on a queue of any of them. Spans name their devices (labels).
+    """
+
+    def __init__(self, source: str, label: str, opts: tuple[str, ...], src_hash: str, context: Any,
+                 devices: Sequence[Any], dev_keys: Sequence[str], cache: ProgramCache) -> None:
         self.source = source
         self.label = label
         self.opts = opts
         self.opt_bytes = " ".join(opts).encode("utf-8")
         self.src_hash = src_hash
-        self.dev_key = dev_key
         self.context = context
-        self.device = device
+        self.devices = list(devices)
+        self.dev_keys = list(dev_keys)
+        self.names = [device_info(d).label for d in self.devices]
         self.cache = cache
-        self.key = cache.entry_key(src_hash, opts, dev_key)
+        self.keys = [cache.entry_key(src_hash, opts, k) for k in self.dev_keys]
         self.spans = CompileSpans(f"compile {label}")
-        self.binary: bytes | None = None
+        self.binaries: list[bytes | None] = [None] * len(self.devices)
+        self.from_disk: set[str] = set()  # entry keys whose binary came from disk
         self.error: str | None = None
 
+    def _models(self) -> list[int]:
+        """Index of the first device of each distinct model (entry key)."""
+        seen: dict[str, int] = {}
+        for i, k in enumerate(self.keys):
+            seen.setdefault(k, i)
+        return list(seen.values())
+
+    def _sharing(self, i: int) -> list[str]:
+        return [n for n, k in zip(self.names, self.keys) if k == self.keys[i]]
+
     def lookup(self) -> tuple[Any, str]:
-        """(program, build log) from memory; otherwise reads the disk entry into ``binary``."""
+        """(program, build log) from memory; otherwise reads each model's disk entry into ``binaries``."""
         cache = self.cache
         t0 = _perf()
-        hit = cache.get_memory(self.context, self.device, self.key)
-        attrs: dict[str, Any] = {"cache": CACHE_MEMORY}
-        if hit is None:
-            self.binary, corrupt = cache.load(self.key, self.src_hash, self.opts, self.dev_key)
-            attrs = {"cache": CACHE_DISK if self.binary is not None else CACHE_MISS, "path": cache.path(self.key)}
+        hit = cache.get_memory(self.context, self.devices, self.keys)
+        if hit is not None:
+            self.spans.child(COMPILE, "cache lookup", t0, _perf(), {"cache": CACHE_MEMORY, "devices": self.names})
+            return hit
+        for i in self._models():
+            key = self.keys[i]
+            binary, corrupt = cache.load(key, self.src_hash, self.opts, self.dev_keys[i])
+            attrs: dict[str, Any] = {"cache": CACHE_DISK if binary is not None else CACHE_MISS,
+                                     "path": cache.path(key), "devices": self._sharing(i)}
             if corrupt:
                 attrs["cache.corrupt"] = corrupt
                 log.warning("cltrace: program cache entry %s was %s; removed, rebuilding from source",
-                            cache.path(self.key), corrupt)
-        self.spans.child(COMPILE, "cache lookup", t0, _perf(), attrs)
-        return hit if hit is not None else (None, "")
+                            cache.path(key), corrupt)
+            if binary is not None:
+                self.from_disk.add(key)
+                self._set_binary(key, binary)
+            self.spans.child(COMPILE, "cache lookup", t0, _perf(), attrs)
+            t0 = _perf()
+        return None, ""
 
-    def load_binary(self) -> tuple[Any, str]:
-        """(program, build log) from the cached binary, or (None, "") if the driver rejects it."""
-        binary = self.binary
-        assert binary is not None
+    def _set_binary(self, key: str, binary: bytes | None) -> None:
+        for j, k in enumerate(self.keys):
+            if k == key:
+                self.binaries[j] = binary
+
+    def obtain(self) -> tuple[Any, str, str]:
+        """(program, build log, CACHE_DISK or CACHE_MISS) after a memory miss: builds the models
+        without a binary, stores their binaries, loads the program for every device."""
+        built = any(b is None for b in self.binaries)
+        for _ in range(2):
+            raw, build_log = None, ""
+            for i in self._models():
+                if self.binaries[i] is None:
+                    raw, build_log = self._build_source(i)
+                    self._store(i, build_log)
+            if len(self.devices) == 1 and raw is not None:
+                return cl.Program(raw), build_log, CACHE_MISS
+            prg, build_log = self._load_binaries()
+            if prg is not None:
+                return prg, build_log, CACHE_MISS if built else CACHE_DISK
+            if not self.from_disk:
+                break
+            for key in self.from_disk:  # the driver rejected a cached binary: build those again
+                self.cache.remove(key)
+                self._set_binary(key, None)
+            self.from_disk.clear()
+            built = True
+        raise BuildError(f"OpenCL program {self.label!r} on {', '.join(self.names)}",
+                         f"the driver rejected the binaries it had just built: {self.error}", self.opts)
+
+    def _load_binaries(self) -> tuple[Any, str]:
+        """(program, build log) from the binaries for every device, or (None, "") if the driver rejects them."""
+        binaries = self.binaries
+        size = sum(len(b) for b in binaries if b is not None)
         t0 = _perf()
         try:
-            raw = _cl._Program(self.context, [self.device], [binary])
-            raw._build(self.opt_bytes, [self.device])
+            raw = _cl._Program(self.context, self.devices, binaries)
+            raw._build(self.opt_bytes, self.devices)
         except cl.Error as exc:
-            self.spans.child(BUILD, "load binary", t0, _perf(), {"binary_size": len(binary)},
-                             STATUS_ERROR, f"driver rejected the cached binary: {exc}")
-            log.warning("cltrace: driver rejected cached program binary %s (%s); rebuilding",
-                        self.cache.path(self.key), exc)
-            self.cache.remove(self.key)
-            self.binary = None
+            self.error = str(exc)
+            self.spans.child(BUILD, "load binary", t0, _perf(), {"binary_size": size, "devices": self.names},
+                             STATUS_ERROR, f"driver rejected the binary: {exc}")
+            if self.from_disk:
+                log.warning("cltrace: driver rejected cached program binary %s (%s); rebuilding",
+                            ", ".join(self.cache.path(k) for k in sorted(self.from_disk)), exc)
             return None, ""
         t1 = _perf()
-        self.spans.child(BUILD, "load binary", t0, t1, {"binary_size": len(binary), "duration_ns": t1 - t0})
-        return cl.Program(raw), _build_log(raw, self.device)
+        self.spans.child(BUILD, "load binary", t0, t1, {"binary_size": size, "duration_ns": t1 - t0,
+                                                         "devices": self.names})
+        return cl.Program(raw), _joined_logs(raw, self.devices)
 
-    def build_source(self) -> tuple[Any, str]:
-        """(program, build log) from clBuildProgram; raises BuildError with the log."""
+    def _build_source(self, i: int) -> tuple[Any, str]:
+        """(raw program, build log) of clBuildProgram on device ``i``; raises BuildError with the log."""
+        device = self.devices[i]
+        attrs: dict[str, Any] = {"device": self.names[i], "devices": self._sharing(i)}
         t0 = _perf()
         raw = _cl._Program(self.context, self.source)
         try:
-            raw._build(self.opt_bytes, [self.device])
+            raw._build(self.opt_bytes, [device])
         except cl.Error as exc:
             t1 = _perf()
-            build_log = _build_log(raw, self.device) or str(exc)
+            build_log = _build_log(raw, device) or str(exc)
             self.error = str(exc)
-            self.spans.child(BUILD, "clBuildProgram", t0, t1, {"build_log": build_log, "duration_ns": t1 - t0},
+            self.spans.child(BUILD, "clBuildProgram", t0, t1, {**attrs, "build_log": build_log, "duration_ns": t1 - t0},
                              STATUS_ERROR, str(exc))
-            raise BuildError(f"OpenCL program {self.label!r} on {self.device.name.strip()}",
-                             build_log, self.opts) from None
+            raise BuildError(f"OpenCL program {self.label!r} on {self.names[i]}", build_log, self.opts) from None
         t1 = _perf()
-        build_log = _build_log(raw, self.device)
-        self.binary = raw.get_info(cl.program_info.BINARIES)[0]
-        attrs: dict[str, Any] = {"binary_size": len(self.binary), "duration_ns": t1 - t0}
+        build_log = _build_log(raw, device)
+        binary = _binary_of(raw, device)
+        self._set_binary(self.keys[i], binary)
+        attrs.update(binary_size=len(binary), duration_ns=t1 - t0)
         if build_log:
             attrs["build_log"] = build_log
         self.spans.child(BUILD, "clBuildProgram", t0, t1, attrs)
-        return cl.Program(raw), build_log
+        return raw, build_log
 
-    def store(self, build_log: str) -> None:
-        """Write the built binary to the disk cache; a failure is a failed span and a warning, never an error."""
-        binary = self.binary
+    def _store(self, i: int, build_log: str) -> None:
+        """Write device ``i``'s new binary to the disk cache; a failure is a failed span and a warning."""
+        binary = self.binaries[i]
         assert binary is not None
+        attrs: dict[str, Any] = {"binary_size": len(binary), "devices": self._sharing(i)}
         t0 = _perf()
         try:
-            path = self.cache.store(self.key, self.src_hash, self.opts, self.dev_key, binary, build_log)
+            path = self.cache.store(self.keys[i], self.src_hash, self.opts, self.dev_keys[i], binary, build_log)
         except OSError as exc:
             log.warning("cltrace: could not store program binary in %s: %s", self.cache.directory, exc)
-            self.spans.child(COMPILE, "cache store", t0, _perf(), {"binary_size": len(binary)},
-                             STATUS_ERROR, f"cache store failed: {exc}")
+            self.spans.child(COMPILE, "cache store", t0, _perf(), attrs, STATUS_ERROR, f"cache store failed: {exc}")
             return
-        self.spans.child(COMPILE, "cache store", t0, _perf(), {"path": path, "binary_size": len(binary)})
+        self.spans.child(COMPILE, "cache store", t0, _perf(), {**attrs, "path": path})

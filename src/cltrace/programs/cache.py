@@ -26,11 +26,12 @@ _MAGIC = b"CLTRACE-PROGRAM 1\n"
 class ProgramCache:
     """Built programs in memory and program binaries on disk.
 
-    Keyed on (source hash, build options, device key incl. driver version). A disk
-    entry is one file: a magic line, a JSON header (key, size, sha256) and the
-    binary; it is written to a temporary file and renamed, and checked against
-    its checksum before the driver sees it, so a truncated or garbled entry is
-    removed and rebuilt, never loaded.
+    On disk, keyed on (source hash, build options, device key incl. driver version): the
+    device *model*, so identical devices share one binary. In memory, a program is kept per
+    context and set of devices it was built for. A disk entry is one file: a magic line, a
+    JSON header (key, size, sha256) and the binary; it is written to a temporary file and
+    renamed, and checked against its checksum before the driver sees it, so a truncated or
+    garbled entry is removed and rebuilt, never loaded.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, memory: bool = True) -> None:
@@ -52,18 +53,19 @@ class ProgramCache:
         return os.path.join(self.directory, key[:2], key + ".clbin")
 
     # memory
-    def get_memory(self, context: Any, device: Any, key: str) -> tuple[Any, str] | None:
-        """(program, build log) built earlier in this process for this context, or None."""
+    def get_memory(self, context: Any, devices: Sequence[Any], keys: Sequence[str]) -> tuple[Any, str] | None:
+        """(program, build log) built earlier in this process for these devices of this context, or None."""
         if not self.memory:
             return None
         # The entry holds its context, so a live entry's context address cannot be reused.
-        entry = self._mem.get((context.int_ptr, device.int_ptr, key))
+        entry = self._mem.get(_memory_key(context, devices, keys))
         return entry[1:] if entry is not None else None
 
-    def put_memory(self, context: Any, device: Any, key: str, program: Any, build_log: str = "") -> None:
+    def put_memory(self, context: Any, devices: Sequence[Any], keys: Sequence[str], program: Any,
+                   build_log: str = "") -> None:
         if self.memory:
             with self._lock:
-                self._mem[(context.int_ptr, device.int_ptr, key)] = (context, program, build_log)
+                self._mem[_memory_key(context, devices, keys)] = (context, program, build_log)
 
     # disk
     def load(self, key: str, src_hash: str, options: Sequence[str], dev_key: str) -> tuple[bytes | None, str | None]:
@@ -117,6 +119,10 @@ class ProgramCache:
             self._mem.clear()
         if disk:
             shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _memory_key(context: Any, devices: Sequence[Any], keys: Sequence[str]) -> tuple[Any, ...]:
+    return (context.int_ptr, tuple(d.int_ptr for d in devices), tuple(keys))
 
 
 def _parse(data: bytes, src_hash: str, options: Sequence[str], dev_key: str) -> bytes:

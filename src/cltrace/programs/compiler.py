@@ -1,21 +1,22 @@
 """Compiling OpenCL programs through a cache, with compile/build spans; the compiler's public names.
 
-``compile()`` looks a program up in a ``ProgramCache`` (memory, then program
-binaries on disk, keyed on source hash + build options + device identity
-including the driver version) and builds it from source only on a miss. With
-tracing on, each step is a host-only span on the compile track: the whole
-``compile`` call, the cache lookup, the source build (clBuildProgram), the
-binary load, the cache store. Its ``Program`` hands out ``Kernel``s (launcher.py).
+``compile()`` builds one program for every device of a context (or the devices
+named), looking it up in a ``ProgramCache`` (memory, then program binaries on
+disk, keyed on source hash + build options + device model including the driver
+version) and building from source only what is missing. With tracing on, each
+step is a host-only span on the compile track naming its devices: the whole
+``compile`` call, the cache lookups, the source builds (clBuildProgram), the
+binary load, the cache stores. Its ``Program`` hands out ``Kernel``s (launcher.py).
 
 The parts live in their own modules and are importable from here:
-program_cache.py (the cache and its entry format), program_build.py (the build
-steps and their spans, ``BuildError``), build_options.py (defines, tuned
-options), shared_context.py (default context and queue, ``device_key``),
-launcher.py (``Kernel`` and its launchers).
+cache.py (the cache and its entry format), build.py (the build steps and their
+spans, ``BuildError``), options.py (defines, tuned options), context.py (default
+context and queue, ``device_key``), launcher.py (``Kernel`` and its launchers).
 """
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from typing import Any, Mapping, Sequence
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 _perf = time.perf_counter_ns
+log = logging.getLogger("cltrace")
 
 _KERNEL_RE = re.compile(r"\b(?:__)?kernel\b[^;{}()]*?\bvoid\s+(\w+)\s*\(")
 
@@ -55,61 +57,105 @@ def _program_label(source: str, src_hash: str) -> str:
 
 
 def compile(source: str, options: str | Sequence[str] = (), *, context: Any = None, device: Any = None,
-            cache: ProgramCache | None = None, defines: Mapping[str, Any] | None = None) -> "Program":
-    """Build ``source`` for one device through the program cache; returns a ``Program``.
+            devices: Sequence[Any] | None = None, cache: ProgramCache | None = None,
+            defines: Mapping[str, Any] | None = None) -> "Program":
+    """Build ``source`` through the program cache for the devices of a context; returns a ``Program``.
 
+    Builds for every device of ``context``, or for ``device`` / ``devices`` (in that
+    context) alone; its kernels launch on a queue of any device it was built for.
     ``context`` None uses cltrace's shared context of ``device`` (or of the default
     device). ``defines`` become sorted ``-DNAME=VALUE`` options. If the tune DB holds
-    a configuration for (source, options, device), its defines are added (names the
+    a configuration for (source, options, device model), its defines are added (names the
     options already define are kept as given) and its local size becomes the default
-    for launches without one. Raises ``BuildError`` with the build log on failure.
+    for launches without one; devices of different models with different tuned
+    configurations get none. Raises ``BuildError`` with the build log on failure.
     """
     hb = _perf()
     if not isinstance(source, str):
         raise TypeError(f"compile: source must be OpenCL C text (str), not {type(source).__name__}")
-    if context is None:
-        context = default_context(device)
-    if device is None:
-        device = context.devices[0]
-    elif device not in context.devices:
-        raise ValueError(f"compile: device {device.name!r} is not in the given context")
-    dev_key = device_key(device)
+    context, targets = _targets(context, device, devices)
+    dev_keys = [device_key(d) for d in targets]
     src_hash = tunedb.source_hash(source)
-    opts, tuned = resolve_options(src_hash, options, defines, dev_key)
+    resolved = {k: resolve_options(src_hash, options, defines, k) for k in dict.fromkeys(dev_keys)}
+    opts, tuned = common_options(resolved, tunedb.normalize_options(options) + define_options(defines))
     cache = cache if cache is not None else default_cache()
-    job = BuildSteps(source, _program_label(source, src_hash), opts, src_hash, dev_key, context, device, cache)
-    attrs: dict[str, Any] = {"source_hash": src_hash, "options": " ".join(opts), "device": dev_key}
+    job = BuildSteps(source, _program_label(source, src_hash), opts, src_hash, context, targets, dev_keys, cache)
+    attrs: dict[str, Any] = {"source_hash": src_hash, "options": " ".join(opts),
+                             "device": ", ".join(resolved), "devices": job.names}
     if tuned is not None:
         attrs["tuned"] = json.dumps(tuned, sort_keys=True, default=str)
 
     prg, build_log = job.lookup()
-    hit = CACHE_MEMORY if prg is not None else CACHE_MISS
-    if prg is None and job.binary is not None:
-        prg, build_log = job.load_binary()
-        hit = CACHE_DISK if prg is not None else CACHE_MISS
+    hit = CACHE_MEMORY
     if prg is None:
         try:
-            prg, build_log = job.build_source()
+            prg, build_log, hit = job.obtain()
         except BuildError as err:
             job.spans.close(hb, _perf(), {**attrs, "cache": CACHE_MISS, "build_log": err.build_log},
                             STATUS_ERROR, f"BuildError: {job.error}")
             raise
-        job.store(build_log)
-    if hit != CACHE_MEMORY:
-        cache.put_memory(context, device, job.key, prg, build_log)
-    binary_size = len(job.binary) if job.binary is not None else sum(prg.get_info(cl.program_info.BINARY_SIZES))
+        cache.put_memory(context, targets, job.keys, prg, build_log)
+    if all(b is not None for b in job.binaries):
+        binary_size = sum(len(b) for b in job.binaries if b is not None)
+    else:
+        binary_size = sum(prg.get_info(cl.program_info.BINARY_SIZES))
     he = _perf()
     attrs.update(cache=hit, from_cache=hit != CACHE_MISS, binary_size=binary_size, duration_ns=he - hb)
     if build_log:
         attrs["build_log"] = build_log
     job.spans.close(hb, he, attrs)
-    return Program(prg, context=context, device=device, source=source, source_hash=src_hash, options=opts,
-                   device_key=dev_key, cache_hit=hit, compile_ns=he - hb, binary_size=binary_size,
+    return Program(prg, context=context, devices=targets, source=source, source_hash=src_hash, options=opts,
+                   device_keys=dev_keys, cache_hit=hit, compile_ns=he - hb, binary_size=binary_size,
                    build_log=build_log, tuned=tuned)
+
+
+def _targets(context: Any, device: Any, devices: Sequence[Any] | None) -> tuple[Any, list[Any]]:
+    """(context, the distinct devices to build for), checked against the context."""
+    if device is not None and devices is not None:
+        raise TypeError("compile: give device= or devices=, not both")
+    if devices is not None:
+        devices = list(devices)
+        if not devices:
+            raise ValueError("compile: devices= is empty; leave it out to build for every device of the context")
+        if context is None:
+            if len(devices) > 1:
+                raise TypeError("compile: devices=[...] needs the context= that holds them")
+            device = devices[0]
+    if context is None:
+        context = default_context(device)
+    in_context = {d.int_ptr for d in context.devices}
+    if device is not None:
+        devices = [device]
+    elif devices is None:
+        devices = list(context.devices)
+    out: dict[int, Any] = {}
+    for d in devices:
+        if d.int_ptr not in in_context:
+            raise ValueError(f"compile: device {d.name.strip()!r} is not in the given context")
+        out.setdefault(d.int_ptr, d)
+    return context, list(out.values())
+
+
+def common_options(resolved: Mapping[str, tuple[tuple[str, ...], dict[str, Any] | None]],
+                   untuned: tuple[str, ...]) -> tuple[tuple[str, ...], dict[str, Any] | None]:
+    """The (options, tuned config) one program for several device models is built with.
+
+    One program has one set of build options: the models' tuned configurations apply when
+    they agree (identical devices always do); otherwise none does (``untuned``), with a warning.
+    """
+    distinct = {(o, json.dumps(t, sort_keys=True, default=str)) for o, t in resolved.values()}
+    if len(distinct) == 1:
+        return next(iter(resolved.values()))
+    log.warning("cltrace: the devices %s have different tuned configurations; building without them "
+                "(compile for each device model with devices=[...] to use each one's)", ", ".join(resolved))
+    return untuned, None
 
 
 class Program:
     """A built program and how it was obtained.
+
+    ``devices`` are the devices it was built for (``device`` the first), ``device_keys``
+    their model keys (``device_key`` the first's).
 
     ``from_cache``/``cache_hit`` ("memory", "disk" or "miss") say where it came from,
     ``compile_ns`` what this ``compile`` call cost, ``options`` the build options
@@ -117,16 +163,18 @@ class Program:
     or ``prg.name``; each name gives one shared ``Kernel``.
     """
 
-    def __init__(self, program: Any, *, context: Any, device: Any, source: str, source_hash: str,
-                 options: tuple[str, ...], device_key: str, cache_hit: str, compile_ns: int,
+    def __init__(self, program: Any, *, context: Any, devices: Sequence[Any], source: str, source_hash: str,
+                 options: tuple[str, ...], device_keys: Sequence[str], cache_hit: str, compile_ns: int,
                  binary_size: int, build_log: str, tuned: dict[str, Any] | None) -> None:
         self.program = program
         self.context = context
-        self.device = device
+        self.devices = tuple(devices)
+        self.device = self.devices[0]
         self.source = source
         self.source_hash = source_hash
         self.options = options
-        self.device_key = device_key
+        self.device_keys = tuple(device_keys)
+        self.device_key = self.device_keys[0]
         self.cache_hit = cache_hit
         self.from_cache = cache_hit != CACHE_MISS
         self.compile_ns = compile_ns

@@ -33,6 +33,7 @@ class Program(Protocol):
 
     program: cl.Program
     context: cl.Context
+    devices: tuple[cl.Device, ...]  # the devices it was built for
     tuned: dict[str, Any] | None
 
     def _take_compile_charge(self) -> int: ...
@@ -264,7 +265,9 @@ class Kernel(dict):
         ls = _size(key[1], "local_size")
         if ls is None and self._tuned_ls is not None and len(self._tuned_ls) == len(gs):
             ls = self._tuned_ls
-        queue = key[2] if len(key) == 3 and key[2] is not None else default_queue(self.program.context)
+        prg = self.program
+        queue = key[2] if len(key) == 3 and key[2] is not None else default_queue(prg.context, prg.devices[0])
+        _check_device(self, queue)
         meta = _LaunchMeta(self, queue, gs, ls)
         make = _factory(self._fast.num_args, self._typed)
         launch = make(_state, self._enq, getattr(self._fast, "_set_arg_multi", None), _ENQUEUE, self._fast,
@@ -293,8 +296,9 @@ class _FreshKernel(Kernel):
     __slots__ = ()
 
     def _first(self) -> int:
-        self.__class__ = Kernel
-        return self.program._take_compile_charge() + self._prime_ns
+        prg = self.program
+        self.__class__ = Kernel if len(prg.devices) >= len(prg.context.devices) else _SomeDevicesKernel
+        return prg._take_compile_charge() + self._prime_ns
 
     def __getitem__(self, key: Any) -> Any:
         return _First(self._get(key))
@@ -302,6 +306,34 @@ class _FreshKernel(Kernel):
     def __call__(self, queue: Any, global_size: Any, local_size: Any, *args: Any,
                  profile: Any = None, wait_for: Any = None) -> Any:
         return self[global_size, local_size, queue](*args, profile=profile, wait_for=wait_for)
+
+
+class _SomeDevicesKernel(Kernel):
+    """A kernel of a program built for some of its context's devices only.
+
+    Its pyopencl-form call goes through the launchers, which check the queue's device: a
+    launch on another device's queue is an error here, where some drivers (PoCL) crash.
+    """
+
+    __slots__ = ()
+
+    def __call__(self, queue: Any, global_size: Any, local_size: Any, *args: Any,
+                 profile: Any = None, wait_for: Any = None) -> Any:
+        return self._get((global_size, local_size, queue))(*args, profile=profile, wait_for=wait_for)
+
+
+def _check_device(knl: Kernel, queue: Any) -> None:
+    """ValueError unless the kernel's program was built for the queue's device."""
+    devices = knl.program.devices
+    dev = queue.device
+    if any(d.int_ptr == dev.int_ptr for d in devices):
+        return
+    from ..timeline.tracks import device_info
+
+    built = ", ".join(device_info(d).label for d in devices)
+    raise ValueError(f"kernel {knl.name!r} was compiled for {built}, not for this queue's device "
+                     f"{device_info(dev).label}: compile with devices=[...] including it, or without "
+                     f"device=/devices= to build for every device of the context")
 
 
 class _First:

@@ -275,7 +275,10 @@ class DeviceClock:
 
 
 class ClockRegistry:
-    """One DeviceClock per device, created on first use."""
+    """One DeviceClock per physical device, created on first use; metadata keyed by device uid.
+
+    Two identical devices have a clock each, each with its own calibration, bound and drift.
+    """
 
     def __init__(self, recalibrate_s: float = 2.0) -> None:
         self._clocks: dict[int, DeviceClock] = {}
@@ -284,7 +287,7 @@ class ClockRegistry:
         self.recalibrate_s = recalibrate_s
         self._last = _perf()
 
-    def for_queue(self, queue: Any, device_key: str | None = None) -> DeviceClock:
+    def for_queue(self, queue: Any, device_uid: str | None = None) -> DeviceClock:
         dev = queue.device
         ptr = dev.int_ptr
         clk = self._clocks.get(ptr)
@@ -292,10 +295,13 @@ class ClockRegistry:
             with self._lock:
                 clk = self._clocks.get(ptr)
                 if clk is None:
+                    if not device_uid:
+                        from .tracks import device_info
+
+                        device_uid = device_info(dev).uid
                     clk = DeviceClock(dev, queue.context)
+                    self._keys[ptr] = device_uid  # before the clock: metadata() reads both unlocked
                     self._clocks[ptr] = clk
-                    if device_key:
-                        self._keys[ptr] = device_key
         return clk
 
     @property
@@ -318,6 +324,5 @@ class ClockRegistry:
     def metadata(self) -> dict[str, dict[str, Any]]:
         out = {}
         for ptr, clk in list(self._clocks.items()):
-            key = self._keys.get(ptr) or clk.device.name.strip()
-            out[key] = clk.metadata()
+            out[self._keys[ptr]] = clk.metadata()
         return out

@@ -56,10 +56,10 @@ class Resolver:
         key = (queue.int_ptr, dev.int_ptr, thread)
         info = self._queues.get(key)
         if info is None:
-            dkey = self.tracks.register_device(dev).key
+            uid = self.tracks.register_device(dev).uid
             ooo = bool(queue.properties & _OUT_OF_ORDER)
-            track = self.tracks.device_queue(queue, thread, dkey, "regions" if ooo else None)
-            clock = self.clocks.for_queue(queue, dkey)
+            track = self.tracks.device_queue(queue, thread, uid, "regions" if ooo else None)
+            clock = self.clocks.for_queue(queue, uid)
             info = self._queues[key] = (track, clock, key if ooo else None)
         return info
 

@@ -27,35 +27,70 @@ class Track:
     kind: str  # HOST_THREAD, DEVICE_QUEUE or COMPILE
     name: str
     process: str  # the process group it belongs to (host process or device)
-    device: str | None = None  # device key for queue tracks
+    device: str | None = None  # device uid (``DeviceInfo.uid``) for queue tracks
     attrs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class DeviceInfo:
-    key: str  # stable identity: platform/device/driver
+    key: str  # model identity platform|device|driver: shared by identical devices (binaries, tuned winners)
     name: str
     platform: str
     vendor: str
     driver: str
     version: str
     type: str
+    index: str = ""  # "P:D": platform and device index, as `cltrace devices` lists them
+    hardware_id: str = ""  # "pci:0000:1b:00.0" or "uuid:<hex>" where the driver gives one
+    uid: str = ""  # one physical device: key|index[|hardware id]; keys clocks and devices in trace metadata
+    label: str = ""  # display name: the name, with "#D (pci)" when its platform has more than one device
+
+
+_INFOS: dict[int, DeviceInfo] = {}  # root device handle -> its info (handles live as long as the process)
 
 
 def device_info(device: Any) -> DeviceInfo:
+    """What identifies a device, computed once per root device: see ``DeviceInfo``."""
+    info = _INFOS.get(device.int_ptr)
+    if info is None:
+        info = _device_info(device)
+        if info.index:
+            _INFOS[device.int_ptr] = info
+    return info
+
+
+def _device_info(device: Any) -> DeviceInfo:
     import pyopencl as cl
+
+    from .device_id import hardware_id, platform_index
 
     platform = device.platform
     name = device.name.strip()
     driver = device.driver_version.strip()
+    key = f"{platform.name.strip()}|{name}|{driver}"
+    pi, di, count = platform_index(device)
+    index = f"{pi}:{di}" if di >= 0 else ""
+    hw = hardware_id(device)
+    uid = "|".join(x for x in (key, index or f"handle 0x{device.int_ptr:x}", hw) if x)
+    label = name
+    if count > 1 or di < 0:
+        label += f" #{di}" if di >= 0 else " (sub-device)"
+        if hw.startswith("pci:"):
+            label += f" ({hw[4:]})"
+        elif hw.startswith("uuid:"):
+            label += f" (uuid {hw[5:13]})"
     return DeviceInfo(
-        key=f"{platform.name.strip()}|{name}|{driver}",
+        key=key,
         name=name,
         platform=platform.name.strip(),
         vendor=device.vendor.strip(),
         driver=driver,
         version=device.version.strip(),
         type=cl.device_type.to_string(device.type),
+        index=index,
+        hardware_id=hw,
+        uid=uid,
+        label=label,
     )
 
 
@@ -66,10 +101,10 @@ class TrackRegistry:
         self._lock = threading.Lock()
         self._tracks: dict[int, Track] = {}
         self._by_key: dict[Any, int] = {}
-        self._queue_index: dict[str, int] = {}  # device key -> queues seen so far
-        self._queue_names: dict[tuple[int, int], tuple[str, int]] = {}  # (queue, device) ptr -> (device key, index)
+        self._queue_index: dict[str, int] = {}  # device uid -> queues seen so far
+        self._queue_names: dict[tuple[int, int], tuple[str, int]] = {}  # (queue, device) ptr -> (device uid, index)
         self._generations: dict[int, int] = {}  # OS thread ident -> threads seen with it, minus one
-        self.devices: dict[str, DeviceInfo] = {}
+        self.devices: dict[str, DeviceInfo] = {}  # by uid: one entry per physical device
         self.pid = os.getpid()
 
     def tracks(self) -> list[Track]:
@@ -115,10 +150,10 @@ class TrackRegistry:
 
     def register_device(self, device: Any) -> DeviceInfo:
         info = device_info(device)
-        self.devices.setdefault(info.key, info)
+        self.devices.setdefault(info.uid, info)
         return info
 
-    def device_queue(self, queue: Any, thread_ident: int, device_key: str | None = None,
+    def device_queue(self, queue: Any, thread_ident: int, device_uid: str | None = None,
                      lane: str | None = None) -> int:
         """Track for work a host thread submitted to a queue.
 
@@ -126,30 +161,32 @@ class TrackRegistry:
         thread's regions and kernels nest on it; work from other threads on
         the same queue gets its own track so slices never misnest. Out-of-order
         queues run commands concurrently: their commands go to ``lane`` tracks
-        (``"regions"``, ``"1"``, ``"2"``...), each free of overlaps.
+        (``"regions"``, ``"1"``, ``"2"``...), each free of overlaps. Tracks are named after
+        the device's label (``NVIDIA H200 #1 (0000:1b:00.0) · queue 0``), so two identical
+        devices never share a name.
         """
         qptr = (queue.int_ptr, queue.device.int_ptr)  # an address may come back on another device
         key = ("queue", qptr, thread_ident, lane)
         tid = self._by_key.get(key)
         if tid is not None:
             return tid
-        if device_key is None:
-            device_key = self.register_device(queue.device).key
-        info = self.devices[device_key]
+        if device_uid is None:
+            device_uid = self.register_device(queue.device).uid
+        info = self.devices[device_uid]
         with self._lock:
             if qptr not in self._queue_names:
-                idx = self._queue_index.get(device_key, 0)
-                self._queue_index[device_key] = idx + 1
-                self._queue_names[qptr] = (device_key, idx)
+                idx = self._queue_index.get(device_uid, 0)
+                self._queue_index[device_uid] = idx + 1
+                self._queue_names[qptr] = (device_uid, idx)
             _, idx = self._queue_names[qptr]
             other_threads = any(k[0] == "queue" and k[1] == qptr and k[2] != thread_ident for k in self._by_key)
-        name = f"{info.name} · queue {idx}"
+        name = f"{info.label} · queue {idx}"
         if other_threads:
             host = self._by_key.get(("thread", thread_ident))
             name += f" · {self._tracks[host].name if host else _thread_name(thread_ident & _IDENT_MASK)}"
         if lane is not None:
             name += f" · {lane}" if not lane.isdigit() else f" · lane {lane}"
-        return self._add(key, DEVICE_QUEUE, name, f"OpenCL: {info.name}", device=device_key,
+        return self._add(key, DEVICE_QUEUE, name, f"OpenCL: {info.label}", device=device_uid,
                          attrs={"queue.index": idx, "thread.id": thread_ident & _IDENT_MASK, "queue.lane": lane})
 
 def _thread_name(ident: int) -> str:

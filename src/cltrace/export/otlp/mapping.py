@@ -89,7 +89,7 @@ class Mapper:
         self.root_parent = root_parent
         self.root_parent_remote = root_parent_remote
         self._threads: dict[int, str] = {}
-        self._queues: dict[int, tuple[str, str, str]] = {}
+        self._queues: dict[int, tuple[str, str, str, str]] = {}
         self._static: dict[tuple, dict[str, Any]] = {}
 
     def span_id(self, cltrace_id: int) -> int:
@@ -105,15 +105,16 @@ class Mapper:
             self._threads[tid] = name
         return name
 
-    def _queue(self, tid: int) -> tuple[str, str, str]:
+    def _queue(self, tid: int) -> tuple[str, str, str, str]:
+        """(track name, device name, platform, device uid) of a device track."""
         info = self._queues.get(tid)
         if info is None:
             try:
                 track = self.tracks.get(tid)
                 dev = self.tracks.devices.get(track.device)
-                info = (track.name, dev.name if dev else "?", dev.platform if dev else "?")
+                info = (track.name, dev.name if dev else "?", dev.platform if dev else "?", track.device or "?")
             except KeyError:
-                info = (f"track {tid}", "?", "?")
+                info = (f"track {tid}", "?", "?", "?")
             self._queues[tid] = info
         return info
 
@@ -131,10 +132,11 @@ class Mapper:
             attrs["cltrace.kernel.name"] = s.name
         if s.dev_start is not None:
             attrs["cltrace.time.source"] = "device"
-            qname, dname, pname = self._queue(s.device_track)
+            qname, dname, pname, uid = self._queue(s.device_track)
             attrs["cltrace.queue"] = qname
             attrs["cltrace.device.name"] = dname
             attrs["cltrace.device.platform"] = pname
+            attrs["cltrace.device.id"] = uid
         else:
             attrs["cltrace.time.source"] = "host"
         if len(self._static) < CACHE_MAX:

@@ -45,5 +45,9 @@ def resource_attributes(recorder: Any, base: Mapping[str, Any]) -> dict[str, Any
         "cltrace.opencl.device.versions": [d.version for d in devices],
         "cltrace.opencl.driver.versions": [d.driver for d in devices],
         "cltrace.opencl.platform.names": [d.platform for d in devices],
+        "cltrace.opencl.device.ids": [d.uid for d in devices],
+        "cltrace.opencl.device.labels": [d.label for d in devices],
+        "cltrace.opencl.device.indices": [d.index for d in devices],
+        "cltrace.opencl.device.hardware_ids": [d.hardware_id for d in devices],
     }
     return {**detected, **base}
