@@ -118,7 +118,8 @@ def track_names(path: str, host_pid: int) -> dict[int, str]:
     for _, raw in iter_packets(data):
         p = pb.TracePacket.FromString(raw)
         if p.HasField("track_descriptor"):
-            names[p.track_descriptor.uuid] = p.track_descriptor.name
+            d = p.track_descriptor  # device queues are threads of their device's process
+            names[d.uuid] = d.thread.thread_name if d.HasField("thread") else d.name
     return names
 
 

@@ -251,11 +251,14 @@ def test_traced_loop_on_both_devices_in_both_setups(tmp_path: Path) -> None:
 def test_devices_command_names_each_device(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("CLTRACE", "PYOPENCL_CTX")}
     env.update(POCL_DEVICES="pthread pthread")
+    text = subprocess.run([sys.executable, "-m", "cltrace", "devices", "--samples", "4"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert text.returncode == 0, text.stderr
+    assert "0:0 pthread-AMD EPYC #0 [" in text.stdout and " 0:1 pthread-AMD EPYC #1 [" in text.stdout
     proc = subprocess.run([sys.executable, "-m", "cltrace", "devices", "--samples", "4", "--json"],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "0:0 pthread-AMD EPYC #0 [" in proc.stdout and " 0:1 pthread-AMD EPYC #1 [" in proc.stdout
-    rows = json.loads(proc.stdout[proc.stdout.index("\n[") + 1:proc.stdout.rindex("]") + 1])
+    rows = json.loads(proc.stdout)  # JSON only on stdout
     assert len({r["id"] for r in rows}) == 2 and all(r["id"].endswith("|" + r["index"]) for r in rows)
 
 
