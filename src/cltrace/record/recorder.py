@@ -335,6 +335,9 @@ class Recorder:
         """Flush and close every sink (runs at exit)."""
         self._stop_worker.set()
         self._wake.set()
+        w = self._worker
+        if w is not None and w is not threading.current_thread():
+            w.join(timeout=2.0)  # its chunk in flight finishes; what is left is resolved below
         for sink in list(self.sinks):
             try:
                 self.remove_sink(sink)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The GPU figures of the closing notes, in one go, on a machine with NVIDIA GPUs and Python but no
+# pyopencl (the lent H200 hosts): wheels carried in .whl/, the C extensions built there.
+#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup devices pipeline fallback clock multi tune
+set -uo pipefail
+out=${1:?OUTDIR}; shift
+steps=${*:-setup devices pipeline fallback clock multi tune}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 CLTRACE_DEVICE=${CLTRACE_DEVICE:-gpu} PYTHONPATH=$PWD/src:/tmp/site
+for step in $steps; do
+  echo "=== $step"
+  case $step in
+    setup)
+      mkdir -p /etc/OpenCL/vendors && echo libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      python3 setup.py -q build_ext --inplace 2>&1 | tail -3 ;;
+    devices) python3 -m cltrace devices --samples 16 ;;
+    pipeline) python3 benchmarks/bench_pipeline.py --launches 200000 --rounds 3 --capacity-spans 200000 --stall-s 3 2>&1 | tee "$out/pipeline.txt" ;;
+    fallback) CLTRACE_NATIVE=0 python3 benchmarks/bench_pipeline.py --launches 100000 --rounds 2 --capacity-spans 100000 --stall-s 2 2>&1 | tee "$out/pipeline-fallback.txt" ;;
+    clock) python3 benchmarks/clock_proof.py --seconds 10 --launches 2000 2>&1 | tail -8 | tee "$out/clock.txt" ;;
+    multi) python3 benchmarks/multi_gpu_proof.py "$out/mgpu" 2>&1 | tail -40 | tee "$out/multi.txt" ;;
+    tune) python3 benchmarks/tune_stability.py --gpu 2>&1 | tail -30 | tee "$out/tune.txt" ;;
+  esac
+done
