@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import pyopencl as cl
 
 from . import tunedb
-from .options import define_options, defined_names, resolve_options
+from .options import define_options, defined_names, forget_tuned, resolve_options, tuned_fit_error
 from .launcher import Kernel, _FreshKernel
 from .build import BuildError, BuildSteps
 from .cache import CACHE_DISK, CACHE_MEMORY, CACHE_MISS, ProgramCache, default_cache
@@ -55,14 +55,18 @@ def _program_label(source: str, src_hash: str) -> str:
 
 
 def compile(source: str, options: str | Sequence[str] = (), *, context: Any = None, device: Any = None,
-            cache: ProgramCache | None = None, defines: Mapping[str, Any] | None = None) -> "Program":
+            cache: ProgramCache | None = None, defines: Mapping[str, Any] | None = None,
+            tune_key: Sequence[Any] | None = None) -> "Program":
     """Build ``source`` for one device through the program cache; returns a ``Program``.
 
     ``context`` None uses cltrace's shared context of ``device`` (or of the default
     device). ``defines`` become sorted ``-DNAME=VALUE`` options. If the tune DB holds
-    a configuration for (source, options, device), its defines are added (names the
-    options already define are kept as given) and its local size becomes the default
-    for launches without one. Raises ``BuildError`` with the build log on failure.
+    a configuration for (source, options, device) and the problem signature
+    ``tune_key`` (None: the only signature stored, if just one), its defines are added
+    (names the options already define are kept as given) and its local size becomes
+    the default for launches without one; a stored configuration that no longer builds
+    or whose local size the kernel cannot run is dropped from the tune DB with one
+    warning and the untuned program is built. Raises ``BuildError`` with the build log on failure.
     """
     hb = _perf()
     if not isinstance(source, str):
@@ -75,8 +79,27 @@ def compile(source: str, options: str | Sequence[str] = (), *, context: Any = No
         raise ValueError(f"compile: device {device.name!r} is not in the given context")
     dev_key = device_key(device)
     src_hash = tunedb.source_hash(source)
-    opts, tuned = resolve_options(src_hash, options, defines, dev_key)
+    opts, tuned = resolve_options(src_hash, options, defines, dev_key, tune_key)
     cache = cache if cache is not None else default_cache()
+    if tuned is None:
+        return _compile(source, src_hash, opts, None, dev_key, context, device, cache, hb)
+    try:
+        prg = _compile(source, src_hash, opts, tuned, dev_key, context, device, cache, hb)
+        stale = tuned_fit_error(prg.program, device, tuned) if prg.cache_hit != CACHE_MEMORY else None
+    except BuildError as err:
+        lines = [ln.strip() for ln in err.build_log.splitlines() if ln.strip()]
+        stale = "it no longer builds: " + next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines
+                                                else "clBuildProgram failed")[:200]
+    if stale is None:
+        return prg
+    forget_tuned(src_hash, options, defines, dev_key, tune_key, stale)
+    opts, _ = resolve_options(src_hash, options, defines, dev_key, use_tuned=False)
+    return _compile(source, src_hash, opts, None, dev_key, context, device, cache, _perf())
+
+
+def _compile(source: str, src_hash: str, opts: tuple[str, ...], tuned: dict[str, Any] | None, dev_key: str,
+             context: Any, device: Any, cache: ProgramCache, hb: int) -> "Program":
+    """One build of ``opts`` through the cache, with its spans."""
     job = BuildSteps(source, _program_label(source, src_hash), opts, src_hash, dev_key, context, device, cache)
     attrs: dict[str, Any] = {"source_hash": src_hash, "options": " ".join(opts), "device": dev_key}
     if tuned is not None:

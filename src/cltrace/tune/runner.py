@@ -53,8 +53,9 @@ class TrialRunner:
         return self._by_config.get(config) if config is not None else None
 
     def best_config(self) -> Config | None:
+        """The successful trial with the lowest median so far (what a coordinate pass moves around)."""
         ok = [t for t in self.trials if t.ok]
-        return min(ok, key=lambda t: t.mean_ns).config if ok else None
+        return min(ok, key=lambda t: t.median_ns).config if ok else None
 
     def run(self, config: Config) -> Trial:
         """Run ``config`` inside a ``trial`` span that carries its status, mean or failure."""
@@ -62,6 +63,7 @@ class TrialRunner:
             trial = self._trial(config)
             region.set("status", trial.status)
             if trial.ok:
+                region.set("median_ns", trial.median_ns)
                 region.set("mean_ns", trial.mean_ns)
             else:
                 region.set("stage", trial.stage)
@@ -72,7 +74,8 @@ class TrialRunner:
             self.on_trial(trial)
         return trial
 
-    def _trial(self, config: Config) -> Trial:
+    def prepare(self, config: Config) -> tuple[Callable[[], Any], dict[str, Any]] | Trial:
+        """A call that launches ``config`` once and its build facts, or the failed trial (limits, build)."""
         limits = self.tuner.limits
         tpl = self.template
         if tpl is not None:
@@ -81,18 +84,20 @@ class TrialRunner:
             reason = fit_workgroup(config.workgroup, limits, None)
         if reason:
             return Trial.failed(config, "limits", reason)
-        build: dict[str, Any] = {}
         if tpl is not None:
-            prepared = self._build(tpl, config)
-            if isinstance(prepared, Trial):
-                return prepared
-            call, build = prepared
-        else:
-            fn = self.kernel_fn
+            return self._build(tpl, config)
+        fn = self.kernel_fn
 
-            def call() -> Any:
-                return fn(config, *self.args)
+        def call() -> Any:
+            return fn(config, *self.args)
 
+        return call, {}
+
+    def _trial(self, config: Config) -> Trial:
+        prepared = self.prepare(config)
+        if isinstance(prepared, Trial):
+            return prepared
+        call, build = prepared
         q = self.tuner.queue
         if self.out is not None:
             self.out.poison(q)
@@ -128,7 +133,10 @@ class TrialRunner:
             return Trial.failed(config, "build", f"build failed: {_first_error(log) or exc}")
         build = {"compile_ns": getattr(program, "compile_ns", None),
                  "from_cache": getattr(program, "from_cache", None)}
-        knl = program.kernel(tpl.name)
+        try:
+            knl = program.kernel(tpl.name)
+        except LookupError as exc:  # a driver that "built" the program without its kernel
+            return Trial.failed(config, "build", f"build failed: {exc}", **build)
         if config.workgroup is not None:
             raw = cl.Kernel(program.program, tpl.name)
             kmax = int(raw.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, tuner.device))
@@ -147,7 +155,7 @@ class TrialRunner:
         """Enqueue warm-up and timed launches into ``calls``, waiting once per batch, never per launch.
 
         With a cutoff and a best trial so far, the first timed launch is waited for: when it is
-        more than ``cutoff`` times the best mean, the trial stops there with one timed run.
+        more than ``cutoff`` times the best median, the trial stops there with one timed run.
         """
 
         def enqueue(count: int) -> None:
@@ -164,7 +172,7 @@ class TrialRunner:
         cutoff = self.tuner.cutoff
         if cutoff and best is not None and self.n > 1:
             enqueue(self.n_warmup + 1)
-            if _span_ns(calls[-1]) <= cutoff * best.mean_ns:
+            if _span_ns(calls[-1]) <= cutoff * best.median_ns:
                 enqueue(self.n - 1)
         else:
             enqueue(self.n_warmup + self.n)
