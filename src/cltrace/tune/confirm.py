@@ -6,11 +6,12 @@ luckiest. Here every round launches each candidate in turn (A B C D, B C D A,
 ...; the start rotates), so whatever else the machine does falls on all alike.
 The decision (``decide``) is made on these figures:
 
-* candidates whose times overlap the fastest's (the fastest's p90 is not below
-  their p10) are tied with it, and the first of them in sweep order is chosen,
-  so noise cannot flip the choice between near-equal candidates;
-* the choice is a real win only when its p90 is below the default's p10;
-  otherwise the default is kept.
+* candidates the fastest does not clearly beat (its p90 below theirs p10 and
+  its median more than ``tolerance`` below theirs) are tied with it, and the
+  first of them in sweep order is chosen, so noise cannot flip the choice
+  between near-equal candidates;
+* the choice is a real win only when it clearly beats the default in the same
+  sense; otherwise the default is kept.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from .runner import TrialRunner
 
 
 def confirm(runner: TrialRunner, configs: Sequence[Config], default: Config | None, rounds: int, runs: int,
-            order: Mapping[Config, int]) -> Confirmation:
+            order: Mapping[Config, int], tolerance: float = 0.0) -> Confirmation:
     """Re-measure ``configs`` and ``default`` in ``rounds`` interleaved rounds of ``runs`` launches each
     (one untimed launch each first), then ``decide``. A candidate that fails to build or launch here
     becomes a failed trial and takes no further part."""
@@ -62,7 +63,7 @@ def confirm(runner: TrialRunner, configs: Sequence[Config], default: Config | No
             if medians:
                 wins[min(medians, key=lambda c: medians[c])] += 1
     trials = tuple(failed[c] if c in failed else Trial.measured(c, times[c]) for c in cands)
-    winner, real_win, verdict = decide(trials, default, order)
+    winner, real_win, verdict = decide(trials, default, order, tolerance)
     return Confirmation(trials, tuple(wins.get(c, 0) for c in cands), rounds, runs, default, winner, real_win,
                         verdict)
 
@@ -89,9 +90,10 @@ def _batch(call: Callable[[], Any], count: int, config: Config, failed: dict[Con
     return [_span_ns(evs) for evs in batch]
 
 
-def decide(trials: Sequence[Trial], default: Config | None,
-           order: Mapping[Config, int]) -> tuple[Config | None, bool | None, str]:
-    """(chosen config, real win?, one-line verdict) from measured trials; see the module docstring."""
+def decide(trials: Sequence[Trial], default: Config | None, order: Mapping[Config, int],
+           tolerance: float = 0.0) -> tuple[Config | None, bool | None, str]:
+    """(chosen config, real win?, one-line verdict) from measured trials; see the module docstring.
+    ``tolerance``: the fraction by which medians must differ for a difference to count."""
     ok = [t for t in trials if t.ok]
     base = next((t for t in ok if t.config == default), None) if default is not None else None
     cands = [t for t in ok if t.config != default]
@@ -99,13 +101,13 @@ def decide(trials: Sequence[Trial], default: Config | None,
         return (default if base is not None else None), (False if base is not None else None), \
             "no candidate ran" + ("; keeping the default" if base is not None else "")
     fastest = min(cands, key=lambda t: t.median_ns)
-    tied = [t for t in cands if not fastest.clearly_faster_than(t)]
+    tied = [t for t in cands if not fastest.clearly_faster_than(t, tolerance)]
     rank = lambda t: (order.get(t.config, len(order)), t.median_ns)  # noqa: E731
     note = f"; {len(tied)} within noise of the fastest, the first in sweep order chosen" if len(tied) > 1 else ""
     if base is None:
         pick = min(tied, key=rank)
         return pick.config, None, f"{pick.config.label()} {_figures(pick)} (no default measured to compare){note}"
-    wins = [t for t in tied if t.clearly_faster_than(base)]
+    wins = [t for t in tied if t.clearly_faster_than(base, tolerance)]
     if not wins:
         return default, False, (f"no real win: the fastest, {fastest.config.label()} {_figures(fastest)}, does not "
                                 f"beat the default {_figures(base)} by more than the noise; keeping the default")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..analyze.report import format_ns
 from .config import Config, fmt_dims
@@ -67,16 +67,31 @@ class Trial:
             return None
         return flops / ns
 
-    def clearly_faster_than(self, other: "Trial") -> bool:
-        """True when this trial beats ``other`` by more than the noise: its p90 is below the other's p10."""
+    def clearly_faster_than(self, other: "Trial", tolerance: float = 0.0) -> bool:
+        """True when this trial beats ``other`` by more than the noise: its p90 is below the other's
+        p10, and its median more than ``tolerance`` (a fraction) below the other's."""
         return (self.ok and other.ok and self.p90_ns is not None and other.p10_ns is not None
-                and self.p90_ns < other.p10_ns)
+                and self.p90_ns < other.p10_ns and self.median_ns * (1 + tolerance) < other.median_ns)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["config"] = self.config.as_dict()
         d["times_ns"] = list(self.times_ns)
         return d
+
+
+def preferred(trials: Sequence[Trial], order: Mapping[Config, int] | None = None,
+              tolerance: float = 0.0) -> list[Trial]:
+    """Successful trials, most preferred first: those within noise of the fastest (not
+    ``clearly_faster_than`` by it) in sweep ``order``, then the rest by median. Without ``order``:
+    by median only. A noisy run reshuffles the medians of near-equal candidates, not their order."""
+    ok = sorted((t for t in trials if t.ok), key=lambda t: t.median_ns)
+    if not ok or order is None:
+        return ok
+    fastest = ok[0]
+    tied = [t for t in ok if not fastest.clearly_faster_than(t, tolerance)]
+    rest = [t for t in ok if fastest.clearly_faster_than(t, tolerance)]
+    return sorted(tied, key=lambda t: (order.get(t.config, len(order)), t.median_ns)) + rest
 
 
 @dataclass(frozen=True)
@@ -226,10 +241,6 @@ class AutotuneResult:
                     lines.append(f"     {t.config.label():<34} [{t.stage}] {t.reason}")
         if self.verdict:
             lines.append(("winner: " if self.real_win else "") + self.verdict)
-        if self.persisted:
-            lines.append(f"stored: {self.persisted}")
-        if self.evicted:
-            lines.append(f"removed the earlier stored winner: {self.evicted}")
         return "\n".join(lines)
 
     @property

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import pyopencl as cl
 
@@ -14,7 +14,7 @@ from ..timeline.spans import TRIAL
 from .check import OutputCheck, compare
 from .config import Config, fmt_dims
 from .limits import DeviceLimits, fit_workgroup
-from .result import Trial
+from .result import Trial, preferred
 from .template import KernelTemplate
 
 
@@ -48,14 +48,17 @@ class TrialRunner:
         self.trials: list[Trial] = []
         self._by_config: dict[Config, Trial] = {}
         self.on_trial: Callable[[Trial], None] | None = None
+        self.order: Mapping[Config, int] | None = None
+        self.tolerance = 0.0
 
     def trial_of(self, config: Config | None) -> Trial | None:
         return self._by_config.get(config) if config is not None else None
 
     def best_config(self) -> Config | None:
-        """The successful trial with the lowest median so far (what a coordinate pass moves around)."""
-        ok = [t for t in self.trials if t.ok]
-        return min(ok, key=lambda t: t.median_ns).config if ok else None
+        """The preferred successful trial so far (what a coordinate pass moves around): the lowest
+        median, or with ``order`` set, the first in that order of those within noise of it."""
+        ranked = preferred(self.trials, self.order, self.tolerance)
+        return ranked[0].config if ranked else None
 
     def run(self, config: Config) -> Trial:
         """Run ``config`` inside a ``trial`` span that carries its status, mean or failure."""

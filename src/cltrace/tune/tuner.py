@@ -29,7 +29,7 @@ from .config import Config, as_dims, fmt_dims
 from .confirm import confirm, decide
 from .limits import DeviceLimits
 from .progress import progress_bar, tick
-from .result import AutotuneResult, Confirmation, Trial
+from .result import AutotuneResult, Confirmation, Trial, preferred
 from .runner import TrialRunner
 from .sweep import STRATEGIES, grid, plan
 from .template import KernelTemplate, default_shape_key
@@ -48,12 +48,13 @@ class Autotuner:
     best median so far stops there (one timed run, shown in the table); None: always ``n``.
     ``confirm``: how many of the sweep's fastest are re-measured with the untuned default
     in ``rounds`` interleaved rounds of ``round_runs`` launches each (0: decide on the
-    sweep's own figures).
+    sweep's own figures). ``tolerance``: medians closer than this fraction are a tie (and a
+    win over the default must exceed it), so differences of a few percent do not flip winners.
     """
 
     def __init__(self, queue: Any = None, *, n_warmup: int = 3, n: int = 20, strategy: str = "grid",
                  progress: bool | None = None, persist: bool = True, cutoff: float | None = 4.0,
-                 confirm: int = 3, rounds: int = 5, round_runs: int = 3) -> None:
+                 confirm: int = 3, rounds: int = 5, round_runs: int = 3, tolerance: float = 0.05) -> None:
         queue = queue if queue is not None else active_queue() or default_queue()
         require_profiling(queue, "Autotuner")
         self.queue = queue
@@ -66,8 +67,9 @@ class Autotuner:
         self.progress = progress
         self.persist = persist
         self.cutoff = cutoff
-        if confirm < 0 or rounds < 1 or round_runs < 1:
-            raise ValueError("autotune: need confirm >= 0, rounds >= 1 and round_runs >= 1")
+        if confirm < 0 or rounds < 1 or round_runs < 1 or not 0 <= tolerance < 1:
+            raise ValueError("autotune: need confirm >= 0, rounds >= 1, round_runs >= 1 and 0 <= tolerance < 1")
+        self.tolerance = tolerance
         self.confirm = confirm
         self.rounds = rounds
         self.round_runs = round_runs
@@ -178,6 +180,9 @@ class Autotuner:
                                                               "strategy": strategy}, AUTOTUNE) as region:
             sp = self.space(kernel_fn, workgroup_sizes, tile_sizes, unroll_factors)
             runner = TrialRunner(self, kernel_fn, args, n_warmup, n, out, rtol, atol)
+            order = {cfg: i for i, cfg in enumerate(grid(sp))}
+            runner.order = order
+            runner.tolerance = self.tolerance
             total, run = plan(strategy, sp, base)
             bar = progress_bar(show, total, f"autotune {name}")
             try:
@@ -187,17 +192,16 @@ class Autotuner:
                 if bar is not None:
                     bar.close()
             default = base if base is not None else (template.default if template is not None else None)
-            order = {cfg: i for i, cfg in enumerate(grid(sp))}
             conf = None
             if self.confirm > 0:
-                top = [t.config for t in sorted((t for t in runner.trials if t.ok), key=lambda t: t.median_ns)
-                       if t.config != default][:self.confirm]
+                top = [t.config for t in preferred([t for t in runner.trials if t.config != default], order,
+                                                   self.tolerance)][:self.confirm]
                 if top:
-                    conf = confirm(runner, top, default, self.rounds, self.round_runs, order)
+                    conf = confirm(runner, top, default, self.rounds, self.round_runs, order, self.tolerance)
             if conf is not None:
                 best, real_win, verdict = conf.winner, conf.real_win, conf.verdict
             else:
-                best, real_win, verdict = decide(runner.trials, base, order)
+                best, real_win, verdict = decide(runner.trials, base, order, self.tolerance)
             region.set("trials", len(runner.trials))
             region.set("best", best.label() if best is not None else None)
             region.set("real_win", real_win)
@@ -250,7 +254,7 @@ class Autotuner:
         with category_region(f"verify {template.name}", self.queue, {"kernel": template.name,
                                                                      "device": self.limits.device_key}, AUTOTUNE):
             conf = confirm(runner, [config], template.default, rounds or self.rounds,
-                           round_runs or self.round_runs, {config: 0})
+                           round_runs or self.round_runs, {config: 0}, self.tolerance)
         kept = bool(conf.real_win) and conf.winner == config
         if not kept:
             tunedb.evict(template.source_hash, template.options, self.limits.device_key, path=doc["path"])
@@ -379,11 +383,12 @@ def _dedupe(values: list[Any]) -> list[Any]:
 def autotune(kernel_fn: Any, args: Sequence[Any] = (), workgroup_sizes: Sequence[Any] | None = None,
              tile_sizes: Sequence[Any] | None = None, unroll_factors: Sequence[Any] | None = None,
              n_warmup: int = 3, n: int = 20, *, queue: Any = None, cutoff: float | None = 4.0,
-             confirm: int = 3, rounds: int = 5, round_runs: int = 3, **kw: Any) -> AutotuneResult:
+             confirm: int = 3, rounds: int = 5, round_runs: int = 3, tolerance: float = 0.05,
+             **kw: Any) -> AutotuneResult:
     """One-shot sweep: ``Autotuner(queue, ...).tune(kernel_fn, args, ...)``; ``kw`` as for ``Autotuner.tune``.
 
     ``queue`` None: the active queue (``cltrace.set_queue``), else cltrace's default profiling queue.
     """
     tuner = Autotuner(queue, n_warmup=n_warmup, n=n, cutoff=cutoff, confirm=confirm, rounds=rounds,
-                      round_runs=round_runs)
+                      round_runs=round_runs, tolerance=tolerance)
     return tuner.tune(kernel_fn, args, workgroup_sizes, tile_sizes, unroll_factors, **kw)
