@@ -13,7 +13,7 @@ import pytest
 from cltrace.programs import tunedb
 from cltrace.tune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial
 from cltrace.tune.confirm import decide
-from cltrace.tune.kernels.matmul import MATMUL, MatmulProblem
+from cltrace.tune.kernels.matmul import MATMUL
 from cltrace.tune.result import preferred
 
 SPIN_SOURCE = """

@@ -85,7 +85,7 @@ def compile(source: str, options: str | Sequence[str] = (), *, context: Any = No
         return _compile(source, src_hash, opts, None, dev_key, context, device, cache, hb)
     try:
         prg = _compile(source, src_hash, opts, tuned, dev_key, context, device, cache, hb)
-        stale = tuned_fit_error(prg.program, device, tuned) if prg.cache_hit != CACHE_MEMORY else None
+        stale = tuned_fit_error(prg.program, device, tuned)
     except BuildError as err:
         lines = [ln.strip() for ln in err.build_log.splitlines() if ln.strip()]
         stale = "it no longer builds: " + next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines
