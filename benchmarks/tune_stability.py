@@ -89,7 +89,7 @@ def main() -> int:
 
     cmd = [sys.executable, "-m", "cltrace", "tune", "--size", str(a.size), "--no-progress", *extra]
     print(f"command: {' '.join(['cltrace'] + cmd[3:])}")
-    print(f"tune store: {cache}; {a.hogs} CPU-heavy process(es) beside the runs")
+    print(f"tune store and each run's output (run-N.txt): {cache}; {a.hogs} CPU-heavy process(es) beside the runs")
     hogs = start_hogs(a.hogs)
     rows: list[tuple[Any, ...]] = []
     device = ""
@@ -104,6 +104,8 @@ def main() -> int:
                 return 2
             first = out.stdout.splitlines()[0] if out.stdout else ""
             device = first.split(" on ", 1)[-1].split(" (", 1)[0] if " on " in first else device
+            with open(os.path.join(cache, f"run-{i}.txt"), "w") as fh:
+                fh.write(out.stdout)
             verdict = next((ln for ln in out.stdout.splitlines() if ln.startswith(("winner: ", "no real win"))), "")
             rows.append((i, wall, stored(cache, size), verdict))
             print(f"run {i}: {wall:.1f} s, {verdict[:160]}", flush=True)

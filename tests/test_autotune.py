@@ -110,7 +110,8 @@ def test_failed_trials_are_recorded_and_the_sweep_goes_on(tuner: Autotuner, prob
         assert "exceeds max_work_group_size" in big.reason
     ok = by[(None, (4, 2))]
     assert ok.ok and len(ok.times_ns) == 3 and all(t > 0 for t in ok.times_ns)
-    assert res.best_config == ok.config
+    # the only candidate that ran is confirmed against the default, which it must clearly beat
+    assert res.best_config == (ok.config if res.real_win else MATMUL.default)
     assert [t.config for t in res.failures()] == [c for c in (t.config for t in res.measurements) if c != ok.config]
 
 
@@ -228,9 +229,9 @@ def test_grid_result_is_deterministic_in_structure_and_frozen(tuner: Autotuner, 
     assert all(t.ok for t in r1.measurements)
     ranked = r1.ranked()
     assert [t.median_ns for t in ranked] == sorted(t.median_ns for t in r1.measurements)
-    conf = r1.confirmation  # the three fastest and the default, re-measured in interleaved rounds
+    conf = r1.confirmation  # the five most preferred and the default, re-measured in interleaved rounds
     order = {c: i for i, c in enumerate(configs)}
-    top = [t.config for t in preferred([t for t in ranked if t.config != MATMUL.default], order)][:3]
+    top = [t.config for t in preferred([t for t in ranked if t.config != MATMUL.default], order, 0.05)][:5]
     assert [t.config for t in conf.trials] == top + [MATMUL.default]
     assert all(len(t.times_ns) == conf.rounds * conf.runs for t in conf.trials)
     assert r1.best_config in [t.config for t in conf.trials]

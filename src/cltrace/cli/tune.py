@@ -69,9 +69,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed launches per trial (default 1: the first launch carries the JIT)")
     parser.add_argument("--no-check", action="store_true", help="do not check each trial's result against numpy")
     parser.add_argument("--no-persist", action="store_true", help="do not store the winner in the tune DB")
-    parser.add_argument("--confirm", type=int, default=3, metavar="K",
+    parser.add_argument("--confirm", type=int, default=5, metavar="K",
                         help="re-measure the K fastest and the untuned default in interleaved rounds "
-                             "before choosing (default 3; 0: decide on the sweep alone)")
+                             "before choosing (default 5; 0: decide on the sweep alone)")
     parser.add_argument("--rounds", type=int, default=5,
                         help="interleaved confirmation rounds (default 5, 3 launches per candidate each)")
     parser.add_argument("--check", action="store_true",

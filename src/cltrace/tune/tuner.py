@@ -54,7 +54,7 @@ class Autotuner:
 
     def __init__(self, queue: Any = None, *, n_warmup: int = 3, n: int = 20, strategy: str = "grid",
                  progress: bool | None = None, persist: bool = True, cutoff: float | None = 4.0,
-                 confirm: int = 3, rounds: int = 5, round_runs: int = 3, tolerance: float = 0.05) -> None:
+                 confirm: int = 5, rounds: int = 5, round_runs: int = 3, tolerance: float = 0.05) -> None:
         queue = queue if queue is not None else active_queue() or default_queue()
         require_profiling(queue, "Autotuner")
         self.queue = queue
@@ -383,7 +383,7 @@ def _dedupe(values: list[Any]) -> list[Any]:
 def autotune(kernel_fn: Any, args: Sequence[Any] = (), workgroup_sizes: Sequence[Any] | None = None,
              tile_sizes: Sequence[Any] | None = None, unroll_factors: Sequence[Any] | None = None,
              n_warmup: int = 3, n: int = 20, *, queue: Any = None, cutoff: float | None = 4.0,
-             confirm: int = 3, rounds: int = 5, round_runs: int = 3, tolerance: float = 0.05,
+             confirm: int = 5, rounds: int = 5, round_runs: int = 3, tolerance: float = 0.05,
              **kw: Any) -> AutotuneResult:
     """One-shot sweep: ``Autotuner(queue, ...).tune(kernel_fn, args, ...)``; ``kw`` as for ``Autotuner.tune``.
 
