@@ -81,7 +81,21 @@ def test_candidates_within_noise_are_decided_by_sweep_order_not_by_luck() -> Non
         d = _m(D, [30, 31, 32, 33, 34])  # clearly slower than the fastest: never chosen
         assert [t.config for t in preferred([d, c, b], order)] == [B, C, D]
         winner, real, verdict = decide([c, d, b, default], A, order)
-        assert (winner, real) == (B, True) and "2 within noise" in verdict and "p90" in verdict
+        assert (winner, real) == (B, True) and "2 within noise" in verdict and "below its p10" in verdict
+
+
+def test_a_burst_on_the_sweep_order_first_does_not_hand_the_win_to_another() -> None:
+    # B (first in sweep order) and C are within noise; one round of B had a burst of load (its p90
+    # is above the default's p10), yet B still wins 4 of 5 rounds: B is chosen, never C.
+    default = _m(A, [100, 100, 101, 101, 102, 102, 103, 103, 104, 104])
+    b = _m(B, [10, 10, 11, 11, 12, 12, 13, 13, 300, 300])
+    c = _m(C, [10, 10, 10, 10, 11, 11, 11, 11, 12, 12])
+    winner, real, verdict = decide([b, c, default], A, {B: 0, C: 1}, 0.05, runs=2)
+    assert (winner, real) == (B, True) and "won 4 of 5 rounds" in verdict
+    # bursts in 2 of 5 rounds: not clearly a win, so the default is kept (not C)
+    b2 = _m(B, [10, 10, 11, 11, 12, 12, 300, 300, 300, 300])
+    winner, real, verdict = decide([b2, c, default], A, {B: 0, C: 1}, 0.05, runs=2)
+    assert (winner, real) == (A, False) and "fewer than 4 of 5 rounds" in verdict
 
 
 def test_no_real_win_keeps_the_default() -> None:
