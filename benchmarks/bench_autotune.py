@@ -1,8 +1,10 @@
 """Tuned vs untuned tiled matmul on the default device, measured side by side in one run.
 
-For each size: a coordinate sweep (``cltrace tune``'s default), then the untuned
-default configuration and the winner launched in alternating rounds on the same
-queue, device time from events (END - START). Prints GFLOP/s and the ratio.
+For each size: a coordinate sweep (``cltrace tune``'s default, with its confirmation
+rounds), then the untuned default configuration and the chosen one launched in
+alternating rounds on the same queue, device time from events (END - START).
+Prints GFLOP/s, the ratio, and whether the tuner called it a real win (when it did
+not, the chosen configuration is the default and the ratio is ~1).
 
     python benchmarks/bench_autotune.py [--sizes 256,512] [--rounds 5] [--runs 10]
 """
@@ -53,12 +55,13 @@ def main() -> int:
             best_ns += device_ns(queue, res.best_config, problem, a.runs)
         g0 = problem.flops / statistics.median(base_ns)
         g1 = problem.flops / statistics.median(best_ns)
-        rows.append((size, g0, g1, g1 / g0, res.best_config.label(), len(res.measurements), sweep_s))
-    head = f"{'size':>6} {'default GFLOP/s':>16} {'tuned GFLOP/s':>14} {'ratio':>7}  {'tuned config':<30} {'trials':>6} {'sweep s':>8}"
+        rows.append((size, g0, g1, g1 / g0, res.best_config.label(), len(res.measurements), sweep_s, res.real_win))
+    head = (f"{'size':>6} {'default GFLOP/s':>16} {'tuned GFLOP/s':>14} {'ratio':>7}  {'tuned config':<30} "
+            f"{'trials':>6} {'sweep s':>8} {'real win':>8}")
     print(head)
     print("-" * len(head))
-    for size, g0, g1, r, label, n, s in rows:
-        print(f"{size:>6} {g0:>16.2f} {g1:>14.2f} {r:>6.2f}x  {label:<30} {n:>6} {s:>8.1f}")
+    for size, g0, g1, r, label, n, s, win in rows:
+        print(f"{size:>6} {g0:>16.2f} {g1:>14.2f} {r:>6.2f}x  {label:<30} {n:>6} {s:>8.1f} {str(win):>8}")
     print("(median over rounds x runs of device time END-START; default = wg=auto tile=1x1 unroll=1)")
     return 0
 

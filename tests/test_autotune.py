@@ -20,6 +20,7 @@ from cltrace.programs import tunedb
 from cltrace.tune import AutotuneResult, Autotuner, Config, DeviceLimits, KernelTemplate, Trial, autotune
 from cltrace.programs.compiler import device_key
 from cltrace.tune.kernels.matmul import MATMUL, MatmulProblem
+from cltrace.tune.result import preferred
 from cltrace.read import load
 
 TILES = [(1, 1), (4, 2), (8, 1)]
@@ -109,7 +110,8 @@ def test_failed_trials_are_recorded_and_the_sweep_goes_on(tuner: Autotuner, prob
         assert "exceeds max_work_group_size" in big.reason
     ok = by[(None, (4, 2))]
     assert ok.ok and len(ok.times_ns) == 3 and all(t > 0 for t in ok.times_ns)
-    assert res.best_config == ok.config
+    # the only candidate that ran is confirmed against the default, which it must clearly beat
+    assert res.best_config == (ok.config if res.real_win else MATMUL.default)
     assert [t.config for t in res.failures()] == [c for c in (t.config for t in res.measurements) if c != ok.config]
 
 
@@ -225,7 +227,14 @@ def test_grid_result_is_deterministic_in_structure_and_frozen(tuner: Autotuner, 
     assert configs == [Config(None, t, u) for t in TILES for u in (1, 2)]
     assert configs[0] == MATMUL.default == r1.baseline  # the baseline is part of the grid here
     assert all(t.ok for t in r1.measurements)
-    assert r1.best_config == min(r1.measurements, key=lambda t: t.mean_ns).config
+    ranked = r1.ranked()
+    assert [t.median_ns for t in ranked] == sorted(t.median_ns for t in r1.measurements)
+    conf = r1.confirmation  # the five most preferred and the default, re-measured in interleaved rounds
+    order = {c: i for i, c in enumerate(configs)}
+    top = [t.config for t in preferred([t for t in ranked if t.config != MATMUL.default], order, 0.05)][:5]
+    assert [t.config for t in conf.trials] == top + [MATMUL.default]
+    assert all(len(t.times_ns) == conf.rounds * conf.runs for t in conf.trials)
+    assert r1.best_config in [t.config for t in conf.trials]
     for obj, attr in ((r1, "best_config"), (r1.measurements[0], "mean_ns"), (r1.best_config, "tile")):
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(obj, attr, None)
@@ -233,6 +242,7 @@ def test_grid_result_is_deterministic_in_structure_and_frozen(tuner: Autotuner, 
     t = r1.measurements[0]
     assert t.mean_ns == pytest.approx(sum(t.times_ns) / len(t.times_ns))
     assert t.std_ns == pytest.approx(float(np.std(t.times_ns, ddof=1)))
+    assert (t.p10_ns, t.median_ns, t.p90_ns) == pytest.approx(tuple(np.percentile(t.times_ns, [10, 50, 90])))
     assert dict(r1.best_config) == {"workgroup": None, "tile": r1.best_config.tile, "unroll": r1.best_config.unroll}
     json.dumps(r1.as_dict())
 
@@ -247,7 +257,9 @@ def test_staged_variants_are_right_on_ragged_sizes(tuner: Autotuner, problem: Ma
 def test_baseline_is_added_when_not_in_the_grid(tuner: Autotuner, problem: MatmulProblem) -> None:
     res = tuner.tune(MATMUL, problem.args, [None], [(4, 2)], [1], persist=False, **_check(problem))
     assert [t.config for t in res.measurements] == [MATMUL.default, Config(None, (4, 2), 1)]
-    assert res.speedup() == pytest.approx(res.baseline_trial.mean_ns / res.best.mean_ns)
+    conf = res.confirmation  # the speed-up comes from the interleaved rounds, medians over medians
+    assert res.speedup() == pytest.approx(conf.trial(MATMUL.default).median_ns
+                                          / conf.trial(res.best_config).median_ns)
 
 
 def test_coordinate_search_moves_one_parameter_at_a_time(tuner: Autotuner, problem: MatmulProblem) -> None:
@@ -258,7 +270,8 @@ def test_coordinate_search_moves_one_parameter_at_a_time(tuner: Autotuner, probl
     assert len(configs) == len(set(configs)) == 4  # 3 tiles, then the 2nd unroll factor
     assert [c.unroll for c in configs[:3]] == [1, 1, 1]
     assert configs[3].unroll == 2
-    best_tile = min(res.measurements[:3], key=lambda t: t.mean_ns).config.tile
+    order = {c: i for i, c in enumerate(tuner.candidates(MATMUL, [None], TILES, [1, 2]))}
+    best_tile = preferred(res.measurements[:3], order)[0].config.tile  # within noise of the fastest: sweep order
     assert configs[3].tile == best_tile
 
 
@@ -270,8 +283,12 @@ def test_table_lists_ranked_and_failed_trials(tuner: Autotuner, problem: MatmulP
     assert "2 ok, 1 failed" in lines[0] and "shape=24x40x20" in lines[0]
     assert "GFLOP/s" in lines[1] and "vs base" in lines[1]
     ranked = [ln for ln in lines if ln.strip()[:1].isdigit()]
-    assert len(ranked) == 2 and "<- best" in ranked[0]
-    assert any("baseline" in ln for ln in ranked)
+    assert len(ranked) == 2 and "median" in lines[1] and "p10" in lines[1] and "p90" in lines[1]
+    assert any(ln.endswith("<- default") for ln in ranked)
+    if res.real_win:
+        assert any(ln.endswith("<- winner") and "4x2" in ln for ln in ranked)
+    assert "confirmation: 5 interleaved rounds x 3 launches" in text
+    assert res.verdict and res.verdict in text
     assert "failed:" in text and "[build]" in text and "tile=5x1" in text
 
 
@@ -297,7 +314,7 @@ import json, cltrace
 from cltrace.tune.kernels.matmul import MATMUL, MatmulProblem
 q = cltrace.profiling_queue()
 p = MatmulProblem(q, 24, 40, 20)
-r = cltrace.autotune(MATMUL, p.args, [None], [(1, 1), (4, 2), (8, 4)], [1], n_warmup=1, n=2, queue=q,
+r = cltrace.autotune(MATMUL, p.args, [None], [(1, 1), (8, 4)], [1], n_warmup=1, n=2, queue=q,
                      output=p.c, reference=p.reference, progress=False)
 print(json.dumps({"best": r.best_config.as_dict(), "path": r.persisted}))
 """
@@ -306,8 +323,8 @@ USE_SCRIPT = """
 import json, numpy as np, cltrace
 from cltrace.tune.kernels.matmul import MATMUL, MatmulProblem
 q = cltrace.profiling_queue()
-prg = cltrace.compile(MATMUL.source, MATMUL.options, context=q.context)
 p = MatmulProblem(q, 24, 40, 20)
+prg = MATMUL.compile(context=q.context, args=p.args)
 MATMUL.launch(prg, q, p.args).wait()
 print(json.dumps({"tuned": prg.tuned, "options": prg.options, "right": bool(np.array_equal(p.result(), p.reference))}))
 """
@@ -362,9 +379,11 @@ def test_best_is_remembered_and_read_back_from_the_tune_db(queue: Any, problem: 
     assert first.result(MATMUL, shape) is res
     again = first.measure(MATMUL, problem.args, res.best_config, **_check(problem))
     assert again.ok and again.config == res.best_config and len(again.times_ns) == 2
-    second = Autotuner(queue, progress=False)  # a fresh tuner: only the tune DB knows
-    assert second.best(MATMUL, shape) == res.best_config
-    assert second.best(MATMUL) == res.best_config
+    second = Autotuner(queue, progress=False)  # a fresh tuner: only the tune DB knows, and only a real win
+    stored = res.best_config if res.real_win else None
+    assert (res.persisted is not None) == bool(res.real_win)
+    assert second.best(MATMUL, shape) == stored
+    assert second.best(MATMUL) == stored
     assert second.best(MATMUL, (1, 2, 3)) is None
 
 

@@ -1,4 +1,5 @@
-"""``cltrace tune``: autotune the tiled matmul example on the default device and keep the winner."""
+"""``cltrace tune``: autotune the tiled matmul example on the default device and keep a real win;
+``--check`` re-measures a stored winner and evicts it when it no longer wins."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +8,7 @@ import os
 import sys
 from typing import Any
 
+from ..analyze.report import format_ns
 from .checks import check_device, check_plot_path
 
 
@@ -68,6 +70,14 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
                         help="untimed launches per trial (default 1: the first launch carries the JIT)")
     parser.add_argument("--no-check", action="store_true", help="do not check each trial's result against numpy")
     parser.add_argument("--no-persist", action="store_true", help="do not store the winner in the tune DB")
+    parser.add_argument("--confirm", type=int, default=5, metavar="K",
+                        help="re-measure the K fastest and the untuned default in interleaved rounds "
+                             "before choosing (default 5; 0: decide on the sweep alone)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="interleaved confirmation rounds (default 5, 3 launches per candidate each)")
+    parser.add_argument("--check", action="store_true",
+                        help="do not sweep: re-measure the winner stored for --size against the default "
+                             "and evict it if it no longer wins")
     parser.add_argument("--top", type=int, default=15, help="rows of the ranked table (default 15; 0: all)")
     parser.add_argument("--plot", metavar="FILE", help="save a chart of the sweep (needs cltrace[plot])")
     parser.add_argument("--out", metavar="TRACE", action="append",
@@ -78,8 +88,27 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _gflops(trial: Any, flops: float) -> str:
-    g = trial.gflops(flops) if trial is not None else None
-    return "-" if g is None else f"{g:.2f} GFLOP/s"
+    """GFLOP/s at the median, with the p10-p90 range of device time."""
+    g = trial.gflops(flops) if trial is not None and trial.ok else None
+    if g is None:
+        return "-"
+    return (f"{g:.2f} GFLOP/s (median {format_ns(trial.median_ns)}, "
+            f"p10-p90 {format_ns(trial.p10_ns)}-{format_ns(trial.p90_ns)})")
+
+
+def _check(args: argparse.Namespace, tuner: Any, problem: Any) -> int:
+    """``--check``: 0 when the stored winner still wins, 1 when it was evicted or none is stored."""
+    from ..tune.kernels.matmul import MATMUL
+
+    ver = tuner.verify(MATMUL, problem.args, rounds=args.rounds)
+    print(ver.table(problem.flops))
+    if ver.path is None:
+        return 1
+    if ver.kept:
+        print(f"kept: {ver.path}")
+        return 0
+    print(f"evicted: {ver.path}  (cltrace.compile() of this matmul for these sizes now builds the untuned default)")
+    return 1
 
 
 def main_tune(args: argparse.Namespace) -> int:
@@ -89,8 +118,9 @@ def main_tune(args: argparse.Namespace) -> int:
     from ..programs.compiler import default_queue
     from ..capture.session import trace
 
-    if args.runs < 1 or args.warmup < 0:
-        print("cltrace tune: need --runs >= 1 and --warmup >= 0", file=sys.stderr)
+    if args.runs < 1 or args.warmup < 0 or args.confirm < 0 or args.rounds < 1:
+        print("cltrace: error: tune needs --runs >= 1, --warmup >= 0, --confirm >= 0 and --rounds >= 1",
+              file=sys.stderr)
         return 2
     if args.plot:
         try:
@@ -104,10 +134,13 @@ def main_tune(args: argparse.Namespace) -> int:
     m, n, k = args.size
     problem = MatmulProblem(queue, m, n, k)
     tuner = Autotuner(queue, n_warmup=args.warmup, n=args.runs, strategy=args.strategy, progress=args.progress,
-                      persist=not args.no_persist)
-    print(f"cltrace tune: matmul {m}x{k} @ {k}x{n} on {queue.device.name.strip()} "
-          f"({tuner.limits.device_key}), strategy {args.strategy}, {args.warmup}+{args.runs} launches per trial",
-          flush=True)
+                      persist=not args.no_persist, confirm=args.confirm, rounds=args.rounds)
+    if args.check:
+        print(f"cltrace tune --check: matmul {m}x{k} @ {k}x{n} on {tuner.limits.device_name}", flush=True)
+        return _check(args, tuner, problem)
+    print(f"cltrace tune: matmul {m}x{k} @ {k}x{n} on {tuner.limits.device_name} "
+          f"({tuner.limits.device_key}), strategy {args.strategy}, {args.warmup}+{args.runs} launches per trial, "
+          f"then the {args.confirm} fastest and the default in {args.rounds} interleaved rounds", flush=True)
     check = {} if args.no_check else {"output": problem.c, "reference": problem.reference}
 
     def sweep() -> Any:
@@ -121,19 +154,26 @@ def main_tune(args: argparse.Namespace) -> int:
 
     print(result.table(top=args.top or None))
     print()
-    base, best = result.baseline_trial, result.best
     flops = problem.flops
-    print(f"untuned default  {result.baseline.label():<32} {_gflops(base, flops)}"
+    default = result.default or MATMUL.default
+    base = result.figures(default)
+    print(f"untuned default  {default.label():<32} {_gflops(base, flops)}"
           + ("" if base is None or base.ok else f"  (failed: {base.reason})"))
-    if best is None:
+    if result.best_config is None:
         print("no configuration ran successfully", file=sys.stderr)
         return 1
-    speed = result.speedup()
-    print(f"tuned best       {best.config.label():<32} {_gflops(best, flops)}"
-          + (f"  ({speed:.2f}x the default)" if speed else ""))
+    if result.winner is not None and result.winner != default:
+        speed = result.speedup()
+        print(f"tuned best       {result.winner.label():<32} {_gflops(result.figures(result.winner), flops)}"
+              + (f"  {speed:.2f}x the default" if speed else ""))
+    else:
+        print("tuned best       none: no configuration beats the default by more than the noise; default kept")
     if result.persisted:
         print(f"winner stored: {result.persisted}")
-        print("  cltrace.compile() of this matmul source on this device and driver now builds the tuned variant")
+        print(f"  cltrace.compile() of this matmul source for {m}x{n}x{k} on this device and driver now builds "
+              "the tuned variant")
+    elif result.real_win is False and not args.no_persist:
+        print("nothing stored" + (f"; removed the earlier winner {result.evicted}" if result.evicted else ""))
     if args.plot:
         print(f"wrote {result.plot(args.plot)}")
     if args.json:

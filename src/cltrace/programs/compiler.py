@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import pyopencl as cl
 
 from . import tunedb
-from .options import define_options, defined_names, resolve_options
+from .options import define_options, defined_names, forget_tuned, resolve_options, tuned_fit_error
 from .launcher import Kernel, _FreshKernel
 from .build import BuildError, BuildSteps
 from .cache import CACHE_DISK, CACHE_MEMORY, CACHE_MISS, ProgramCache, default_cache
@@ -58,17 +58,20 @@ def _program_label(source: str, src_hash: str) -> str:
 
 def compile(source: str, options: str | Sequence[str] = (), *, context: Any = None, device: Any = None,
             devices: Sequence[Any] | None = None, cache: ProgramCache | None = None,
-            defines: Mapping[str, Any] | None = None) -> "Program":
+            defines: Mapping[str, Any] | None = None, tune_key: Sequence[Any] | None = None) -> "Program":
     """Build ``source`` through the program cache for the devices of a context; returns a ``Program``.
 
     Builds for every device of ``context``, or for ``device`` / ``devices`` (in that
     context) alone; its kernels launch on a queue of any device it was built for.
     ``context`` None uses cltrace's shared context of ``device`` (or of the default
     device). ``defines`` become sorted ``-DNAME=VALUE`` options. If the tune DB holds
-    a configuration for (source, options, device model), its defines are added (names the
-    options already define are kept as given) and its local size becomes the default
-    for launches without one; devices of different models with different tuned
-    configurations get none. Raises ``BuildError`` with the build log on failure.
+    a configuration for (source, options, device model) and the problem signature
+    ``tune_key`` (None: the only signature stored, if just one), its defines are added
+    (names the options already define are kept as given) and its local size becomes the
+    default for launches without one; devices of different models with different tuned
+    configurations get none. A stored configuration that no longer builds or whose local
+    size the kernel cannot run is dropped from the tune DB with one warning and the untuned
+    program is built. Raises ``BuildError`` with the build log on failure.
     """
     hb = _perf()
     if not isinstance(source, str):
@@ -76,12 +79,33 @@ def compile(source: str, options: str | Sequence[str] = (), *, context: Any = No
     context, targets = _targets(context, device, devices)
     dev_keys = [device_key(d) for d in targets]
     src_hash = tunedb.source_hash(source)
-    resolved = {k: resolve_options(src_hash, options, defines, k) for k in dict.fromkeys(dev_keys)}
-    opts, tuned = common_options(resolved, tunedb.normalize_options(options) + define_options(defines))
+    resolved = {k: resolve_options(src_hash, options, defines, k, tune_key) for k in dict.fromkeys(dev_keys)}
+    untuned = tunedb.normalize_options(options) + define_options(defines)
+    opts, tuned = common_options(resolved, untuned)
     cache = cache if cache is not None else default_cache()
+    if tuned is None:
+        return _compile(source, src_hash, opts, None, context, targets, dev_keys, cache, hb)
+    try:
+        prg = _compile(source, src_hash, opts, tuned, context, targets, dev_keys, cache, hb)
+        stale = next((e for e in (tuned_fit_error(prg.program, d, tuned) for d in targets) if e), None)
+    except BuildError as err:
+        lines = [ln.strip() for ln in err.build_log.splitlines() if ln.strip()]
+        stale = "it no longer builds: " + next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines
+                                                else "clBuildProgram failed")[:200]
+    if stale is None:
+        return prg
+    for k in dict.fromkeys(dev_keys):
+        forget_tuned(src_hash, options, defines, k, tune_key, stale)
+    opts, _ = resolve_options(src_hash, options, defines, dev_keys[0], use_tuned=False)
+    return _compile(source, src_hash, opts, None, context, targets, dev_keys, cache, _perf())
+
+
+def _compile(source: str, src_hash: str, opts: tuple[str, ...], tuned: dict[str, Any] | None, context: Any,
+             targets: list[Any], dev_keys: list[str], cache: ProgramCache, hb: int) -> "Program":
+    """One build of ``opts`` for ``targets`` through the cache, with its spans."""
     job = BuildSteps(source, _program_label(source, src_hash), opts, src_hash, context, targets, dev_keys, cache)
     attrs: dict[str, Any] = {"source_hash": src_hash, "options": " ".join(opts),
-                             "device": ", ".join(resolved), "devices": job.names}
+                             "device": ", ".join(dict.fromkeys(dev_keys)), "devices": job.names}
     if tuned is not None:
         attrs["tuned"] = json.dumps(tuned, sort_keys=True, default=str)
 

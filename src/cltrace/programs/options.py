@@ -6,8 +6,11 @@ the same program cache and tune DB keys.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from typing import Any, Mapping, Sequence
+
+import pyopencl as cl
 
 from . import tunedb
 
@@ -59,14 +62,51 @@ def _valid_tuned(cfg: Any) -> dict[str, Any] | None:
 
 
 def resolve_options(src_hash: str, options: str | Sequence[str], defines: Mapping[str, Any] | None,
-                    dev_key: str) -> tuple[tuple[str, ...], dict[str, Any] | None]:
+                    dev_key: str, tune_key: Sequence[Any] | None = None,
+                    use_tuned: bool = True) -> tuple[tuple[str, ...], dict[str, Any] | None]:
     """(build options, tuned config or None) for a source on a device.
 
-    The tune DB is looked up under the caller's options and defines; a config found
-    there adds its defines, except names those options already define.
+    The tune DB is looked up under the caller's options and defines and the problem
+    signature ``tune_key`` (None: the only stored signature, if there is one); a config
+    found there adds its defines, except names those options already define.
+    ``use_tuned=False``: the untuned options.
     """
     opts = tunedb.normalize_options(options) + define_options(defines)
-    tuned = _valid_tuned(tunedb.lookup(src_hash, opts, dev_key))
+    if not use_tuned:
+        return opts, None
+    tuned = _valid_tuned(tunedb.lookup(src_hash, opts, dev_key, signature=tune_key))
     if tuned is not None:
         opts = opts + define_options(tuned.get("defines"), skip=defined_names(opts))
     return opts, tuned
+
+
+def tuned_fit_error(program: Any, device: Any, tuned: Mapping[str, Any]) -> str | None:
+    """Why a program built with a stored config cannot run that config's local size here, or None."""
+    ls = tuned.get("local_size")
+    kname = tuned.get("kernel")
+    if kname is not None:
+        try:
+            knl = cl.Kernel(program, kname)
+        except cl.Error as exc:
+            return f"its program has no kernel {kname!r} ({exc})"
+        if ls:
+            cap = int(knl.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, device))
+            if math.prod(ls) > cap:
+                return f"its local size {ls} exceeds the kernel's CL_KERNEL_WORK_GROUP_SIZE {cap}"
+    if ls:
+        if math.prod(ls) > device.max_work_group_size or len(ls) > len(device.max_work_item_sizes) or any(
+                v > m for v, m in zip(ls, device.max_work_item_sizes)):
+            return (f"its local size {ls} does not fit the device (max_work_group_size "
+                    f"{device.max_work_group_size}, max_work_item_sizes {list(device.max_work_item_sizes)})")
+    return None
+
+
+def forget_tuned(src_hash: str, options: str | Sequence[str], defines: Mapping[str, Any] | None, dev_key: str,
+                 tune_key: Sequence[Any] | None, reason: str) -> None:
+    """Evict a stored config that no longer works, with one warning, so the untuned build is used."""
+    opts = tunedb.normalize_options(options) + define_options(defines)
+    doc = tunedb.lookup_entry(src_hash, opts, dev_key, tune_key)
+    where = doc["path"] if doc is not None else "the tune DB"
+    tunedb.evict(src_hash, opts, dev_key, tune_key)
+    log.warning("cltrace: the stored tuned configuration %s is dropped: %s; using the untuned default",
+                where, reason)

@@ -1,18 +1,28 @@
 """Persistent store of autotuned configurations, shared by the autotuner and the program cache.
 
-An entry is keyed on (source hash, build options, device key) where the device
-key names platform, device and driver version; a different driver or device
-is a different key, so stale winners are never applied. Each entry is one
-small JSON file written atomically (rename), so concurrent processes and
-crashes never leave a half-written entry; an unreadable entry is ignored.
+An entry is keyed on (source hash, build options, device key) and on a problem
+signature: the argument sizes and scalars a kernel declares as its tuning key
+(as Triton's ``autotune(key=[...])``), so a 256³ winner never replaces the
+512³ one. The device key names platform, device and driver version; a
+different driver or device is a different key, so stale winners are never
+applied. Each entry is one small JSON file
+``tuned/<kk>/<key>/<signature hash>.json``, written atomically (temporary file,
+rename; a failed write removes the temporary file), so concurrent processes and
+crashes never leave a half-written entry. An entry that is not a JSON object,
+or names another key, is ignored with one warning per file and process.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from typing import Any, Sequence
+
+log = logging.getLogger("cltrace")
+
+_warned: set[str] = set()
 
 
 def cache_dir() -> str:
@@ -39,35 +49,120 @@ def entry_key(src_hash: str, options: Sequence[str], device_key: str) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def _path(key: str, root: str | None) -> str:
-    return os.path.join(root or cache_dir(), "tuned", key[:2], key + ".json")
+def signature_of(signature: Sequence[Any] | None) -> list[Any] | None:
+    """A problem signature in its stored (JSON) form: tuples become lists; None stays None."""
+    if signature is None:
+        return None
+    return [signature_of(v) if isinstance(v, (tuple, list)) else v for v in signature]
+
+
+def _sig_name(signature: Sequence[Any] | None) -> str:
+    if signature is None:
+        return "any"
+    blob = json.dumps(signature_of(signature), default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:24]
+
+
+def _dir(key: str, root: str | None) -> str:
+    return os.path.join(root or cache_dir(), "tuned", key[:2], key)
+
+
+def entry_path(src_hash: str, options: Sequence[str], device_key: str, signature: Sequence[Any] | None,
+               root: str | None = None) -> str:
+    """Where the entry for this (source, options, device, signature) lives."""
+    return os.path.join(_dir(entry_key(src_hash, options, device_key), root), _sig_name(signature) + ".json")
 
 
 def store(src_hash: str, options: Sequence[str], device_key: str, config: dict[str, Any],
-          extra: dict[str, Any] | None = None, root: str | None = None) -> str:
-    """Persist the winning ``config`` (``{"defines": {...}, "local_size": [...]}``); returns the file path."""
-    key = entry_key(src_hash, options, device_key)
-    path = _path(key, root)
+          extra: dict[str, Any] | None = None, root: str | None = None,
+          signature: Sequence[Any] | None = None) -> str:
+    """Persist the winning ``config`` (``{"defines": {...}, "local_size": [...]}``) for ``signature``;
+    returns the file path. Raises OSError (or the encoder's error) with no file left behind."""
+    path = entry_path(src_hash, options, device_key, signature, root)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     doc = {"source_hash": src_hash, "options": list(options), "device_key": device_key,
-           "config": config, **(extra or {})}
+           "signature": signature_of(signature), "config": config, **(extra or {})}
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(doc, fh, default=str)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(doc, fh, default=str)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
     return path
 
 
-def lookup(src_hash: str, options: Sequence[str], device_key: str,
-           root: str | None = None) -> dict[str, Any] | None:
-    """The stored winning config for this exact (source, options, device+driver), or None."""
-    path = _path(entry_key(src_hash, options, device_key), root)
+def _warn_once(path: str, what: str) -> None:
+    if path not in _warned:
+        _warned.add(path)
+        log.warning("cltrace: ignoring tune store entry %s: %s (delete it, or re-run the tuner)", path, what)
+
+
+def _read(path: str, src_hash: str, device_key: str) -> dict[str, Any] | None:
+    """The document at ``path`` if it is this key's entry; None (with one warning if malformed) otherwise."""
     try:
         with open(path) as fh:
             doc = json.load(fh)
-    except (OSError, ValueError):
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        _warn_once(path, f"unreadable ({exc})")
+        return None
+    if not isinstance(doc, dict):
+        _warn_once(path, f"a JSON {type(doc).__name__}, not an object")
         return None
     if doc.get("device_key") != device_key or doc.get("source_hash") != src_hash:
+        _warn_once(path, "written for another source or device")
         return None
-    cfg = doc.get("config")
-    return cfg if isinstance(cfg, dict) else None
+    if not isinstance(doc.get("config"), dict):
+        _warn_once(path, "its config is not an object")
+        return None
+    return doc
+
+
+def lookup_entry(src_hash: str, options: Sequence[str], device_key: str, signature: Sequence[Any] | None = None,
+                 root: str | None = None) -> dict[str, Any] | None:
+    """The stored document (``config``, ``signature``, ``path``, figures) for this key, or None.
+
+    With a ``signature``: the entry tuned for exactly that problem. Without one: the
+    only entry of this (source, options, device), if there is exactly one signature
+    stored; with several, none (which one would be a guess).
+    """
+    if signature is not None:
+        path = entry_path(src_hash, options, device_key, signature, root)
+        doc = _read(path, src_hash, device_key)
+        return {**doc, "path": path} if doc is not None else None
+    d = _dir(entry_key(src_hash, options, device_key), root)
+    try:
+        names = [n for n in os.listdir(d) if n.endswith(".json")]
+    except OSError:
+        return None
+    docs = [(p, _read(p, src_hash, device_key)) for p in (os.path.join(d, n) for n in sorted(names))]
+    found = [{**doc, "path": p} for p, doc in docs if doc is not None]
+    return found[0] if len(found) == 1 else None
+
+
+def lookup(src_hash: str, options: Sequence[str], device_key: str, root: str | None = None,
+           signature: Sequence[Any] | None = None) -> dict[str, Any] | None:
+    """The stored winning config for this (source, options, device+driver[, signature]), or None."""
+    doc = lookup_entry(src_hash, options, device_key, signature, root)
+    return doc["config"] if doc is not None else None
+
+
+def evict(src_hash: str, options: Sequence[str], device_key: str, signature: Sequence[Any] | None = None,
+          root: str | None = None, path: str | None = None) -> bool:
+    """Remove a stored winner (the given ``path``, or the entry ``lookup_entry`` would return); True if removed."""
+    if path is None:
+        doc = lookup_entry(src_hash, options, device_key, signature, root)
+        if doc is None:
+            return False
+        path = doc["path"]
+    try:
+        os.unlink(path)
+    except OSError:
+        return False
+    return True

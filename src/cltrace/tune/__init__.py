@@ -4,12 +4,15 @@ Every trial is built through ``cltrace.compile`` (the tile/unroll/work-group
 values become ``-D`` defines, so builds are cached and show as compile spans),
 launched ``n_warmup + n`` times without waiting per launch (one wait after the
 first timed launch when a cutoff applies), and timed by its device events
-(END - START). A candidate that does not fit the device, fails
-to build, fails to launch or computes a wrong result becomes a failed trial
-with its reason; the sweep goes on. The winner of a kernel-template sweep is
-stored in the tune DB under the untuned (source, options, device+driver) key,
-so a later ``cltrace.compile`` of the same source, in any process, builds the
-tuned variant without being asked.
+(END - START); trials rank by their median. A candidate that does not fit the
+device, fails to build, fails to launch or computes a wrong result becomes a
+failed trial with its reason; the sweep goes on. The fastest few and the
+untuned default are then re-measured in interleaved rounds (``confirm``), and
+a winner counts only when it beats the default by more than the noise. Such a
+winner of a kernel-template sweep is stored in the tune DB under the untuned
+(source, options, device+driver) key and the problem signature, so a later
+``cltrace.compile`` of the same source for that problem, in any process, builds
+the tuned variant without being asked.
 
 What can be tuned (``kernel_fn``):
 
@@ -24,8 +27,9 @@ What can be tuned (``kernel_fn``):
 
 Modules: ``config`` (Config, defines), ``limits`` (device limits, candidates, fit),
 ``template`` (KernelTemplate), ``runner`` (one trial), ``check`` (result check),
-``sweep`` (grid/coordinate order), ``progress`` (bar), ``result`` (Trial,
-AutotuneResult), ``tuner`` (Autotuner, autotune, tune-DB persistence); ``kernels`` (worked examples).
+``sweep`` (grid/coordinate order), ``confirm`` (interleaved rounds, the decision),
+``progress`` (bar), ``result`` (Trial, Confirmation, AutotuneResult), ``tuner``
+(Autotuner, autotune, verify, tune-DB persistence); ``kernels`` (worked examples).
 May import ``programs``, ``analyze``, ``record`` and ``timeline``; only ``cli`` imports it.
 """
 from __future__ import annotations
@@ -33,11 +37,11 @@ from __future__ import annotations
 from .check import compare
 from .config import Config, standard_defines
 from .limits import DeviceLimits
-from .result import FAILED, OK, AutotuneResult, Trial
+from .result import FAILED, OK, AutotuneResult, Confirmation, Trial
 from .template import KernelTemplate
-from .tuner import Autotuner, autotune
+from .tuner import Autotuner, Verification, autotune
 
 __all__ = [
-    "Autotuner", "autotune", "AutotuneResult", "Trial", "KernelTemplate", "Config", "DeviceLimits",
-    "standard_defines", "compare", "OK", "FAILED",
+    "Autotuner", "autotune", "AutotuneResult", "Confirmation", "Verification", "Trial", "KernelTemplate",
+    "Config", "DeviceLimits", "standard_defines", "compare", "OK", "FAILED",
 ]

@@ -22,5 +22,5 @@ def tick(bar: Any, best: Trial | None) -> None:
     if bar is None:
         return
     if best is not None:
-        bar.set_postfix_str(f"best {best.config.label()} {format_ns(best.mean_ns)}", refresh=False)
+        bar.set_postfix_str(f"best {best.config.label()} {format_ns(best.median_ns)}", refresh=False)
     bar.update(1)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import pyopencl as cl
 
@@ -14,7 +14,7 @@ from ..timeline.spans import TRIAL
 from .check import OutputCheck, compare
 from .config import Config, fmt_dims
 from .limits import DeviceLimits, fit_workgroup
-from .result import Trial
+from .result import Trial, preferred
 from .template import KernelTemplate
 
 
@@ -48,13 +48,17 @@ class TrialRunner:
         self.trials: list[Trial] = []
         self._by_config: dict[Config, Trial] = {}
         self.on_trial: Callable[[Trial], None] | None = None
+        self.order: Mapping[Config, int] | None = None
+        self.tolerance = 0.0
 
     def trial_of(self, config: Config | None) -> Trial | None:
         return self._by_config.get(config) if config is not None else None
 
     def best_config(self) -> Config | None:
-        ok = [t for t in self.trials if t.ok]
-        return min(ok, key=lambda t: t.mean_ns).config if ok else None
+        """The preferred successful trial so far (what a coordinate pass moves around): the lowest
+        median, or with ``order`` set, the first in that order of those within noise of it."""
+        ranked = preferred(self.trials, self.order, self.tolerance)
+        return ranked[0].config if ranked else None
 
     def run(self, config: Config) -> Trial:
         """Run ``config`` inside a ``trial`` span that carries its status, mean or failure."""
@@ -62,6 +66,7 @@ class TrialRunner:
             trial = self._trial(config)
             region.set("status", trial.status)
             if trial.ok:
+                region.set("median_ns", trial.median_ns)
                 region.set("mean_ns", trial.mean_ns)
             else:
                 region.set("stage", trial.stage)
@@ -72,7 +77,8 @@ class TrialRunner:
             self.on_trial(trial)
         return trial
 
-    def _trial(self, config: Config) -> Trial:
+    def prepare(self, config: Config) -> tuple[Callable[[], Any], dict[str, Any]] | Trial:
+        """A call that launches ``config`` once and its build facts, or the failed trial (limits, build)."""
         limits = self.tuner.limits
         tpl = self.template
         if tpl is not None:
@@ -81,18 +87,20 @@ class TrialRunner:
             reason = fit_workgroup(config.workgroup, limits, None)
         if reason:
             return Trial.failed(config, "limits", reason)
-        build: dict[str, Any] = {}
         if tpl is not None:
-            prepared = self._build(tpl, config)
-            if isinstance(prepared, Trial):
-                return prepared
-            call, build = prepared
-        else:
-            fn = self.kernel_fn
+            return self._build(tpl, config)
+        fn = self.kernel_fn
 
-            def call() -> Any:
-                return fn(config, *self.args)
+        def call() -> Any:
+            return fn(config, *self.args)
 
+        return call, {}
+
+    def _trial(self, config: Config) -> Trial:
+        prepared = self.prepare(config)
+        if isinstance(prepared, Trial):
+            return prepared
+        call, build = prepared
         q = self.tuner.queue
         if self.out is not None:
             self.out.poison(q)
@@ -128,7 +136,10 @@ class TrialRunner:
             return Trial.failed(config, "build", f"build failed: {_first_error(log) or exc}")
         build = {"compile_ns": getattr(program, "compile_ns", None),
                  "from_cache": getattr(program, "from_cache", None)}
-        knl = program.kernel(tpl.name)
+        try:
+            knl = program.kernel(tpl.name)
+        except LookupError as exc:  # a driver that "built" the program without its kernel
+            return Trial.failed(config, "build", f"build failed: {exc}", **build)
         if config.workgroup is not None:
             raw = cl.Kernel(program.program, tpl.name)
             kmax = int(raw.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, tuner.device))
@@ -147,7 +158,7 @@ class TrialRunner:
         """Enqueue warm-up and timed launches into ``calls``, waiting once per batch, never per launch.
 
         With a cutoff and a best trial so far, the first timed launch is waited for: when it is
-        more than ``cutoff`` times the best mean, the trial stops there with one timed run.
+        more than ``cutoff`` times the best median, the trial stops there with one timed run.
         """
 
         def enqueue(count: int) -> None:
@@ -164,7 +175,7 @@ class TrialRunner:
         cutoff = self.tuner.cutoff
         if cutoff and best is not None and self.n > 1:
             enqueue(self.n_warmup + 1)
-            if _span_ns(calls[-1]) <= cutoff * best.mean_ns:
+            if _span_ns(calls[-1]) <= cutoff * best.median_ns:
                 enqueue(self.n - 1)
         else:
             enqueue(self.n_warmup + self.n)

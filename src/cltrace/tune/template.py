@@ -25,7 +25,10 @@ class KernelTemplate:
     ``UNROLL``, ``WG_X``, ``WG_Y``). Optional: ``local_mem_bytes(config)`` (checked
     against the device), ``constraint(args, config)`` (a reason a config cannot
     run these args, or None), ``tiles``/``unrolls`` (candidate lists for a
-    device), ``flops(args)`` (for GFLOP/s) and ``shape_key(args)``.
+    device), ``flops(args)`` (for GFLOP/s), and the problem signature a winner is
+    stored under: ``key`` (positions of the arguments whose values, for scalars, or
+    sizes, for buffers, make it, as Triton's ``autotune(key=[...])``) or
+    ``shape_key(args)``; with neither, every scalar and buffer size.
     """
 
     name: str
@@ -41,20 +44,35 @@ class KernelTemplate:
     unrolls: Callable[[DeviceLimits], Sequence[int | None]] | None = None
     flops: Callable[[Sequence[Any]], float] | None = None
     shape_key: Callable[[Sequence[Any]], tuple] | None = None
+    key: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", tunedb.normalize_options(self.options))
+        if self.key is not None:
+            object.__setattr__(self, "key", tuple(int(i) for i in self.key))
+
+    def signature(self, args: Sequence[Any]) -> tuple:
+        """The problem signature of ``args`` that a winner is stored and looked up under."""
+        if self.shape_key is not None:
+            return tuple(self.shape_key(args))
+        if self.key is not None:
+            return default_shape_key([args[i] for i in self.key])
+        return default_shape_key(args)
 
     @property
     def source_hash(self) -> str:
         return tunedb.source_hash(self.source)
 
-    def compile(self, config: Config | None = None, *, context: Any = None, device: Any = None) -> Any:
+    def compile(self, config: Config | None = None, *, context: Any = None, device: Any = None,
+                args: Sequence[Any] | None = None) -> Any:
         """Build through ``cltrace.compile``. ``config=None`` builds the base source, so a winner
-        stored for this device is applied; a config builds exactly that variant (its defines
-        make a different tune-DB key, so no stored winner is merged into a trial)."""
+        stored for this device, and for the signature of ``args`` when given, is applied; a
+        config builds exactly that variant (its defines make a different tune-DB key, so no
+        stored winner is merged into a trial)."""
         defines = None if config is None else dict(self.defines(config))
-        return _compile(self.source, self.options, context=context, device=device, defines=defines)
+        tune_key = self.signature(args) if args is not None and config is None else None
+        return _compile(self.source, self.options, context=context, device=device, defines=defines,
+                        tune_key=tune_key)
 
     def config_of(self, program: Any) -> Config:
         """The configuration a program of this template was built with."""
@@ -91,11 +109,13 @@ class KernelTemplate:
 
 
 def default_shape_key(args: Sequence[Any]) -> tuple:
-    """The scalars and buffer sizes among ``args``: the shape key when the kernel gives none."""
+    """The scalars, buffer sizes and array shapes among ``args``: the signature when the kernel declares none."""
     key: list[Any] = []
     for a in args:
         if isinstance(a, (int, float, np.number)):
             key.append(a.item() if isinstance(a, np.number) else a)
         elif isinstance(a, cl.MemoryObjectHolder):
             key.append(("buffer", a.size))
+        elif hasattr(a, "shape") and hasattr(a, "dtype"):
+            key.append(("array", tuple(int(v) for v in a.shape), str(a.dtype)))
     return tuple(key)

@@ -10,8 +10,8 @@ writes first: one output per work-item, no unrolling, driver-chosen local size.
     problem = MatmulProblem(queue, 512, 512, 512)
     result = cltrace.autotune(MATMUL, problem.args, queue=queue,
                               output=problem.c, reference=problem.reference)
-    # later, in any process on the same device and driver: the winner is applied
-    prg = MATMUL.compile(context=queue.context)
+    # later, in any process on the same device and driver: the winner for these sizes is applied
+    prg = MATMUL.compile(context=queue.context, args=problem.args)
     MATMUL.launch(prg, queue, problem.args)
 """
 from __future__ import annotations
@@ -211,10 +211,6 @@ def flops(args: Sequence[Any]) -> float:
     return 2.0 * m * n * k
 
 
-def shape_key(args: Sequence[Any]) -> tuple[int, int, int]:
-    return _mnk(args)
-
-
 MATMUL = KernelTemplate(
     name="matmul",
     source=SOURCE,
@@ -226,7 +222,7 @@ MATMUL = KernelTemplate(
     tiles=tiles,
     unrolls=unrolls,
     flops=flops,
-    shape_key=shape_key,
+    key=(0, 1, 2),  # winners are stored per (M, N, K)
 )
 
 
