@@ -132,6 +132,7 @@ class ChromeTraceSink:
             self._meta("process_name", self._host_pid, 0, {"name": f"host (pid {self._host_pid})"}),
             self._meta("process_sort_index", self._host_pid, 0, {"sort_index": 0}),
         ])
+        self.events_written -= 1  # the "[" line
         self._fh.flush()
 
     def write(self, spans: Sequence[Span]) -> None:
