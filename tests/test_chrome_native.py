@@ -169,8 +169,8 @@ def test_the_lines_are_the_ones_the_per_span_writer_wrote(tmp_path: Any, queue: 
                                                          encoder: chrome_lines.Encoder) -> None:
     rec, spans = crafted(queue)
     path = tmp_path / "crafted.json"
-    # A list of spans, then a SpanBatch: both ways into a sink.
-    write(path, rec, [spans[:6], SpanBatch.from_spans(rec.tables, spans[6:])], encoder)
+    # A list of spans, then a SpanBatch with interning tables of its own: every way into a sink.
+    write(path, rec, [spans[:6], SpanBatch.from_spans(Tables(), spans[6:])], encoder)
     got = lines(path)
     host = rec.tracks.pid
     assert [ln for ln in got if ln.startswith('{"ph":"') and '"ph":"i"' not in ln] == \
