@@ -15,6 +15,12 @@ setup(
             libraries=[] if sys.platform == "win32" else ["dl"],
             extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "cltrace.export._chrome",
+            sources=["src/cltrace/export/_chrome.c"],
+            extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
+            optional=True,
+        ),
     ],
 )

@@ -276,8 +276,11 @@ def test_slices_nest_and_match_chrome(traced: Traced) -> None:
         c = by_id[span_id(s)]
         assert (s.begin - traced.start_ns, s.end - traced.start_ns) == (c.dev_start, c.dev_end)
         assert s.ann["device.start"] == c.raw_start
-        assert "device.end" not in s.ann  # it follows: the raw END - START is the slice's length
-        assert c.raw_end - c.raw_start == c.dev_end - c.dev_start
+        if c.cat in ("region", "autotune", "trial"):  # a region's edges may fall either side of a placement step
+            assert ("device.end" in s.ann) == (c.raw_end - c.raw_start != c.dev_end - c.dev_start)
+        else:  # a command is drawn with one offset: the raw END - START is the slice's length
+            assert "device.end" not in s.ann
+            assert c.raw_end - c.raw_start == c.dev_end - c.dev_start
         assert s.track == c.device_track
 
 

@@ -20,11 +20,21 @@ import json
 import os
 from typing import IO, Any, Sequence
 
+import numpy as np
+
 from .base import open_trace_file
+from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
 from .processes import device_pid, program_name
-from ..timeline.batch import as_batch
-from ..timeline.spans import REGION_CATS, Span
+from ..timeline.batch import SpanBatch, as_batch
+from ..timeline.spans import Span
 from ..timeline.tracks import DEVICE_QUEUE
+
+# Rows encoded at a time: ~400 kB of text, reused from cache; one encoder call for a whole batch of
+# 4096 rows writes 3 MB of fresh memory and costs ~4x more per span (benchmarks/bench_chrome.py).
+_CHUNK = 512
+_CACHE = 4096  # entries each text cache holds, so it stays bounded when every span has its own name
+_ERROR = b',"status":"error","error":'
+
 
 def _us(ns: int) -> str:
     """Nanoseconds -> microseconds with exactly three decimals, as text (no float rounding)."""
@@ -34,9 +44,23 @@ def _us(ns: int) -> str:
     return f"{ns // 1000}.{ns % 1000:03d}"
 
 
-_MS = tuple(f"{i:03d}" for i in range(1000))  # ns % 1000 -> its three decimals, without a format spec per number
-
 _esc = json.encoder.encode_basestring  # == json.dumps(s, ensure_ascii=False), in C
+_esc_ascii = json.encoder.encode_basestring_ascii
+
+
+def _json_text(s: str) -> bytes:
+    """``s`` as a JSON string in UTF-8, or \\u-escaped where it has no UTF-8 form (a lone surrogate)."""
+    try:
+        return _esc(s).encode()
+    except UnicodeEncodeError:
+        return _esc_ascii(s).encode()
+
+
+def _flow_heads(cat: str) -> tuple[bytes, bytes]:
+    """The text of a launch's flow events up to their id, for a slice of category ``cat``."""
+    # In the slices' own category: Chrome DevTools binds a flow event only to a slice of its category.
+    return (f'{{"ph":"s","cat":"{cat}","name":"launch","id":'.encode(),
+            f'{{"ph":"f","bp":"e","cat":"{cat}","name":"launch","id":'.encode())
 
 
 def _attrs_encoder() -> Any:
@@ -61,25 +85,62 @@ def _attrs_encoder() -> Any:
 _encode_attrs = _attrs_encoder()
 
 
+def _distinct(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of a column (ascending) and each row's index among them (int32)."""
+    if len(col):
+        lo, hi = int(col.min()), int(col.max())
+        if hi - lo <= 4 * len(col) + 4096:  # small ids (tracks, names): a lookup table instead of a sort
+            at = col - lo
+            present = np.zeros(hi - lo + 1, np.int32)
+            present[at] = 1
+            code = np.cumsum(present, dtype=np.int32)
+            code -= 1
+            return np.flatnonzero(present) + lo, code[at]
+    # np.unique's default sort is slow on a column of few distinct values (a batch's attrs ids):
+    # measured ~40 ns per row against ~10 for this stable sort, 4096 rows of 4 values.
+    order = np.argsort(col, kind="stable")
+    ordered = col[order]
+    starts = np.empty(len(col), bool)
+    starts[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
+    inverse = np.empty(len(col), np.int32)
+    inverse[order] = np.cumsum(starts, dtype=np.int32) - 1
+    return ordered[starts], inverse
+
+
+def _first_rows(inverse: np.ndarray, k: int) -> np.ndarray:
+    """For each of k distinct values, the first row that has it."""
+    first = np.full(k, len(inverse), np.int64)
+    np.minimum.at(first, inverse, np.arange(len(inverse)))
+    return first
+
+
 class ChromeTraceSink:
     """Streams spans to a Chrome trace JSON file.
 
     ``flush_every`` spans (or an explicit flush) push buffered text to the OS,
-    so a crash leaves a loadable file up to the last flush.
+    so a crash leaves a loadable file up to the last flush. ``encoder`` writes a
+    batch's event lines (``chrome_lines``: the C extension where built, else the
+    Python loop, both writing the same bytes); tests and benchmarks pick one.
     """
 
-    def __init__(self, path: str | os.PathLike[str], flush_every: int = 8192) -> None:
+    def __init__(self, path: str | os.PathLike[str], flush_every: int = 8192, *,
+                 encoder: Encoder | None = None) -> None:
         self.path = os.fspath(path)
         self.flush_every = flush_every
+        self._encode = encoder or _encode_lines
         self._fh: IO[bytes] | None = None
         self._tracks_written: set[int] = set()
         self._pids: dict[str, int] = {}
         # Track -> its events' constant '"pid":..,"tid":..,"ts":' text, once its metadata is out.
-        self._hheads: dict[int, str] = {}
-        self._dheads: dict[int, str] = {}
-        self._x_heads: dict[str, tuple[str, str]] = {}  # span name -> (cat, '{"ph":"X","cat":..,"name":..,')
+        self._hheads: dict[int, bytes] = {}
+        self._dheads: dict[int, bytes] = {0: b""}
+        # (name id, category id) -> (X event head, flow s head, flow f head)
+        self._x_heads: dict[tuple[int, int], tuple[bytes, bytes, bytes]] = {}
         # id(attrs) -> (attrs, encoded): the dict is held, so its id cannot be reused meanwhile.
-        self._attrs_json: dict[int, tuple[dict[str, Any], str]] = {}
+        self._attrs_json: dict[int, tuple[Any, bytes]] = {}
+        self._region_lut = np.zeros(0, np.int32)
+        self._tables: Any = None  # the interning tables the head cache and region flags belong to
         self._base = 0
         self._recorder: Any = None
         self._since_flush = 0
@@ -101,6 +162,7 @@ class ChromeTraceSink:
             self._meta("process_name", self._host_pid, 0, {"name": program_name()}),
             self._meta("process_sort_index", self._host_pid, 0, {"sort_index": 0}),
         ])
+        self.events_written -= 1  # the "[" line
         self._fh.flush()
 
     def write(self, spans: Sequence[Span]) -> None:
@@ -108,105 +170,89 @@ class ChromeTraceSink:
         if fh is None or not spans:
             return
         b = as_batch(spans, self._recorder.tables)
-        tracks = self._recorder.tracks
-        seen = self._tracks_written
-        base = self._base
-        host_pid = self._host_pid
-        heads = self._x_heads
-        hheads = self._hheads
-        dheads = self._dheads
-        enc_cache = self._attrs_json
-        ms = _MS
-        out: list[str] = []
-        app = out.append
-        packed = 0  # events written inside another's list entry
-        region_cats = REGION_CATS
-        errors = b.errors
-        # Columns as lists of Python ints: one pass, one string per span, no per-span calls on the
-        # common path (measured in benchmarks/bench_pipeline.py).
-        hb_ = (b.host_begin - base).tolist()
-        hd_ = (b.host_end - b.host_begin).tolist()
-        ds_ = (b.dev_start - base).tolist()
-        dd_ = (b.dev_end - b.dev_start).tolist()
-        rows = zip(b.id.tolist(), b.parent.tolist(), b.name_list(), b.cat_list(), b.thread.tolist(), hb_, hd_,
-                   b.track.tolist(), b.dev_queued.tolist(), b.dev_submit.tolist(), ds_, dd_,
-                   b.raw_start.tolist(), b.raw_end.tolist(), b.status.tolist(), b.attrs)
-        for i, (sid, parent, name, cat, th, hb, hd, dt, dq, dsub, ds, dd, rs, re_, bad, attrs) in enumerate(rows):
-            if len(out) >= 256:  # small chunks: reused memory, no page faults on one huge join
-                self._emit_lines(out)
-                out.clear()
-            hh = hheads.get(th)
-            if hh is None:
-                if th not in seen:
-                    self._track_meta(tracks.get(th), out)
-                hh = f'"pid":{host_pid},"tid":{th},"ts":'
-                if th in seen:
-                    hheads[th] = hh
-            head = heads.get(name)
-            if head is None or head[0] != cat:
-                if len(heads) >= 4096:  # bounded even when every span has its own name
-                    heads.clear()
-                head = heads[name] = (cat, f'{{"ph":"X","cat":"{cat}","name":{_esc(name)},')
-            xh = head[1]
-            ts = f"{hb // 1000}.{ms[hb % 1000]}" if hb >= 0 else _us(hb)
-            dur = f"{hd // 1000}.{ms[hd % 1000]}" if hd >= 0 else _us(hd)
-            if attrs:
-                hit = enc_cache.get(id(attrs))
-                # launchers share one attrs dict per configuration
-                a = hit[1] if hit is not None and hit[0] is attrs else self._attrs_text(attrs)
-            else:
-                a = ""
-            if dt:
-                dev = (f',"source":"device","queued_host_ns":{dq},"submit_host_ns":{dsub},'
-                       f'"device.start":{rs},"device.end":{re_}')
-            else:
-                dev = ',"source":"host"'
-            if bad:
-                dev += f',"status":"error","error":{_esc(errors.get(i) or "")}'
-            args = f'{{"span":{sid},"parent":{parent}{dev}{a}}}'
-            if not dt:
-                app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},')
-                continue
-            dh = dheads.get(dt)
-            if dh is None:  # first span on this device track in this sink
-                lead = f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n'
-                packed += 1
-                if dt not in seen:  # the device track's metadata goes between the two slices
-                    app(lead[:-1])
-                    self._track_meta(tracks.get(dt), out)
-                    lead = ""
-                    packed -= 1
-                dh = self._device_head(dt)
-                if dt in seen:
-                    dheads[dt] = dh
-            else:
-                lead = None
-            dts = f"{ds // 1000}.{ms[ds % 1000]}" if ds >= 0 else _us(ds)
-            ddur = f"{dd // 1000}.{ms[dd % 1000]}" if dd >= 0 else _us(dd)
-            # Each f-string stays under 30 parts: CPython compiles longer ones to a slower list join.
-            if lead is None:
-                if cat in region_cats:
-                    app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
-                    packed += 1
-                else:
-                    # Flow: from inside the host launch slice to the device slice (Kineto style).
-                    app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
-                        f'{{"ph":"s","cat":"{cat}","name":"launch","id":{sid},{hh}{ts}}},\n'
-                        f'{{"ph":"f","bp":"e","cat":"{cat}","name":"launch","id":{sid},{dh}{dts}}},')
-                    packed += 3
-            elif cat in region_cats:
-                app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
-            else:
-                app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
-                    f'{{"ph":"s","cat":"{cat}","name":"launch","id":{sid},{hh}{ts}}},\n'
-                    f'{{"ph":"f","bp":"e","cat":"{cat}","name":"launch","id":{sid},{dh}{dts}}},')
-                packed += 2
-        self.events_written += packed
-        if out:
-            self._emit_lines(out)
+        ints, idx, tables = self._prepare(b)
+        encode = self._encode
+        for start in range(0, b.n, _CHUNK):  # bounded memory for a batch of any size
+            data = encode(ints, idx, tables, start, min(b.n, start + _CHUNK))
+            fh.write(data)
+            self.bytes_written += len(data)
+        flags = idx[5]
+        with_flow = int(np.count_nonzero(flags == DEVICE))  # a device slice, not a region
+        self.events_written += b.n + int(np.count_nonzero(flags & DEVICE)) + 2 * with_flow
         self._since_flush += b.n
         if self._since_flush >= self.flush_every:
             self._flush_os()
+
+    def _prepare(self, b: SpanBatch) -> tuple[np.ndarray, np.ndarray, Tables]:
+        """The encoder's input: int64 columns, per-row table indices and flags, and the tables.
+
+        Work here is per distinct value (track, name, attrs dict, error), never per span. Tracks
+        not written before get their metadata lines now, ahead of the batch's events.
+        """
+        n = b.n
+        threads, host_of = _distinct(b.thread)
+        tracks, dev_of = _distinct(b.track)
+        written = self._tracks_written
+        if not written.issuperset(threads.tolist()) or not written.issuperset(tracks[tracks != 0].tolist()):
+            self._new_tracks(threads, host_of, tracks, dev_of)
+
+        ints = np.empty((len(INTS), n), np.int64)
+        ints[0] = b.id
+        ints[1] = b.parent
+        np.subtract(b.host_begin, self._base, out=ints[2])
+        np.subtract(b.host_end, b.host_begin, out=ints[3])
+        ints[4] = b.dev_queued
+        ints[5] = b.dev_submit
+        np.subtract(b.dev_start, self._base, out=ints[6])
+        np.subtract(b.dev_end, b.dev_start, out=ints[7])
+        ints[8] = b.raw_start
+        ints[9] = b.raw_end
+
+        idx = np.zeros((len(IDX), n), np.int32)
+        t = b.tables
+        if t is not self._tables:  # heads and region flags are cached by this batch's interned ids
+            self._tables = t
+            self._x_heads.clear()
+            self._region_lut = np.zeros(0, np.int32)
+        ncat = max(len(t.cats.values), 1)
+        keys, idx[0] = _distinct(b.name.astype(np.int64) * ncat + b.cat)  # dense: (name, category) pairs
+        heads = [self._head(*divmod(k, ncat)) for k in keys.tolist()]
+        idx[1] = host_of
+        idx[2] = dev_of
+        attrs = b.attrs
+        ids, idx[3] = _distinct(np.fromiter(map(id, attrs), np.int64, n))
+        attrs_text = [self._attrs_text(attrs[i]) for i in _first_rows(idx[3], len(ids)).tolist()]
+        errors = [b""]
+        bad = np.flatnonzero(b.status)
+        if len(bad):
+            get = b.errors.get
+            errors += [_ERROR + _json_text(get(i) or "") for i in bad.tolist()]
+            idx[4, bad] = np.arange(1, len(bad) + 1, dtype=np.int32)
+        idx[5] = (b.track != 0) * DEVICE + self._regions()[b.cat] * NO_FLOW
+        return ints, idx, Tables([h[0] for h in heads], [h[1] for h in heads], [h[2] for h in heads],
+                                 [self._host_head(t) for t in threads.tolist()],
+                                 [self._device_head(t) for t in tracks.tolist()], attrs_text, errors)
+
+    def _new_tracks(self, threads: np.ndarray, host_of: np.ndarray, tracks: np.ndarray, dev_of: np.ndarray) -> None:
+        """Metadata lines of the tracks not written yet, in the order the rows first name them
+        (each row's thread, then its device track), as device pids are numbered by first use."""
+        written = self._tracks_written
+        first = [(2 * i, t) for t, i in zip(threads.tolist(), _first_rows(host_of, len(threads)).tolist())]
+        first += [(2 * i + 1, t) for t, i in zip(tracks.tolist(), _first_rows(dev_of, len(tracks)).tolist()) if t]
+        lines: list[str] = []
+        for _, t in sorted(first):
+            if t not in written:
+                self._track_meta(self._recorder.tracks.get(t), lines)
+        self._emit_lines(lines)
+
+    def _regions(self) -> np.ndarray:
+        """Category id -> is a region category (its spans get no flow)."""
+        t = self._tables
+        if len(self._region_lut) != len(t.cats.values):
+            lut = np.zeros(len(t.cats.values), np.int32)
+            lut[sorted(t.region_cats)] = 1
+            self._region_lut = lut
+        return self._region_lut
 
     def flush(self, meta: dict[str, Any]) -> None:
         if self._fh is None:
@@ -257,19 +303,47 @@ class ChromeTraceSink:
         self.bytes_written += len(data)
         self.events_written += len(lines)
 
-    def _attrs_text(self, attrs: dict[str, Any]) -> str:
-        """The attrs' members as JSON text after a comma, cached by the dict's identity."""
-        cache = self._attrs_json
-        if len(cache) >= 4096:
-            cache.clear()
+    def _attrs_text(self, attrs: Any) -> bytes:
+        """The attrs' members as JSON text after a comma (b"" for none), cached by the dict's identity."""
+        if not attrs:
+            return b""
+        hit = self._attrs_json.get(id(attrs))
+        if hit is not None and hit[0] is attrs:  # launchers share one attrs dict per configuration
+            return hit[1]
+        if len(self._attrs_json) >= _CACHE:
+            self._attrs_json.clear()
         a = _encode_attrs(attrs)
-        a = "," + a[1:-1] if len(a) > 2 else ""
-        cache[id(attrs)] = (attrs, a)
-        return a
+        try:
+            text = ("," + a[1:-1]).encode() if len(a) > 2 else b""
+        except UnicodeEncodeError:  # a lone surrogate: \\u-escaped
+            text = ("," + json.dumps(attrs, default=str)[1:-1]).encode()
+        self._attrs_json[id(attrs)] = (attrs, text)
+        return text
 
-    def _device_head(self, dt: int) -> str:
-        dpid = self._pids[self._recorder.tracks.get(dt).process]
-        return f'"pid":{dpid},"tid":{dt},"ts":'
+    def _head(self, name_id: int, cat_id: int) -> tuple[bytes, bytes, bytes]:
+        """The X event head and the flow heads of rows with this name and category."""
+        heads = self._x_heads.get((name_id, cat_id))
+        if heads is None:
+            if len(self._x_heads) >= _CACHE:
+                self._x_heads.clear()
+            t = self._tables
+            name, cat = t.names.values[name_id], t.cats.values[cat_id]
+            x = b'{"ph":"X","cat":"%s","name":%s,' % (cat.encode(), _json_text(name))
+            heads = self._x_heads[name_id, cat_id] = (x, *_flow_heads(cat))
+        return heads
+
+    def _host_head(self, th: int) -> bytes:
+        hh = self._hheads.get(th)
+        if hh is None:
+            hh = self._hheads[th] = f'"pid":{self._host_pid},"tid":{th},"ts":'.encode()
+        return hh
+
+    def _device_head(self, dt: int) -> bytes:
+        dh = self._dheads.get(dt)
+        if dh is None:
+            dpid = self._pids[self._recorder.tracks.get(dt).process]
+            dh = self._dheads[dt] = f'"pid":{dpid},"tid":{dt},"ts":'.encode()
+        return dh
 
     def _flush_os(self) -> None:
         self._since_flush = 0

@@ -1,0 +1,124 @@
+"""Chrome JSON event lines of a batch: integer columns and small text tables in, bytes out.
+
+``chrome.py`` prepares a batch per *distinct* value (one event head per name and category, one
+``"pid":..,"tid":..,"ts":`` per track, one text per attrs dict and per error) and gives each row
+indices into those tables; ``encode`` then writes every row's lines. It is the C extension
+``_chrome`` where built, else the pure-Python loop below, which writes the same bytes;
+``CLTRACE_NATIVE=0`` forces the Python one. ``PATH`` says which runs ("native" or "python").
+
+Per row: the host slice (``X``); with a device slice, the device ``X`` event too, and unless the
+row is a region, the flow pair (``s`` on the host track, ``f`` on the device track) between them.
+Times are microseconds with exactly three decimals (negative ones with a leading minus).
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+log = logging.getLogger("cltrace")
+
+# Rows of the int64 matrix ``ints`` (shape (len(INTS), n)): times already relative to the trace
+# start where the file shows them so ("ts", "dur", "dev_ts", "dev_dur"); the rest as written.
+INTS = ("id", "parent", "ts", "dur", "queued", "submit", "dev_ts", "dev_dur", "raw_start", "raw_end")
+# Rows of the int32 matrix ``idx`` (shape (len(IDX), n)): indices into the Tables, and the flags.
+IDX = ("head", "host", "device", "attrs", "error", "flags")
+DEVICE = 1  # flag: the row has a device slice
+NO_FLOW = 2  # flag: no flow between its slices (regions)
+
+
+class Tables(NamedTuple):
+    """Pre-encoded UTF-8 text the rows index into."""
+
+    heads: list[bytes]  # '{"ph":"X","cat":"..","name":"..",' per (name, category)
+    flow_s: list[bytes]  # '{"ph":"s",...,"id":' per head
+    flow_f: list[bytes]  # '{"ph":"f","bp":"e",...,"id":' per head
+    hosts: list[bytes]  # '"pid":..,"tid":..,"ts":' per host track
+    devices: list[bytes]  # the same per device track (b"" for none)
+    attrs: list[bytes]  # ',"key": value, ...' per attrs dict (b"" for none)
+    errors: list[bytes]  # ',"status":"error","error":".."' per failed row (b"" for ok rows)
+
+
+Encoder = Callable[[np.ndarray, np.ndarray, Tables, int, int], bytes]
+
+_MS = tuple(f"{i:03d}" for i in range(1000))
+
+
+def _us(ns: int) -> str:
+    """Nanoseconds -> microseconds with exactly three decimals, as text (no float rounding)."""
+    if ns < 0:
+        ns = -ns
+        return f"-{ns // 1000}.{_MS[ns % 1000]}"
+    return f"{ns // 1000}.{_MS[ns % 1000]}"
+
+
+def encode_python(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int, stop: int) -> bytes:
+    """Lines of rows ``start:stop``, each ending in ``",\\n"``: the pure-Python encoder."""
+    heads, flow_s, flow_f, hosts, devices, attrs, errors = ([t.decode() for t in col] for col in tables)
+    ms = _MS
+    us = _us
+    out: list[str] = []
+    app = out.append
+    rows = zip(*ints[:, start:stop].tolist(), *idx[:, start:stop].tolist())
+    # One f-string per row kind, each under 30 parts (CPython joins longer ones through a list).
+    for sid, par, hb, hd, q, sub, ds, dd, rs, re_, h, th, dv, a, e, fl in rows:
+        xh = heads[h]
+        hh = hosts[th]
+        ts = f"{hb // 1000}.{ms[hb % 1000]}" if hb >= 0 else us(hb)
+        dur = f"{hd // 1000}.{ms[hd % 1000]}" if hd >= 0 else us(hd)
+        if not fl & DEVICE:
+            app(f'{xh}{hh}{ts},"dur":{dur},"args":{{"span":{sid},"parent":{par},"source":"host"{errors[e]}{attrs[a]}}}}},')
+            continue
+        args = (f'{{"span":{sid},"parent":{par},"source":"device","queued_host_ns":{q},"submit_host_ns":{sub},'
+                f'"device.start":{rs},"device.end":{re_}{errors[e]}{attrs[a]}}}')
+        dh = devices[dv]
+        dts = f"{ds // 1000}.{ms[ds % 1000]}" if ds >= 0 else us(ds)
+        ddur = f"{dd // 1000}.{ms[dd % 1000]}" if dd >= 0 else us(dd)
+        if fl & NO_FLOW:
+            app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
+        else:
+            app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
+                f'{flow_s[h]}{sid},{hh}{ts}}},\n{flow_f[h]}{sid},{dh}{dts}}},')
+    if not out:
+        return b""
+    out.append("")  # the last line's newline
+    return "\n".join(out).encode()
+
+
+def _load_native() -> Encoder:
+    try:  # by name: "from . import _chrome" reads (to tests/test_layers.py) as importing the package
+        _chrome = importlib.import_module(f"{__package__}._chrome")
+    except ImportError as exc:
+        log.debug("cltrace: %s", exc)
+        raise ImportError("C extension not built (no C compiler at install time?)") from None
+    native = _chrome.encode
+
+    def encode(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int, stop: int) -> bytes:
+        return native(ints, idx, start, stop, *tables)
+
+    return encode
+
+
+def _select() -> tuple[Encoder | None, str]:
+    if os.environ.get("CLTRACE_NATIVE", "").strip() == "0":
+        return None, "CLTRACE_NATIVE=0"
+    try:
+        return _load_native(), ""
+    except ImportError as exc:
+        return None, str(exc)
+
+
+PYTHON: Encoder = encode_python
+NATIVE: Encoder | None
+WHY: str  # why NATIVE is None ("" when it is active)
+NATIVE, WHY = _select()
+if NATIVE is None:
+    log.debug("cltrace: Chrome JSON lines encoded by the Python fallback (%s)", WHY)
+PATH: str = "python" if NATIVE is None else "native"
+DETAIL: str = "native (C extension)" if NATIVE is not None else f"python (fallback: {WHY})"
+encode: Encoder = NATIVE or PYTHON
+
+__all__ = ["INTS", "IDX", "DEVICE", "NO_FLOW", "Tables", "encode", "encode_python", "PATH", "DETAIL"]
