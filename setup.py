@@ -15,6 +15,12 @@ setup(
             libraries=[] if sys.platform == "win32" else ["dl"],
             extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
             optional=True,
-        )
+        ),
+        Extension(
+            "cltrace.export.perfetto._packets",
+            sources=["src/cltrace/export/perfetto/_packets.c"],
+            extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
+            optional=True,
+        ),
     ],
 )
