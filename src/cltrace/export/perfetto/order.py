@@ -125,7 +125,7 @@ class HoldBack:
         now = np.ones(rows.shape[1], bool)
         waiting = np.flatnonzero(rows[C_G])
         if len(waiting):
-            w = rows[:, waiting][[C_TRACK, C_G, C_TS]].T
+            w = np.take(rows[[C_TRACK, C_G, C_TS]], waiting, axis=1).T
             o = np.lexsort((w[:, 2], w[:, 1], w[:, 0]))
             w, waiting = w[o], waiting[o]
             start = np.ones(len(w), bool)
@@ -133,7 +133,7 @@ class HoldBack:
             first = w[np.maximum.accumulate(np.where(start, np.arange(len(w)), 0)), 2]
             keep = waiting[w[:, 2] == first]
             now[keep] = False
-            kept = rows[:, keep]
+            kept = np.take(rows, keep, axis=1)
             for (track, g), lo, hi in runs(kept[[C_TRACK, C_G]].T):
                 held.setdefault(g, {})[track] = _stash(kept[:, lo:hi], extras)
             if len(held) > _MAX_HELD_GROUPS:  # parents that never come: write their oldest rows
@@ -146,12 +146,13 @@ class HoldBack:
                 now = np.concatenate([now, np.ones(rows.shape[1] - len(now), bool)])
         sel = np.flatnonzero(now)
         if len(sel):
-            track = rows[C_TRACK, sel]
-            ts = rows[C_TS, sel]
+            everything = len(sel) == len(now)
+            track = rows[C_TRACK] if everything else rows[C_TRACK, sel]
+            ts = rows[C_TS] if everything else rows[C_TS, sel]
             latest = np.full(int(track.max()) + 1, np.iinfo(np.int64).min)
             np.maximum.at(latest, track, ts)
             edge = ts == latest[track]
-            tail = rows[:, sel[edge]]
+            tail = np.take(rows, sel[edge], axis=1)
             tail[C_G] = 0
             self._tail = _stash(tail, extras)
             sel = sel[~edge]

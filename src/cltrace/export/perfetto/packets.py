@@ -26,7 +26,7 @@ def encode(tracks: Tracks, rows: np.ndarray, extras: list[bytes],
         select = np.arange(rows.shape[1])
     if not len(select):
         return b"", 0
-    rows = rows[:, select[order(rows, select)]]
+    rows = np.take(rows, select[order(rows, select)], axis=1)  # C-contiguous, where rows[:, i] is not
     n = rows.shape[1]
     track = rows[C_TRACK]
     cut = np.flatnonzero(track[1:] != track[:-1]) + 1
