@@ -58,7 +58,8 @@ class HoldBack:
         inside = (sorted_ids[at] == par) & (par != 0)
         up = np.where(inside, order[at], np.arange(n))  # in-batch parent, or self
         arrived = self._arrived
-        outside, inverse = np.unique(np.where(inside, 0, par), return_inverse=True)
+        outside = np.unique(np.where(inside, 0, par))
+        inverse = np.searchsorted(outside, np.where(inside, 0, par))
         waits = np.array([p if p and p not in arrived else 0 for p in outside.tolist()], np.int64)
         top = up
         for _ in range(64):  # topmost in-batch ancestor, by pointer doubling
@@ -191,8 +192,7 @@ def order(rows: np.ndarray, select: np.ndarray) -> np.ndarray:
     """Order of the rows at ``select`` for writing: by track and time, rows tied on both by the nesting
     keys. Only the key columns are gathered."""
     ts = rows[C_TS, select]
-    _, rank = np.unique(rows[C_TRACK, select], return_inverse=True)
-    rank = rank.astype(np.int64)
+    rank = rows[C_TRACK, select]  # track ids: small and non-negative
     rel = ts - ts.min()
     if int(rel.max()) < (1 << 40) and int(rank.max()) < (1 << 22):
         key = (rank << 40) | rel

@@ -165,7 +165,8 @@ class Tracks:
         if (key == first).all():
             uniq, inverse = [int(first)], None
         else:
-            u, inverse = np.unique(key, return_inverse=True)
+            u = np.unique(key)
+            inverse = np.searchsorted(u, key)
             uniq = u.tolist()
         get = self._prefixes.get
         ids = [get(k) for k in uniq]
