@@ -125,7 +125,12 @@ def real_batches(reset: Any, kernels: Any, queue: Any, cl_ctx: Any) -> list[Span
     reset()
     cap = Capture()
     host = np.ones(kernels.n, dtype=np.float32)
-    ooo = cltrace.profiling_queue(cl_ctx, out_of_order=True)
+    # The resolver knows queues by address: a new queue at the address of a freed in-order one would
+    # be taken for that one (no lanes). Take one at a fresh address, keeping the others alive meanwhile.
+    tried = [cltrace.profiling_queue(cl_ctx, out_of_order=True)]
+    while any(k[0] == tried[-1].int_ptr for k in RECORDER.resolver._queues) and len(tried) < 16:
+        tried.append(cltrace.profiling_queue(cl_ctx, out_of_order=True))
+    ooo = tried[-1]
     spin = kernels.kernel("spin")
     bufs = [cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE, 4 * kernels.n) for _ in range(4)]
 

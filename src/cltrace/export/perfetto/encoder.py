@@ -6,6 +6,7 @@ time) or ``CLTRACE_NATIVE=0``, the numpy one runs. ``PATH`` says which ("native"
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from typing import Callable
@@ -21,8 +22,8 @@ EncodeRows = Callable[[np.ndarray, np.ndarray, int, np.ndarray, Strings, Strings
 
 
 def _load_native() -> EncodeRows:
-    try:
-        from . import _packets
+    try:  # by name: the extension is a leaf (it imports nothing), not the package that imports this module
+        _packets = importlib.import_module(f"{__package__}._packets")
     except ImportError as exc:
         log.debug("cltrace: %s", exc)
         raise ImportError("C extension not built (no C compiler at install time?)") from None
