@@ -1,26 +1,27 @@
-"""The one native part: ``cltrace.timeline._stamps``. Project metadata lives in pyproject.toml.
+"""The native parts, each a small C extension with a pure-Python fallback that writes the same bytes:
+``timeline._stamps`` (event stamps in bulk), ``record._region`` (region enter/exit),
+``export._chrome`` (Chrome JSON lines), ``export.perfetto._packets`` (Perfetto packets).
+Project metadata lives in pyproject.toml.
 
 ``optional=True``: where no C compiler exists the install still succeeds and cltrace runs its
-pure-Python fallback (``cltrace devices`` says which path is active).
+pure-Python fallbacks (``cltrace devices`` says which path is active; ``CLTRACE_NATIVE=0`` forces them).
 """
 import sys
 
 from setuptools import Extension, setup
 
+_O2 = [] if sys.platform == "win32" else ["-O2"]
+
+
+def _ext(name: str, source: str, **kw: object) -> Extension:
+    return Extension(name, sources=[source], extra_compile_args=_O2, optional=True, **kw)
+
+
 setup(
     ext_modules=[
-        Extension(
-            "cltrace.timeline._stamps",
-            sources=["src/cltrace/timeline/_stamps.c"],
-            libraries=[] if sys.platform == "win32" else ["dl"],
-            extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
-            optional=True,
-        ),
-        Extension(
-            "cltrace.export._chrome",
-            sources=["src/cltrace/export/_chrome.c"],
-            extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
-            optional=True,
-        ),
+        _ext("cltrace.timeline._stamps", "src/cltrace/timeline/_stamps.c",
+             libraries=[] if sys.platform == "win32" else ["dl"]),
+        _ext("cltrace.export._chrome", "src/cltrace/export/_chrome.c"),
+        _ext("cltrace.export.perfetto._packets", "src/cltrace/export/perfetto/_packets.c"),
     ],
 )

@@ -3,6 +3,8 @@
 The trace is decoded here with the ``perfetto`` package's protos and replayed the
 way trace processor does it: per-sequence clocks and interning, then per track a
 stable sort by timestamp (ties keep file order) and BEGIN/END paired on a stack.
+Flow ids are read from both ``flow_ids`` and the varint ``flow_ids_old``, as trace processor
+does; a device slice without "device.start" gets its start plus the sequence's last offset.
 """
 from __future__ import annotations
 
@@ -74,8 +76,8 @@ def decode(path: str) -> Decoded:
     state: dict[int, dict[str, Any]] = {}
     events: dict[int, list[tuple[int, int, int, Any]]] = {}
     for i, p in enumerate(packets):
-        st = state.setdefault(p.trusted_packet_sequence_id,
-                              {"names": {}, "cats": {}, "dnames": {}, "clock": 0, "uuid": 0, "inc": {}, "mono": 0})
+        st = state.setdefault(p.trusted_packet_sequence_id, {"names": {}, "cats": {}, "dnames": {}, "clock": 0,
+                                                             "uuid": 0, "inc": {}, "mono": 0, "dev_offset": None})
         if p.sequence_flags & pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED:
             st["names"], st["cats"], st["dnames"] = {}, {}, {}
         if p.HasField("trace_packet_defaults"):
@@ -112,8 +114,13 @@ def decode(path: str) -> Decoded:
             payload = None
             if te.type == TE.TYPE_SLICE_BEGIN:
                 ann = {st["dnames"][a.name_iid]: _ann_value(a) for a in te.debug_annotations}
-                payload = (st["names"][te.name_iid], st["cats"][te.category_iids[0]], ann,
-                           list(te.flow_ids), list(te.terminating_flow_ids))
+                if "device.start" in ann:
+                    st["dev_offset"] = ann["device.start"] - ts
+                elif st["dev_offset"] is not None:
+                    ann["device.start"] = ts + st["dev_offset"]
+                cat = st["cats"][te.category_iids[0]] if te.category_iids else None
+                payload = (st["names"][te.name_iid], cat, ann, list(te.flow_ids) + list(te.flow_ids_old),
+                           list(te.terminating_flow_ids) + list(te.terminating_flow_ids_old))
             events.setdefault(uuid, []).append((ts, i, te.type, payload))
     for uuid, evs in events.items():
         evs.sort(key=lambda e: (e[0], e[1]))
@@ -332,9 +339,17 @@ def test_interning_and_incremental_timestamps(traced: Traced) -> None:
     assert events
     begins = [p.track_event for p in events if p.track_event.type == TE.TYPE_SLICE_BEGIN]
     assert all(te.name_iid and not te.HasField("name") for te in begins)
-    assert all(te.category_iids and not te.categories for te in begins)
+    # Device slices carry no category (their span's is on the host slice): only host BEGINs have one.
+    device_seqs = {p.trusted_packet_sequence_id for p in events if p.track_event.terminating_flow_ids_old}
+    host_begins = [p.track_event for p in events
+                   if p.track_event.type == TE.TYPE_SLICE_BEGIN and p.trusted_packet_sequence_id not in device_seqs]
+    assert host_begins and all(te.category_iids and not te.categories for te in host_begins)
+    assert not any(te.category_iids or te.categories for p in events if p.trusted_packet_sequence_id in device_seqs
+                   for te in [p.track_event])
     assert all(a.name_iid and not a.HasField("name") for te in begins for a in te.debug_annotations)
-    assert all(p.sequence_flags & pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE for p in events)
+    # No SEQ_NEEDS_INCREMENTAL_STATE on events: trace processor uses it only to skip packets after a
+    # data loss, which a file cltrace writes never has; interning and clocks work without it.
+    assert not any(p.sequence_flags for p in events)
     interned = [p.interned_data for p in packets if p.HasField("interned_data")]
     assert sum(len(i.event_names) for i in interned) >= 5
     assert sum(len(i.debug_annotation_names) for i in interned) >= 3

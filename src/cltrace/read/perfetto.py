@@ -6,6 +6,11 @@ Timestamps are decoded as trace processor decodes them (per-sequence defaults,
 incremental clocks set by ClockSnapshots, absolute MONOTONIC timestamps), and
 slices are paired per track after a stable sort by time, so events at equal
 times keep file order, as trace processor keeps it.
+
+A device slice carries its raw "device.start" stamp where the raw - mapped offset changed on its
+sequence; on the others it is the slice's start plus the sequence's last offset, in file order.
+Its category is its span's (on the host slice). Flow ids (the span id of a launch) may be fixed64
+``flow_ids`` or varint ``flow_ids_old``, as trace processor reads both.
 """
 from __future__ import annotations
 
@@ -88,7 +93,7 @@ def _str(v: Any) -> Any:
 class _Sequence:
     """What a packet sequence has set up: defaults, clocks and interned strings."""
 
-    __slots__ = ("clock", "uuid", "incremental", "mono_minus_host", "names", "cats", "dnames")
+    __slots__ = ("clock", "uuid", "incremental", "mono_minus_host", "names", "cats", "dnames", "dev_offset")
 
     def __init__(self) -> None:
         self.clock = 0
@@ -98,6 +103,7 @@ class _Sequence:
         self.names: dict[int, str] = {}
         self.cats: dict[int, str] = {}
         self.dnames: dict[int, str] = {}
+        self.dev_offset: int | None = None  # raw - mapped start of the last "device.start" on the sequence
 
     def clear(self) -> None:
         self.clock = self.uuid = 0
@@ -177,9 +183,14 @@ class _Reader:
             for a in te.debug_annotations:
                 key = _str(a.name) if a.HasField("name") else st.dnames.get(a.name_iid, f"#{a.name_iid}")
                 ann.setdefault(key, _annotation_value(a))
+            raw = ann.get(A_DEV_START)
+            if isinstance(raw, int):
+                st.dev_offset = raw - ts
+            elif raw is None and st.dev_offset is not None:
+                ann[A_DEV_START] = ts + st.dev_offset
             sid = ann.get(A_SPAN)
             if sid is None:
-                ids = te.flow_ids or te.terminating_flow_ids
+                ids = te.flow_ids or te.terminating_flow_ids or te.flow_ids_old or te.terminating_flow_ids_old
                 sid = ids[0] if ids else None
             self.events.setdefault(uuid, []).append((ts, index, BEGIN, (sid, name, cat, ann)))
         elif te.type == COUNTER and self.counter_names.get(uuid) == DROPPED_TRACK:

@@ -1,4 +1,5 @@
-"""The columns of a packet row (one int64 row per TrackEvent a batch writes)."""
+"""The columns of packet rows (one row per TrackEvent a batch writes), stored as int64[NCOLS, N]:
+``rows[C_TS]`` is a contiguous column, so each is filled and read in one pass."""
 
 (C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G, C_PRE, C_FLOW, C_SID, C_SPANANN, C_PARENT, C_EXTRA,
  C_RAW, C_RAWS, C_RAWE, C_RAWEND) = range(16)

@@ -1,14 +1,26 @@
-"""Column-by-column byte layout of protobuf rows, with numpy.
+"""Packet rows to bytes with numpy: the pure-Python twin of the C encoder ``_packets``.
 
-A batch's packets are rows (one per packet) of protobuf fields: constant bytes, varints, per-row
-fixed bytes, and byte strings from a pool. Each field is one vectorized pass over the rows that
-have it, so Python does no per-packet work here.
+A batch's packets are rows (one per packet) of protobuf fields: varints and byte strings from a
+pool (row constants, sequence fields, name and category iids, annotation headers) or from the
+batch's extras. Each field is one vectorized pass over the rows that have it, so Python does no
+per-packet work here. ``encode_rows`` has the interface and output of ``_packets.encode``, byte for
+byte; ``encoder`` picks one of them.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+
+from .columns import (C_EXTRA, C_FLOW, C_K2, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS, C_SID, C_SPANANN,
+                      C_TS)
+
+# Columns of a run (one track's rows in a write), as _packets.c reads them.
+R_LO, R_HI, R_TAIL, R_HDR, R_LAST, R_OFFSET, R_HAS_OFFSET = 0, 1, 2, 3, 7, 8, 9
+RUN_COLS = 10
+K_PACKET, K_TS, K_ABS, K_TYPE, K_FLOW = 0, 1, 2, 3, 6  # row constants (wire.ROW_CONSTANTS) by position
+NCONSTS = 8
+Strings = tuple[np.ndarray, np.ndarray, np.ndarray]  # one uint8 buffer, int64 offsets, int64 lengths
 
 _U64 = np.uint64
 _VLEN_EDGES = np.array([1 << (7 * k) for k in range(1, 10)], dtype=_U64)
@@ -32,19 +44,17 @@ class Pool:
 
     def __init__(self, items: list[bytes] | None = None) -> None:
         self.items: list[bytes] = [] if items is None else items
-        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._arrays: Strings | None = None
 
     def add(self, b: bytes) -> int:
         self.items.append(b)
         self._arrays = None
         return len(self.items) - 1
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The pool as one buffer, with each item's offset and length."""
+    def arrays(self) -> Strings:
+        """The pool as one buffer, with each item's offset and length (rebuilt only after an ``add``)."""
         if self._arrays is None:
-            lens = np.fromiter(map(len, self.items), np.int64, len(self.items))
-            buf = np.frombuffer(b"".join(self.items) or b"\x00", np.uint8)
-            self._arrays = (buf, np.cumsum(lens) - lens, lens)
+            self._arrays = strings(self.items)
         return self._arrays
 
 
@@ -83,11 +93,11 @@ class Layout:
         self.fields[at][4] = ln = vlen(u)
         return ln
 
-    def pooled(self, ids: np.ndarray, pool: Pool, rows: np.ndarray | None = None) -> np.ndarray:
-        buf, off, lens = pool.arrays()
+    def pooled(self, ids: np.ndarray, pool: Strings, rows: np.ndarray | None = None) -> np.ndarray:
+        buf, off, lens = pool
         return self._add("p", rows, ids, (buf, off), lens[ids])
 
-    def annotation(self, headers: np.ndarray, values: np.ndarray, pool: Pool, rows: np.ndarray) -> None:
+    def annotation(self, headers: np.ndarray, values: np.ndarray, pool: Strings, rows: np.ndarray) -> None:
         """An int debug annotation: the pooled header for the value's varint length, then the varint.
 
         ``headers`` are pool ids of each row's header for a one-byte value; the next nine ids hold the
@@ -165,3 +175,75 @@ def _put_ragged(out: np.ndarray, dst: np.ndarray, buf: np.ndarray, src: np.ndarr
             d, s_ = dst[m], src[m]
         step = np.arange(width)
         out[d[:, None] + step] = buf[s_[:, None] + step]
+
+
+def strings(items: list[bytes]) -> Strings:
+    """Byte strings as one buffer with each one's offset and length (``_packets`` takes this form)."""
+    lens = np.fromiter(map(len, items), np.int64, len(items))
+    return np.frombuffer(b"".join(items) or b"\x00", np.uint8), np.cumsum(lens) - lens, lens
+
+
+def encode_rows(rows: np.ndarray, runs: np.ndarray, mono: int, consts: np.ndarray, pool: Strings,
+                extras: Strings) -> bytes:
+    """Packets of ``rows`` (int64[NCOLS, N], column by column, sorted by track and time; ``runs`` delimit
+    each track's rows and carry its sequence's state, updated in place). ``_packets.c`` describes the
+    arguments.
+
+    Per row: the timestamp is a delta on the sequence's incremental clock, or absolute MONOTONIC where
+    time goes back (the clock keeps its value); "device.start" is written where the raw - mapped offset
+    differs from the last one written on the sequence.
+    """
+    n = rows.shape[1]
+    if not n:
+        return b""
+    ts = rows[C_TS]
+    prev = np.empty(n, np.int64)
+    tails = np.empty(n, np.int64)
+    hdrs = np.empty((4, n), np.int64)
+    dev_start = np.zeros(n, bool)
+    for r, (lo, hi, tail, h0, h1, h2, h3, last, offset, has) in enumerate(runs.tolist()):
+        prev[lo] = last
+        prev[lo + 1:hi] = np.maximum(ts[lo:hi - 1], last)  # rows are sorted by time per track
+        runs[r, R_LAST] = max(last, int(ts[hi - 1]))
+        tails[lo:hi] = tail
+        hdrs[:, lo:hi] = np.array([h0, h1, h2, h3])[:, None]
+        raw = lo + np.flatnonzero(rows[C_RAW, lo:hi])
+        if len(raw):
+            offs = rows[C_RAWS, raw] - ts[raw]
+            changed = np.empty(len(raw), bool)
+            changed[0] = not has or offs[0] != offset
+            changed[1:] = offs[1:] != offs[:-1]
+            dev_start[raw[changed]] = True
+            runs[r, R_OFFSET] = offs[-1]
+            runs[r, R_HAS_OFFSET] = 1
+    absolute = np.flatnonzero(ts < prev)
+    tsv = ts - prev
+    tsv[absolute] = ts[absolute] + mono
+    c = consts.tolist()
+
+    lay = Layout(n)
+    lay.pooled(np.full(n, c[K_PACKET]), pool)
+    body_at = lay.length()
+    lay.pooled(np.full(n, c[K_TS]), pool)
+    lay.varint(tsv)
+    lay.pooled(np.full(len(absolute), c[K_ABS]), pool, absolute)
+    lay.pooled(tails, pool)
+    te_at = lay.length()
+    lay.pooled(consts[K_TYPE + rows[C_K2]], pool)
+    named = np.flatnonzero(rows[C_PRE] >= 0)
+    lay.pooled(rows[C_PRE, named], pool, named)
+    flowing = np.flatnonzero(rows[C_FLOW])
+    if len(flowing):
+        lay.pooled(consts[K_FLOW - 1 + rows[C_FLOW, flowing]], pool, flowing)
+        lay.varint(rows[C_SID, flowing], flowing)
+    for k, (col, has_col) in enumerate(((C_SID, rows[C_SPANANN] != 0), (C_PARENT, rows[C_PARENT] != 0),
+                                        (C_RAWS, dev_start), (C_RAWE, rows[C_RAWEND] != 0))):
+        sel = np.flatnonzero(has_col)
+        if len(sel):
+            lay.annotation(hdrs[k, sel], rows[col, sel], pool, sel)
+    extra = np.flatnonzero(rows[C_EXTRA] >= 0)
+    if len(extra):
+        lay.pooled(rows[C_EXTRA, extra], extras, extra)
+    lay.set_length(te_at, lay.total(te_at + 1))
+    lay.set_length(body_at, lay.total(body_at + 1))
+    return lay.bytes()

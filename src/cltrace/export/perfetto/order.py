@@ -14,21 +14,26 @@ that releases them, or at close.
 from __future__ import annotations
 
 import collections
-from itertools import compress
-from operator import not_
-from typing import Sequence
 
 import numpy as np
 
+from ...timeline.batch import SpanBatch
 from ...timeline.spans import FILL, KERNEL, MARKER, TRANSFER
 from .columns import C_EXTRA, C_G, C_K1, C_K2, C_K3, C_TRACK, C_TS
 
 # Spans that never have children, so never a parent that events wait for.
-_LEAF_CATS = frozenset({KERNEL, TRANSFER, MARKER, FILL})
+_LEAF_CATS = (KERNEL, TRANSFER, MARKER, FILL)
+Arrivals = tuple[np.ndarray, np.ndarray]  # ids of the spans that may be parents, and the group each waits for
 _ARRIVED_WINDOW = 1 << 16
 _MAX_HELD_GROUPS = 4096
 
 Stashed = tuple[np.ndarray, list["bytes | None"]]  # rows kept for a later write, with their extras
+
+
+def leaf_mask(batch: SpanBatch) -> np.ndarray:
+    """Rows whose category never has children."""
+    cats = batch.tables.cats
+    return np.isin(batch.cat, np.array([cats.id(c) for c in _LEAF_CATS], np.int16))
 
 
 class HoldBack:
@@ -41,11 +46,10 @@ class HoldBack:
         self._arrived: set[int] = set()
         self._arrived_order: collections.deque[int] = collections.deque()
 
-    def groups(self, cats: Sequence[str], ids: np.ndarray,
-               par: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    def groups(self, leaf: np.ndarray, ids: np.ndarray, par: np.ndarray) -> tuple[np.ndarray, np.ndarray, Arrivals]:
         """Per span: the parent still to come that its events wait for (0: none) and its last descendant id.
 
-        Also (id, group) of each span that may be a parent.
+        Also the ids and groups of the spans that may be parents (not ``leaf``).
         """
         n = len(ids)
         order = np.argsort(ids, kind="stable")
@@ -54,7 +58,8 @@ class HoldBack:
         inside = (sorted_ids[at] == par) & (par != 0)
         up = np.where(inside, order[at], np.arange(n))  # in-batch parent, or self
         arrived = self._arrived
-        outside, inverse = np.unique(np.where(inside, 0, par), return_inverse=True)
+        outside = np.unique(np.where(inside, 0, par))
+        inverse = np.searchsorted(outside, np.where(inside, 0, par))
         waits = np.array([p if p and p not in arrived else 0 for p in outside.tolist()], np.int64)
         top = up
         for _ in range(64):  # topmost in-batch ancestor, by pointer doubling
@@ -67,13 +72,13 @@ class HoldBack:
         group = waits[inverse][top]
         md = ids.copy()
         pend = self._pend_md
-        arrivals = []
-        for i in compress(range(n), map(not_, map(_LEAF_CATS.__contains__, cats))):
-            sid = int(ids[i])
-            arrivals.append((sid, int(group[i])))
-            m = pend.pop(sid, 0)
-            if m > md[i]:
-                md[i] = m
+        parents = np.flatnonzero(~leaf)
+        arrivals = (ids[parents], group[parents])
+        if pend:
+            for i, sid in zip(parents.tolist(), arrivals[0].tolist()):
+                m = pend.pop(sid, 0)
+                if m > md[i]:
+                    md[i] = m
         if inside.any():
             child, parent = np.nonzero(inside)[0], up[inside]
             while True:  # each pass carries last-descendant ids one level up (ids only grow: it ends)
@@ -91,8 +96,7 @@ class HoldBack:
                     pend[p] = v
         return group, md, arrivals
 
-    def hold_back(self, rows: np.ndarray, extras: list[bytes],
-                  arrivals: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    def hold_back(self, rows: np.ndarray, extras: list[bytes], arrivals: Arrivals) -> tuple[np.ndarray, np.ndarray]:
         """Rows, with the indices of those to write now; stashes the rest and brings back earlier
         stashed rows. ``extras`` may grow."""
         held = self._held
@@ -100,27 +104,29 @@ class HoldBack:
         if self._tail is not None:
             parts.append(_readd(*self._tail, extras))
             self._tail = None
-        for sid, g in arrivals:
-            mine = held.pop(sid, None)
-            if mine:
-                for r, x in mine.values():
-                    r = _readd(r, x, extras)
-                    r[:, C_G] = g
-                    parts.append(r)
-            self._arrived.add(sid)
-            self._arrived_order.append(sid)
+        sids = arrivals[0].tolist()
+        if held:
+            for sid, g in zip(sids, arrivals[1].tolist()):
+                mine = held.pop(sid, None)
+                if mine:
+                    for r, x in mine.values():
+                        r = _readd(r, x, extras)
+                        r[C_G] = g
+                        parts.append(r)
+        self._arrived.update(sids)
+        self._arrived_order.extend(sids)
         while len(self._arrived_order) > _ARRIVED_WINDOW:
             self._arrived.discard(self._arrived_order.popleft())
         if held:
-            for g in np.unique(rows[:, C_G]).tolist():
+            for g in np.unique(rows[C_G]).tolist():
                 mine = held.pop(g, None) if g else None
                 if mine:
                     parts.extend(_readd(r, x, extras) for r, x in mine.values())
-        rows = np.concatenate(parts) if len(parts) > 1 else rows
-        now = np.ones(len(rows), bool)
-        waiting = np.flatnonzero(rows[:, C_G])
+        rows = np.concatenate(parts, axis=1) if len(parts) > 1 else rows
+        now = np.ones(rows.shape[1], bool)
+        waiting = np.flatnonzero(rows[C_G])
         if len(waiting):
-            w = rows[waiting][:, [C_TRACK, C_G, C_TS]]
+            w = np.take(rows[[C_TRACK, C_G, C_TS]], waiting, axis=1).T
             o = np.lexsort((w[:, 2], w[:, 1], w[:, 0]))
             w, waiting = w[o], waiting[o]
             start = np.ones(len(w), bool)
@@ -128,26 +134,27 @@ class HoldBack:
             first = w[np.maximum.accumulate(np.where(start, np.arange(len(w)), 0)), 2]
             keep = waiting[w[:, 2] == first]
             now[keep] = False
-            kept = rows[keep]
-            for (track, g), lo, hi in runs(kept[:, [C_TRACK, C_G]]):
-                held.setdefault(g, {})[track] = _stash(kept[lo:hi], extras)
+            kept = np.take(rows, keep, axis=1)
+            for (track, g), lo, hi in runs(kept[[C_TRACK, C_G]].T):
+                held.setdefault(g, {})[track] = _stash(kept[:, lo:hi], extras)
             if len(held) > _MAX_HELD_GROUPS:  # parents that never come: write their oldest rows
                 late = []
                 while len(held) > _MAX_HELD_GROUPS:
                     g = next(iter(held))
                     self._pend_md.pop(g, None)
                     late.extend(_readd(r, x, extras) for r, x in held.pop(g).values())
-                rows = np.concatenate([rows, *late])
-                now = np.concatenate([now, np.ones(len(rows) - len(now), bool)])
+                rows = np.concatenate([rows, *late], axis=1)
+                now = np.concatenate([now, np.ones(rows.shape[1] - len(now), bool)])
         sel = np.flatnonzero(now)
         if len(sel):
-            track = rows[sel, C_TRACK]
-            ts = rows[sel, C_TS]
+            everything = len(sel) == len(now)
+            track = rows[C_TRACK] if everything else rows[C_TRACK, sel]
+            ts = rows[C_TS] if everything else rows[C_TS, sel]
             latest = np.full(int(track.max()) + 1, np.iinfo(np.int64).min)
             np.maximum.at(latest, track, ts)
             edge = ts == latest[track]
-            tail = rows[sel[edge]]
-            tail[:, C_G] = 0
+            tail = np.take(rows, sel[edge], axis=1)
+            tail[C_G] = 0
             self._tail = _stash(tail, extras)
             sel = sel[~edge]
         return rows, sel
@@ -163,12 +170,12 @@ class HoldBack:
         if not parts:
             return None
         extras: list[bytes] = []
-        return np.concatenate([_readd(r, x, extras) for r, x in parts]), extras
+        return np.concatenate([_readd(r, x, extras) for r, x in parts], axis=1), extras
 
 
 def _stash(r: np.ndarray, extras: list[bytes]) -> Stashed:
     """Rows kept for a later write, with their extras (the batch's extras list goes away)."""
-    return r, [extras[i] if i >= 0 else None for i in r[:, C_EXTRA].tolist()]
+    return r, [extras[i] if i >= 0 else None for i in r[C_EXTRA].tolist()]
 
 
 def _readd(r: np.ndarray, x: list[bytes | None], extras: list[bytes]) -> np.ndarray:
@@ -176,7 +183,7 @@ def _readd(r: np.ndarray, x: list[bytes | None], extras: list[bytes]) -> np.ndar
     r = r.copy()
     for j, b in enumerate(x):
         if b is not None:
-            r[j, C_EXTRA] = len(extras)
+            r[C_EXTRA, j] = len(extras)
             extras.append(b)
     return r
 
@@ -184,9 +191,8 @@ def _readd(r: np.ndarray, x: list[bytes | None], extras: list[bytes]) -> np.ndar
 def order(rows: np.ndarray, select: np.ndarray) -> np.ndarray:
     """Order of the rows at ``select`` for writing: by track and time, rows tied on both by the nesting
     keys. Only the key columns are gathered."""
-    ts = rows[select, C_TS]
-    _, rank = np.unique(rows[select, C_TRACK], return_inverse=True)
-    rank = rank.astype(np.int64)
+    ts = rows[C_TS, select]
+    rank = rows[C_TRACK, select]  # track ids: small and non-negative
     rel = ts - ts.min()
     if int(rel.max()) < (1 << 40) and int(rank.max()) < (1 << 22):
         key = (rank << 40) | rel
@@ -203,7 +209,7 @@ def order(rows: np.ndarray, select: np.ndarray) -> np.ndarray:
         pos = np.flatnonzero(in_tie)
         run = np.cumsum(np.concatenate(([True], ~tied)))[pos]
         r = select[o[pos]]
-        o[pos] = o[pos][np.lexsort((rows[r, C_K3], rows[r, C_K2], rows[r, C_K1], run))]
+        o[pos] = o[pos][np.lexsort((rows[C_K3, r], rows[C_K2, r], rows[C_K1, r], run))]
     return o
 
 

@@ -1,87 +1,54 @@
 """Packet rows to bytes, in the order trace processor needs.
 
-Each row becomes one ``Trace.packet``: timestamp (a delta on its sequence's incremental clock, or
-absolute on MONOTONIC where time goes backwards on the sequence, which leaves the incremental clock
-as it was), the sequence's pooled fields, then the TrackEvent: type, pooled name and category iids,
-flow id, int annotations behind pooled headers, and pooled extra bytes. A sequence's header and any
-newly interned names are written before its first row that needs them.
+Rows are sorted by track and time (ties in nesting order, see ``order``); each track's run is
+encoded on its sequence: a sequence's header and any newly interned names go first, then the rows,
+by the row encoder ``encoder`` picks (C or numpy, the same bytes). Each row becomes one
+``Trace.packet``: timestamp (a delta on its sequence's incremental clock, or absolute on MONOTONIC
+where time goes backwards on the sequence), the sequence id, then the TrackEvent: type, pooled
+name and category iids, flow id, int annotations behind pooled headers, pooled extra bytes.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .layout import Layout, Pool
-from .order import order, runs
-from .columns import (C_EXTRA, C_FLOW, C_K2, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS, C_SID, C_SPANANN, C_TRACK,
-                      C_TS)
+from . import encoder
+from .columns import C_TRACK, C_TS
+from .layout import R_HAS_OFFSET, R_LAST, R_OFFSET, RUN_COLS, strings
+from .order import order
 from .tracks import STANDARD_ANNS, Tracks
-from .wire import (BEGIN, COUNTER, END, MONOTONIC, P_CLOCK, P_INTERNED, P_SEQ, P_TS, PACKET, TE_FLOW, TE_TFLOW,
-                   TE_TYPE, frame, uv)
-
-_FLOW_TAGS = np.frombuffer(b"\0\0" + TE_FLOW + TE_TFLOW, np.uint8).reshape(3, 2)  # by C_FLOW
-_TYPES = np.array([BEGIN, END, COUNTER], np.uint8)  # by C_K2
-_ABS_CLOCK = P_CLOCK + uv(MONOTONIC)
-_ANN_COLUMNS = ((C_SID, C_SPANANN), (C_PARENT, C_PARENT), (C_RAWS, C_RAW), (C_RAWE, C_RAWEND))  # by STANDARD_ANNS
+from .wire import P_INTERNED, P_SEQ, frame, uv
 
 
 def encode(tracks: Tracks, rows: np.ndarray, extras: list[bytes],
            select: np.ndarray | None = None) -> tuple[bytes, int]:
     """Packets for ``rows`` (or the rows at ``select``), and how many there are."""
     if select is None:
-        select = np.arange(len(rows))
+        select = np.arange(rows.shape[1])
     if not len(select):
         return b"", 0
-    rows = rows[select[order(rows, select)]]
-    n = len(rows)
-    ts = rows[:, C_TS]
-    prev = np.empty(n, np.int64)
+    rows = np.take(rows, select[order(rows, select)], axis=1)  # C-contiguous, where rows[:, i] is not
+    n = rows.shape[1]
+    track = rows[C_TRACK]
+    cut = np.flatnonzero(track[1:] != track[:-1]) + 1
+    los = [0, *cut.tolist()]
+    his = [*cut.tolist(), n]
     head: list[bytes] = []
-    tails = np.empty(n, np.int64)
-    hdrs = np.empty((len(STANDARD_ANNS), n), np.int64)
-    for track, lo, hi in runs(rows[:, [C_TRACK]]):
-        seq = tracks.seqs[track[0]]
+    runs = np.empty((len(los), RUN_COLS), np.int64)
+    seqs = []
+    for r, (lo, hi, t) in enumerate(zip(los, his, track[los].tolist())):
+        seq = tracks.seqs[t]
+        seqs.append(seq)
         if seq.last is None:
-            head.append(tracks.header(seq, int(ts[lo])))
-            seq.last = int(ts[lo])
+            first = int(rows[C_TS, lo])
+            head.append(tracks.header(seq, first))
+            seq.last = first
         if seq.pending:
             head.append(frame(P_SEQ + uv(seq.id) + P_INTERNED + uv(len(seq.pending)) + bytes(seq.pending)))
             seq.pending.clear()
-        prev[lo] = seq.last
-        prev[lo + 1:hi] = np.maximum(ts[lo:hi - 1], seq.last)  # rows are sorted by time per track
-        seq.last = max(seq.last, int(ts[hi - 1]))
-        tails[lo:hi] = seq.tail
-        hdrs[:, lo:hi] = np.array([seq.anns[a] for a in STANDARD_ANNS])[:, None]
-    absolute = np.flatnonzero(ts < prev)
-    tsv = ts - prev
-    tsv[absolute] = ts[absolute] + tracks.mono
-    typed = np.empty((n, 2), np.uint8)
-    typed[:, 0] = TE_TYPE[0]
-    typed[:, 1] = _TYPES[rows[:, C_K2]]
-
-    lay = Layout(n)
-    lay.const(bytes((PACKET,)))
-    body_at = lay.length()
-    lay.const(bytes((P_TS,)))
-    lay.varint(tsv)
-    lay.const(_ABS_CLOCK, absolute)
-    lay.pooled(tails, tracks.pool)
-    te_at = lay.length()
-    lay.fixed(typed)
-    named = np.flatnonzero(rows[:, C_PRE] >= 0)
-    lay.pooled(rows[named, C_PRE], tracks.pool, named)
-    flowing = np.flatnonzero(rows[:, C_FLOW])
-    if len(flowing):
-        rec = np.empty((len(flowing), 10), np.uint8)  # tag, then the span id as fixed64
-        rec[:, :2] = _FLOW_TAGS[rows[flowing, C_FLOW]]
-        rec[:, 2:] = rows[flowing, C_SID].astype("<u8").reshape(-1, 1).view(np.uint8)
-        lay.fixed(rec, flowing)
-    for k, (col, has) in enumerate(_ANN_COLUMNS):
-        sel = np.flatnonzero(rows[:, has])
-        if len(sel):
-            lay.annotation(hdrs[k, sel], rows[sel, col], tracks.pool, sel)
-    extra = np.flatnonzero(rows[:, C_EXTRA] >= 0)
-    if len(extra):
-        lay.pooled(rows[extra, C_EXTRA], Pool(extras), extra)
-    lay.set_length(te_at, lay.total(te_at + 1))
-    lay.set_length(body_at, lay.total(body_at + 1))
-    return b"".join(head) + lay.bytes(), n + len(head)
+        runs[r] = (lo, hi, seq.tail, *(seq.anns[a] for a in STANDARD_ANNS), seq.last,
+                   seq.offset or 0, seq.offset is not None)
+    data = encoder.encode_rows(rows, runs, tracks.mono, tracks.consts, tracks.pool.arrays(), strings(extras))
+    for seq, (last, offset, has) in zip(seqs, runs[:, [R_LAST, R_OFFSET, R_HAS_OFFSET]].tolist()):
+        seq.last = last
+        seq.offset = offset if has else None
+    return b"".join(head) + data, n + len(head)

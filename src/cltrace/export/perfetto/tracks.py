@@ -9,12 +9,11 @@ Each sequence opens with TracePacketDefaults that name its track and a sequence-
 clock (id 64, tied by a ClockSnapshot to BUILTIN_CLOCK_MONOTONIC, which ``perf_counter_ns`` reads on
 Linux). Event names, categories and annotation names are interned per sequence; the byte templates
 that packet rows share (sequence fields, name and category iids, annotation headers) live in one pool.
+Device slices carry the name only: their category is their span's, on the host slice.
 """
 from __future__ import annotations
 
 import threading
-from itertools import compress, repeat
-from operator import is_
 from typing import Any
 
 import numpy as np
@@ -25,8 +24,8 @@ from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
 from ..processes import device_pid
 from .layout import Pool
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID, DNAMES,
-                   HOST_CLOCK, META_SEQ, MONOTONIC, NAMES, P_FLAGS, P_SEQ, P_TE, SEQ_CLEARED, SEQ_NEEDS,
-                   SYNTHETIC_UUID, TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_UUID, proto_packet, uv, value)
+                   HOST_CLOCK, META_SEQ, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS, SEQ_CLEARED, SYNTHETIC_UUID,
+                   TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_UUID, proto_packet, uv, value)
 
 # Int annotations with a pooled header per value length, in the order the encoder writes them.
 STANDARD_ANNS = (A_SPAN, A_PARENT, A_DEV_START, A_DEV_END)
@@ -35,13 +34,15 @@ STANDARD_ANNS = (A_SPAN, A_PARENT, A_DEV_START, A_DEV_END)
 class Seq:
     """One packet sequence (one track): interning tables, incremental clock, row templates."""
 
-    __slots__ = ("id", "uuid", "last", "iids", "pending", "tail", "anns", "counter", "counter_prefix", "moved",
-                 "extras")
+    __slots__ = ("id", "uuid", "device", "last", "offset", "iids", "pending", "tail", "anns", "counter",
+                 "counter_prefix", "moved", "extras")
 
-    def __init__(self, seq_id: int, uuid: int) -> None:
+    def __init__(self, seq_id: int, uuid: int, device: bool = False) -> None:
         self.id = seq_id
         self.uuid = uuid
+        self.device = device
         self.last: int | None = None  # None until the sequence's first packet is written
+        self.offset: int | None = None  # raw - mapped device start last written as "device.start"
         self.iids: list[dict[str, int]] = [{}, {}, {}]
         self.pending = bytearray()  # interned entries not yet written
         self.tail = -1  # pool id: the fields between the timestamp and the TrackEvent
@@ -99,10 +100,11 @@ class Tracks:
         self.mono = mono  # MONOTONIC - perf_counter_ns
         self.seqs: dict[int, Seq] = {}  # track id -> its sequence
         self.pool = Pool()
+        self.consts = np.array([self.pool.add(b) for b in ROW_CONSTANTS], np.int64)  # see wire.ROW_CONSTANTS
         self.process_uuid = SYNTHETIC_UUID
         self._next_uuid = SYNTHETIC_UUID + 1
         self._device_uuids: dict[str, int] = {}
-        self._prefixes: dict[tuple[int, str, str], int] = {}  # (track, cat, name) -> pool id
+        self._prefixes: dict[int, int] = {}  # prefix key (track, cat id, name id) -> pool id
 
     def new_uuid(self) -> int:
         u = self._next_uuid
@@ -137,8 +139,8 @@ class Tracks:
         else:  # the compile track, or any other host-side track
             desc = pb.TrackDescriptor(uuid=track.id, parent_uuid=self.process_uuid, name=track.name)
         head.append(self.descriptor(desc))
-        seq = self.seqs[track_id] = Seq(track_id + 1, track.id)
-        seq.tail = self.pool.add(P_SEQ + uv(seq.id) + P_FLAGS + uv(SEQ_NEEDS) + P_TE)
+        seq = self.seqs[track_id] = Seq(track_id + 1, track.id, track.kind == DEVICE_QUEUE)
+        seq.tail = self.pool.add(P_SEQ + uv(seq.id) + P_TE)
         for name in STANDARD_ANNS:
             dn = seq.dname(name)
             seq.anns[name] = len(self.pool.items)
@@ -156,19 +158,34 @@ class Tracks:
                 timestamp_clock_id=HOST_CLOCK, track_event_defaults=pb.TrackEventDefaults(track_uuid=seq.uuid)),
             clock_snapshot=snap))
 
-    def prefix_ids(self, tracks: list[int], cats: list[str], names: list[str]) -> np.ndarray:
-        """Pool ids of the BEGIN templates (category and name iids) of rows on the given tracks."""
-        ids = list(map(self._prefixes.get, zip(tracks, cats, names)))  # zip's tuples are transient
+    def prefix_ids(self, tables: Any, tracks: np.ndarray, cats: np.ndarray, names: np.ndarray) -> np.ndarray:
+        """Pool ids of the BEGIN templates (category and name iids) of rows on the given tracks, from the
+        tracks' and the ``tables``' interned category and name ids; each distinct one is looked up once."""
+        if not len(tracks):
+            return np.zeros(0, np.int64)
+        key = (tracks.astype(np.int64) << 44) | (cats.astype(np.int64) << 28) | names.astype(np.int64)
+        first = key[0]
+        if (key == first).all():
+            uniq, inverse = [int(first)], None
+        else:
+            u = np.unique(key)
+            inverse = np.searchsorted(u, key)
+            uniq = u.tolist()
+        get = self._prefixes.get
+        ids = [get(k) for k in uniq]
         if None in ids:
-            for key in set(compress(zip(tracks, cats, names), map(is_, ids, repeat(None)))):
-                self._prefix(*key)
-            ids = list(map(self._prefixes.__getitem__, zip(tracks, cats, names)))
-        return np.array(ids, np.int64)
+            ids = [self._prefix(tables, k) if i is None else i for k, i in zip(uniq, ids)]
+        out = np.array(ids, np.int64)
+        return np.full(len(key), ids[0], np.int64) if inverse is None else out[inverse]
 
-    def _prefix(self, track: int, cat: str, name: str) -> None:
+    def _prefix(self, tables: Any, key: int) -> int:
+        track, cat, name = key >> 44, (key >> 28) & 0xFFFF, key & 0xFFFFFFF
         seq = self.seqs[track]
-        self._prefixes[(track, cat, name)] = self.pool.add(
-            TE_CAT + uv(seq.intern(CATS, cat)) + TE_NAME + uv(seq.intern(NAMES, name)))
+        body = TE_NAME + uv(seq.intern(NAMES, tables.names.values[name]))
+        if not seq.device:
+            body = TE_CAT + uv(seq.intern(CATS, tables.cats.values[cat])) + body
+        pid = self._prefixes[key] = self.pool.add(body)
+        return pid
 
     def counter(self, track_id: int, head: list[bytes]) -> Seq:
         """The sequence of a track whose bytes counter is written, its counter track described."""

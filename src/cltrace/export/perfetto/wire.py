@@ -35,8 +35,9 @@ TE_CAT = _tag(pb.TrackEvent, "category_iids", VARINT)
 TE_NAME = _tag(pb.TrackEvent, "name_iid", VARINT)
 TE_UUID = _tag(pb.TrackEvent, "track_uuid", VARINT)
 TE_COUNTER = _tag(pb.TrackEvent, "counter_value", VARINT)
-TE_FLOW = _tag(pb.TrackEvent, "flow_ids", FIXED64)
-TE_TFLOW = _tag(pb.TrackEvent, "terminating_flow_ids", FIXED64)
+# Flow ids as varints (the span id, a few bytes) rather than fixed64 ``flow_ids``: trace processor reads both.
+TE_FLOW = _tag(pb.TrackEvent, "flow_ids_old", VARINT)
+TE_TFLOW = _tag(pb.TrackEvent, "terminating_flow_ids_old", VARINT)
 TE_DEBUG = _tag(pb.TrackEvent, "debug_annotations", LEN)
 DA_NAME_IID = _tag(pb.DebugAnnotation, "name_iid", VARINT)
 DA_NAME = _tag(pb.DebugAnnotation, "name", LEN)
@@ -67,6 +68,12 @@ DROPPED_TRACK = "cltrace: dropped spans"
 # Debug annotation names the reader takes as span fields rather than attributes.
 A_SPAN, A_PARENT, A_STATUS, A_ERROR = "span", "parent", "status", "error"
 A_DEV_START, A_DEV_END = "device.start", "device.end"
+
+# Byte strings every packet row is built from, put first in the template pool (see ``packets``):
+# the Trace.packet tag, the timestamp tag, an absolute MONOTONIC clock, the TrackEvent type of a row
+# by its K2 column (BEGIN, END, COUNTER), and the flow tags by its FLOW column (out, in).
+ROW_CONSTANTS = (bytes((PACKET,)), bytes((P_TS,)), P_CLOCK + uv(MONOTONIC), TE_TYPE + uv(BEGIN), TE_TYPE + uv(END),
+                 TE_TYPE + uv(COUNTER), TE_FLOW, TE_TFLOW)
 
 
 def frame(body: bytes) -> bytes:

@@ -1,0 +1,305 @@
+/* Packet rows to protobuf bytes for the Perfetto writer, in one pass and without the GIL.
+ *
+ * The interface is arrays in, bytes out (any contiguous buffer; ``encoder.py`` passes numpy arrays):
+ *   encode(rows, runs, mono, consts, pool, pool_off, pool_len, extras, extras_off, extras_len) -> bytes
+ *     rows    int64[16, N]  packet rows column by column (``columns.py``), sorted by track and time
+ *     runs    int64[R, 10]  one per track's run of rows: lo, hi, pool ids of the sequence's fields and of
+ *                           its four annotation headers (span, parent, device.start, device.end; each for
+ *                           a 1-byte value, the next nine for longer ones), then the sequence's state,
+ *                           read and written back: last timestamp, last device offset, whether it has one
+ *     mono    MONOTONIC - host clock, added to the timestamps written as absolute
+ *     consts  int64[8]      pool ids of the row constants (``wire.ROW_CONSTANTS``)
+ *     pool / extras         byte strings by id: one buffer, int64 offsets and lengths
+ *
+ * Each row is one Trace.packet; the field order and every rule match the numpy fallback in
+ * ``layout.py`` byte for byte (tests/test_perfetto_native.py holds them to it).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G, C_PRE, C_FLOW, C_SID, C_SPANANN, C_PARENT, C_EXTRA, C_RAW, C_RAWS,
+       C_RAWE, C_RAWEND, NCOLS };
+enum { R_LO, R_HI, R_TAIL, R_HDR, R_LAST = R_HDR + 4, R_OFFSET, R_HAS_OFFSET, RUN_COLS };
+enum { K_PACKET, K_TS, K_ABS, K_TYPE, K_FLOW = K_TYPE + 3, NCONSTS = K_FLOW + 2 };
+enum { A_SPAN, A_PARENT, A_DEV_START, A_DEV_END };
+
+typedef struct {
+    const uint8_t *buf;
+    const int64_t *off, *len;
+    Py_ssize_t n;
+} strings;
+
+static inline int
+vlen(uint64_t v)
+{
+    int n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline uint8_t *
+put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+static inline uint8_t *
+put(uint8_t *p, const strings *s, int64_t id)
+{
+    memcpy(p, s->buf + s->off[id], (size_t)s->len[id]);
+    return p + s->len[id];
+}
+
+/* Offsets and lengths inside the buffer: checked once, so rows only check their ids. */
+static int
+check_strings(const char *what, const Py_buffer *buf, const Py_buffer *off, const Py_buffer *len, strings *s)
+{
+    if (off->len != len->len || off->len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_Format(PyExc_ValueError, "encode: %s offsets and lengths must be int64[K] of one size", what);
+        return 0;
+    }
+    s->buf = (const uint8_t *)buf->buf;
+    s->off = (const int64_t *)off->buf;
+    s->len = (const int64_t *)len->buf;
+    s->n = off->len / (Py_ssize_t)sizeof(int64_t);
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        if (s->off[i] < 0 || s->len[i] < 0 || s->off[i] + s->len[i] > buf->len) {
+            PyErr_Format(PyExc_ValueError, "encode: %s string %zd lies outside its buffer", what, i);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+#define BAD_ID(id, s) ((id) < 0 || (id) >= (s)->n)
+
+/* The packets of rows lo..hi-1, one track's run; NULL and *err set on a bad id. */
+static uint8_t *
+encode_run(uint8_t *p, const int64_t *const *col, int64_t *run, int64_t mono, const int64_t *k, const strings *pool,
+           const strings *extras, const char **err)
+{
+    int64_t last = run[R_LAST], offset = run[R_OFFSET];
+    int has_offset = run[R_HAS_OFFSET] != 0;
+    const int64_t tail = run[R_TAIL];
+    const int64_t *hdr = run + R_HDR;
+    for (int64_t i = run[R_LO]; i < run[R_HI]; i++) {
+        int64_t ts = col[C_TS][i], k2 = col[C_K2][i], pre = col[C_PRE][i], flow = col[C_FLOW][i];
+        int64_t ex = col[C_EXTRA][i];
+        uint64_t sid = (uint64_t)col[C_SID][i], par = (uint64_t)col[C_PARENT][i];
+        uint64_t raws = (uint64_t)col[C_RAWS][i], rawe = (uint64_t)col[C_RAWE][i];
+        int span_ann = col[C_SPANANN][i] != 0, dev_end = col[C_RAWEND][i] != 0;
+        int absolute = ts < last;
+        /* Unsigned arithmetic: wraps as numpy's int64 does, where signed overflow would be undefined. */
+        uint64_t tsv = absolute ? (uint64_t)ts + (uint64_t)mono : (uint64_t)ts - (uint64_t)last;
+        if (!absolute)
+            last = ts;
+        int dev_start = 0;
+        if (col[C_RAW][i]) {
+            int64_t off = (int64_t)(raws - (uint64_t)ts);
+            if (!has_offset || off != offset) {
+                dev_start = 1;
+                offset = off;
+                has_offset = 1;
+            }
+        }
+        if (k2 < 0 || k2 > 2 || flow < 0 || flow > 2 || (pre >= 0 && BAD_ID(pre, pool)) ||
+            (ex >= 0 && BAD_ID(ex, extras))) {
+            *err = "a row's type, flow, prefix or extra is out of range";
+            return NULL;
+        }
+        int vs = vlen(sid), vp = vlen(par), vrs = vlen(raws), vre = vlen(rawe);
+        int64_t te = pool->len[k[K_TYPE + k2]];
+        if (pre >= 0)
+            te += pool->len[pre];
+        if (flow)
+            te += pool->len[k[K_FLOW + flow - 1]] + vs;
+        if (span_ann)
+            te += pool->len[hdr[A_SPAN] + vs - 1] + vs;
+        if (par)
+            te += pool->len[hdr[A_PARENT] + vp - 1] + vp;
+        if (dev_start)
+            te += pool->len[hdr[A_DEV_START] + vrs - 1] + vrs;
+        if (dev_end)
+            te += pool->len[hdr[A_DEV_END] + vre - 1] + vre;
+        if (ex >= 0)
+            te += extras->len[ex];
+        int64_t body = pool->len[k[K_TS]] + vlen(tsv) + (absolute ? pool->len[k[K_ABS]] : 0) + pool->len[tail] +
+                       vlen((uint64_t)te) + te;
+
+        p = put(p, pool, k[K_PACKET]);
+        p = put_varint(p, (uint64_t)body);
+        p = put(p, pool, k[K_TS]);
+        p = put_varint(p, tsv);
+        if (absolute)
+            p = put(p, pool, k[K_ABS]);
+        p = put(p, pool, tail);
+        p = put_varint(p, (uint64_t)te);
+        p = put(p, pool, k[K_TYPE + k2]);
+        if (pre >= 0)
+            p = put(p, pool, pre);
+        if (flow) {
+            p = put(p, pool, k[K_FLOW + flow - 1]);
+            p = put_varint(p, sid);
+        }
+        if (span_ann) {
+            p = put(p, pool, hdr[A_SPAN] + vs - 1);
+            p = put_varint(p, sid);
+        }
+        if (par) {
+            p = put(p, pool, hdr[A_PARENT] + vp - 1);
+            p = put_varint(p, par);
+        }
+        if (dev_start) {
+            p = put(p, pool, hdr[A_DEV_START] + vrs - 1);
+            p = put_varint(p, raws);
+        }
+        if (dev_end) {
+            p = put(p, pool, hdr[A_DEV_END] + vre - 1);
+            p = put_varint(p, rawe);
+        }
+        if (ex >= 0)
+            p = put(p, extras, ex);
+    }
+    run[R_LAST] = last;
+    run[R_OFFSET] = offset;
+    run[R_HAS_OFFSET] = has_offset;
+    return p;
+}
+
+/* The most bytes one row of a run can take: every field present, every varint 10 bytes. */
+static int64_t
+row_bound(const int64_t *run, const int64_t *k, const strings *pool, int64_t longest_prefix, int64_t longest_extra)
+{
+    int64_t most = 0;
+    for (int c = 0; c < NCONSTS; c++)
+        most += pool->len[k[c]];
+    for (int a = 0; a < 4; a++)
+        most += pool->len[run[R_HDR + a] + 9];
+    return most + pool->len[run[R_TAIL]] + longest_prefix + longest_extra + 10 * 9;
+}
+
+static int64_t
+longest(const strings *s)
+{
+    int64_t most = 0;
+    for (Py_ssize_t i = 0; i < s->n; i++)
+        if (s->len[i] > most)
+            most = s->len[i];
+    return most;
+}
+
+static PyObject *
+packets_encode(PyObject *self, PyObject *args)
+{
+    Py_buffer rb, ub, kb, pb, pob, plb, xb, xob, xlb;
+    long long mono;
+    if (!PyArg_ParseTuple(args, "y*w*Ly*y*y*y*y*y*y*:encode", &rb, &ub, &mono, &kb, &pb, &pob, &plb, &xb, &xob, &xlb))
+        return NULL;
+    PyObject *result = NULL;
+    uint8_t *out = NULL;
+    strings pool, extras;
+    if (rb.len % (Py_ssize_t)(NCOLS * sizeof(int64_t)) || ub.len % (Py_ssize_t)(RUN_COLS * sizeof(int64_t)) ||
+        kb.len != (Py_ssize_t)(NCONSTS * sizeof(int64_t))) {
+        PyErr_Format(PyExc_ValueError, "encode: need rows int64[%d, N], runs int64[R, %d], consts int64[%d]", NCOLS,
+                     RUN_COLS, NCONSTS);
+        goto done;
+    }
+    if (!check_strings("pool", &pb, &pob, &plb, &pool) || !check_strings("extras", &xb, &xob, &xlb, &extras))
+        goto done;
+    const int64_t *k = (const int64_t *)kb.buf;
+    int64_t *runs = (int64_t *)ub.buf;
+    Py_ssize_t n = rb.len / (Py_ssize_t)(NCOLS * sizeof(int64_t));
+    const int64_t *col[NCOLS];
+    for (int c = 0; c < NCOLS; c++)
+        col[c] = (const int64_t *)rb.buf + c * n;
+    Py_ssize_t nruns = ub.len / (Py_ssize_t)(RUN_COLS * sizeof(int64_t));
+    for (int c = 0; c < NCONSTS; c++) {
+        if (BAD_ID(k[c], &pool)) {
+            PyErr_SetString(PyExc_ValueError, "encode: a row constant's pool id is out of range");
+            goto done;
+        }
+    }
+    int64_t longest_prefix = longest(&pool), longest_extra = longest(&extras);
+    /* Runs must tile the rows in order, and their pool ids must be valid: then no row reads outside. */
+    int64_t size = 0, expect = 0;
+    for (Py_ssize_t r = 0; r < nruns; r++) {
+        const int64_t *run = runs + r * RUN_COLS;
+        int ok = run[R_LO] == expect && run[R_HI] >= run[R_LO] && run[R_HI] <= n && !BAD_ID(run[R_TAIL], &pool);
+        for (int a = 0; a < 4 && ok; a++)
+            ok = !BAD_ID(run[R_HDR + a], &pool) && !BAD_ID(run[R_HDR + a] + 9, &pool);
+        if (!ok) {
+            PyErr_Format(PyExc_ValueError, "encode: run %zd is out of range or out of order", r);
+            goto done;
+        }
+        expect = run[R_HI];
+        size += (run[R_HI] - run[R_LO]) * row_bound(run, k, &pool, longest_prefix, longest_extra);
+    }
+    if (expect != n) {
+        PyErr_SetString(PyExc_ValueError, "encode: the runs do not cover the rows");
+        goto done;
+    }
+    out = (uint8_t *)malloc(size ? (size_t)size : 1);
+    if (out == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const char *err = NULL;
+    uint8_t *p = out;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t r = 0; r < nruns && p != NULL; r++)
+        p = encode_run(p, col, runs + r * RUN_COLS, (int64_t)mono, k, &pool, &extras, &err);
+    Py_END_ALLOW_THREADS
+    if (p == NULL)
+        PyErr_Format(PyExc_ValueError, "encode: %s", err);
+    else
+        result = PyBytes_FromStringAndSize((const char *)out, p - out);
+done:
+    free(out);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&ub);
+    PyBuffer_Release(&kb);
+    PyBuffer_Release(&pb);
+    PyBuffer_Release(&pob);
+    PyBuffer_Release(&plb);
+    PyBuffer_Release(&xb);
+    PyBuffer_Release(&xob);
+    PyBuffer_Release(&xlb);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"encode", packets_encode, METH_VARARGS,
+     "encode(rows, runs, mono, consts, pool, pool_off, pool_len, extras, extras_off, extras_len) -> bytes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cltrace.export.perfetto._packets",
+    "Perfetto packet rows to protobuf bytes without the GIL (see cltrace.export.perfetto.encoder).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__packets(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    /* The row and run layouts compiled in, checked against columns.py before the module is used. */
+    if (PyModule_AddIntConstant(m, "NCOLS", NCOLS) < 0 || PyModule_AddIntConstant(m, "RUN_COLS", RUN_COLS) < 0 ||
+        PyModule_AddIntConstant(m, "NCONSTS", NCONSTS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,350 @@
+"""The .pftrace row encoder: the C extension ``_packets`` and the numpy fallback write the same bytes,
+on batches traced on real PoCL and on generated ones, and the files read back exactly.
+
+The native tests fail, not skip, when the extension is not active: CI must exercise both paths.
+Only ``CLTRACE_NATIVE=0`` (the fallback-only run) skips them.
+"""
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pyopencl as cl
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+import cltrace
+from cltrace.export.perfetto import META_SEQ, PerfettoTraceSink, encoder
+from cltrace.read.perfetto import iter_packets, load_pftrace
+from cltrace.record.recorder import RECORDER, Recorder
+from cltrace.timeline.batch import SpanBatch
+from cltrace.timeline.spans import Span
+
+DISABLED = os.environ.get("CLTRACE_NATIVE", "").strip() == "0"
+
+
+def native() -> encoder.EncodeRows:
+    if DISABLED:
+        pytest.skip("CLTRACE_NATIVE=0: fallback-only run")
+    if encoder.NATIVE is None:
+        pytest.fail(f"the C extension is not active ({encoder.WHY}): reinstall with "
+                    "`pip install -e .` where a C compiler exists, or run with CLTRACE_NATIVE=0")
+    return encoder.NATIVE
+
+
+class Capture:
+    """A sink that keeps the batches the recorder hands over, as it hands them over."""
+
+    def __init__(self) -> None:
+        self.batches: list[SpanBatch] = []
+
+    def start(self, recorder: Any) -> None:
+        pass
+
+    def write(self, spans: Sequence[Span]) -> None:
+        self.batches.append(spans)  # type: ignore[arg-type]
+
+    def flush(self, meta: dict[str, Any]) -> None:
+        pass
+
+    def close(self, meta: dict[str, Any]) -> None:
+        pass
+
+
+def write_with(impl: encoder.EncodeRows, recorder: Any, batches: Sequence[Any], path: str,
+               monkeypatch: Any) -> bytes:
+    """The file a PerfettoTraceSink writes from ``batches``, rows encoded by ``impl``."""
+    with monkeypatch.context() as m:
+        m.setattr(encoder, "encode_rows", impl)
+        sink = PerfettoTraceSink(path)
+        sink.start(recorder)
+        for b in batches:
+            sink.write(b)
+        meta = recorder.metadata()
+        sink.flush(meta)
+        sink.close(meta)
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
+def timeless(data: bytes) -> list[bytes]:
+    """The file's packets less those stamped with the wall clock when written (the opening clock
+    snapshot, the dropped-spans counter and the metadata, all on sequence 1)."""
+    out = []
+    for _, raw in iter_packets(data):
+        p = pb.TracePacket.FromString(raw)
+        if p.trusted_packet_sequence_id == META_SEQ and (p.HasField("clock_snapshot") or p.HasField("track_event")):
+            continue
+        out.append(raw)
+    return out
+
+
+def assert_same_files(recorder: Any, batches: Sequence[Any], tmp_path: Any, monkeypatch: Any) -> bytes:
+    fast = write_with(native(), recorder, batches, str(tmp_path / "native.pftrace"), monkeypatch)
+    slow = write_with(encoder.PYTHON, recorder, batches, str(tmp_path / "python.pftrace"), monkeypatch)
+    a, b = timeless(fast), timeless(slow)
+    assert len(a) == len(b)
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+    assert first is None, f"packet {first} differs:\n{pb.TracePacket.FromString(a[first])}\n" \
+                          f"{pb.TracePacket.FromString(b[first])}"
+    return fast
+
+
+# ---- the active path ---------------------------------------------------------------------------
+def test_the_active_path_is_native_unless_disabled() -> None:
+    if DISABLED:
+        assert (encoder.PATH, encoder.NATIVE) == ("python", None)
+        assert encoder.DETAIL == "python (fallback: CLTRACE_NATIVE=0)"
+        assert encoder.encode_rows is encoder.PYTHON
+    else:
+        assert native() is encoder.encode_rows
+        assert (encoder.PATH, encoder.DETAIL) == ("native", "native (C extension)")
+
+
+def test_cltrace_native_0_forces_the_fallback() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CLTRACE_NATIVE"}
+    code = "from cltrace.export.perfetto import encoder; print(encoder.PATH, encoder.DETAIL)"
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, CLTRACE_NATIVE="0"), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "python python (fallback: CLTRACE_NATIVE=0)"
+
+
+# ---- real PoCL batches -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def real_batches(reset: Any, kernels: Any, queue: Any, cl_ctx: Any) -> list[SpanBatch]:
+    """Batches as the recorder delivers them for regions with queues, kernels, transfers with byte
+    counts, a failed region, an out-of-order queue's lanes, a second thread, and a region still open
+    at a flush, so its children come a batch before it."""
+    reset()
+    cap = Capture()
+    host = np.ones(kernels.n, dtype=np.float32)
+    # The resolver knows queues by address: a new queue at the address of a freed in-order one would
+    # be taken for that one (no lanes). Take one at a fresh address, keeping the others alive meanwhile.
+    tried = [cltrace.profiling_queue(cl_ctx, out_of_order=True)]
+    while any(k[0] == tried[-1].int_ptr for k in RECORDER.resolver._queues) and len(tried) < 16:
+        tried.append(cltrace.profiling_queue(cl_ctx, out_of_order=True))
+    ooo = tried[-1]
+    spin = kernels.kernel("spin")
+    bufs = [cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE, 4 * kernels.n) for _ in range(4)]
+
+    def worker() -> None:
+        k = kernels.kernel("add")
+        q2 = cltrace.profiling_queue(kernels.ctx)
+        for _ in range(3):
+            with cltrace.region("worker", q2):
+                cltrace.launch(k, q2, (kernels.n,), None, kernels.a, kernels.b)
+        q2.finish()
+
+    with cltrace.trace():
+        RECORDER.add_sink(cap)
+        for _ in range(3):
+            with cltrace.region("step", queue):
+                with cltrace.region("fwd", queue):
+                    kernels.launch_add(queue)
+                    kernels.launch_spin(queue, iters=50)
+                hb = time.perf_counter_ns()
+                ev = cl.enqueue_copy(queue, kernels.a, host)
+                cltrace.record_launch("upload", queue, ev, hb, time.perf_counter_ns(), cat="transfer",
+                                      attrs={"bytes": host.nbytes})
+        with pytest.raises(ValueError):
+            with cltrace.region("bad", queue):
+                kernels.launch_add(queue)
+                raise ValueError("boom")
+        with cltrace.region("lanes", ooo):
+            for i, buf in enumerate(bufs):
+                cltrace.launch(spin, ooo, (kernels.n,), None, buf, np.int32(40 + 30 * i))
+        ooo.finish()
+        t = threading.Thread(target=worker, name="native-worker")
+        t.start()
+        t.join()
+        with cltrace.region("open", queue):
+            for _ in range(4):
+                kernels.launch_add(queue)
+            queue.finish()
+            RECORDER.flush(block=True)  # the children go out now, their region with a later batch
+            kernels.launch_add(queue)
+    RECORDER.remove_sink(cap)
+    return cap.batches
+
+
+def test_native_and_python_write_the_same_file_for_real_batches(real_batches: list[SpanBatch], tmp_path: Any,
+                                                                monkeypatch: Any) -> None:
+    spans = [s for b in real_batches for s in b]
+    by_id = {s.id: s for s in spans}
+    batch_of = {s.id: i for i, b in enumerate(real_batches) for s in b}
+    # The workload holds what it says it does.
+    assert len(real_batches) >= 2
+    assert {"step", "fwd", "add", "spin", "upload", "bad", "lanes", "worker", "open"} <= {s.name for s in spans}
+    assert any(s.status == "error" for s in spans)
+    assert len({s.thread for s in spans}) >= 2
+    names = {t.id: t.name for t in RECORDER.tracks.tracks()}
+    assert any("lane" in names[s.device_track] for s in spans if s.device_track)
+    assert any(batch_of[s.parent] > batch_of[s.id] for s in spans if s.parent in by_id)
+    data = assert_same_files(RECORDER, real_batches, tmp_path, monkeypatch)
+    back = {s.id: s for s in load_pftrace(tmp_path / "native.pftrace")[0]}
+    assert back.keys() == by_id.keys()
+    for sid, s in by_id.items():
+        b = back[sid]
+        assert (b.name, b.cat, b.parent, b.status, b.error, b.host_begin, b.host_end) == (
+            s.name, s.cat, s.parent, s.status, s.error, s.host_begin, s.host_end)
+        assert (b.device_track, b.dev_start, b.dev_end, b.raw_start, b.raw_end) == (
+            s.device_track, s.dev_start, s.dev_end, s.raw_start, s.raw_end)
+    counters = [p for p in map(pb.TracePacket.FromString, timeless(data))
+                if p.HasField("track_event") and p.track_event.type == pb.TrackEvent.TYPE_COUNTER]
+    assert [p.track_event.counter_value for p in counters] == [4 * 4096 * k for k in (1, 2, 3)]
+
+
+# ---- generated batches: what PoCL rarely shows --------------------------------------------------
+def generated(queue: Any, seed: int) -> tuple[Recorder, list[list[Span]]]:
+    """Trees of regions and kernels on two threads and two queues, children delivered before parents
+    in shuffled batches, raw - mapped offsets that change (recalibrations) and ENDs that do not follow,
+    attributes of every kind, failures, equal timestamps and zero-length slices."""
+    rng = random.Random(seed)
+    rec = Recorder()
+    ident = threading.get_ident()
+    threads = [rec.tracks.host_thread(ident), rec.tracks.host_thread(ident + 1)]
+    queues = [rec.tracks.device_queue(queue, ident), rec.tracks.device_queue(queue, ident + 1)]
+    spans: list[Span] = []
+    ids = iter(range(1, 10**7))
+    clock = [10**12]
+    offset = [rng.randrange(-10**6, 10**15)]
+
+    def tick(hi: int = 40_000) -> int:
+        clock[0] += rng.choice((0, 1, rng.randint(2, 200), rng.randint(200, hi)))
+        return clock[0]
+
+    def attrs() -> Any:
+        return rng.choice((None, None, {"global_size": (4096,), "local_size": None}, {"bytes": rng.randint(1, 10**9)},
+                           {"note": "é" * rng.randint(0, 300), "f": rng.random(), "big": -(1 << 62), "ok": True},
+                           {"nested": {"a": [1, 2.5, "x"]}}))
+
+    def tree(parent: int, depth: int, w: int) -> None:
+        sid = next(ids)
+        hb, ds = tick(), tick()
+        if rng.random() < 0.1:
+            offset[0] += rng.randint(-5_000, 5_000)
+        off = offset[0]
+        kids = len(spans)
+        if depth < 3:
+            for _ in range(rng.randint(0, 4)):
+                tree(sid, depth + 1, w)
+        he, de = tick(), tick()
+        mine = [s for s in spans[kids:] if s.parent == sid and s.dev_start is not None]
+        if mine:
+            ds = min(ds, min(k.dev_start for k in mine))
+            de = max(de, max(k.dev_end for k in mine))
+        cat = "region" if depth < 3 else rng.choice(("kernel", "kernel", "transfer"))
+        s = Span(sid, parent, f"n{depth}-{rng.randint(0, 2)}", cat, threads[w], hb, he, attrs=attrs())
+        if rng.random() < 0.9:
+            s.device_track = queues[w]
+            s.dev_queued = s.dev_submit = s.dev_start = ds
+            s.dev_end = de
+            s.raw_start = ds + off
+            s.raw_end = de + off + (rng.randint(-3, 3) if rng.random() < 0.2 else 0)
+        if rng.random() < 0.05:
+            s.status, s.error = "error", rng.choice(("", "ValueError: boom", "x" * 200))
+        spans.append(s)
+
+    for _ in range(60):
+        tree(0, 0, rng.randrange(2))
+    batches = []
+    pos = 0
+    while pos < len(spans):
+        n = rng.randint(1, 40)
+        b = spans[pos:pos + n]
+        rng.shuffle(b)
+        batches.append(b)
+        pos += n
+    return rec, batches
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_native_and_python_write_the_same_file_for_generated_batches(seed: int, queue: Any, tmp_path: Any,
+                                                                     monkeypatch: Any) -> None:
+    rec, batches = generated(queue, seed)
+    data = assert_same_files(rec, batches, tmp_path, monkeypatch)
+    assert any(pb.TracePacket.FromString(raw).timestamp_clock_id for raw in timeless(data)), \
+        "a parent written after its children needs an absolute timestamp"
+    spans = [s for b in batches for s in b]
+    back = {s.id: s for s in load_pftrace(tmp_path / "native.pftrace")[0]}
+    assert back.keys() == {s.id for s in spans}
+    for s in spans:
+        b = back[s.id]
+        assert (b.host_begin, b.host_end, b.dev_start, b.dev_end, b.raw_start, b.raw_end, b.status) == (
+            s.host_begin, s.host_end, s.dev_start, s.dev_end, s.raw_start, s.raw_end, s.status), s
+
+
+# ---- bytes per span ---------------------------------------------------------------------------------
+def plain_kernels(queue: Any, n: int) -> tuple[Recorder, list[Span]]:
+    """Launches back to back on one queue, timed like a busy device (as benchmarks/bench_perfetto.py)."""
+    rec = Recorder()
+    ident = threading.get_ident()
+    th, dt = rec.tracks.host_thread(ident), rec.tracks.device_queue(queue, ident)
+    rng = np.random.default_rng(1)
+    t, d = 10**12, 10**12 + 20_000
+    out = []
+    for sid in range(1, n + 1):
+        hb = t
+        he = hb + int(rng.integers(2_000, 6_000))
+        t = he + int(rng.integers(500, 3_000))
+        ds = max(d, hb + 15_000)
+        de = ds + int(rng.integers(5_000, 40_000))
+        d = de + int(rng.integers(100, 1_000))
+        out.append(Span(sid, 0, "saxpy", "kernel", th, hb, he, dt, ds - 3_000, ds - 1_000, ds, de,
+                        ds + 1_234, de + 1_234))
+    return rec, out
+
+
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_a_plain_kernel_span_costs_at_most_60_bytes(path: str, queue: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """Host and device slices and their flow, no attributes: 4 packets. Span ids below 2**14 (most of
+    these) take 2-byte varints in the two flow ids; each later power of 2**7 adds 2 bytes per span
+    (bench_perfetto.py's 200 000 spans: 60.5 B). It was 92 B with fixed64 flows, sequence flags on
+    every packet, a category and "device.start" on every device slice."""
+    impl: Callable[..., bytes] = native() if path == "native" else encoder.PYTHON
+    rec, spans = plain_kernels(queue, 20_000)
+    empty = len(write_with(impl, rec, [], str(tmp_path / "empty.pftrace"), monkeypatch))
+    full = write_with(impl, rec, [spans[i:i + 4096] for i in range(0, len(spans), 4096)],
+                      str(tmp_path / "full.pftrace"), monkeypatch)
+    per_span = (len(full) - empty) / len(spans)
+    assert per_span <= 60, per_span
+    back = load_pftrace(tmp_path / "full.pftrace")[0]
+    assert [(s.raw_start, s.raw_end, s.dev_start, s.dev_end) for s in back] == [
+        (s.raw_start, s.raw_end, s.dev_start, s.dev_end) for s in spans]
+
+
+# ---- the C interface refuses what would read out of bounds ---------------------------------------
+def test_native_encode_rejects_inconsistent_arrays() -> None:
+    native()
+    from cltrace.export.perfetto import _packets
+    from cltrace.export.perfetto.columns import C_EXTRA, C_PRE, NCOLS
+    from cltrace.export.perfetto.layout import RUN_COLS, strings
+
+    pool = strings([b"\x0a", b"\x40", b"\x02", b"\x48\x01", b"\x48\x02", b"\x48\x04", b"\xa0\x02", b"\xd0\x02",
+                    b"\x50\x02\x5a", *[b"\x22"] * 40])
+    consts = np.arange(8, dtype=np.int64)
+    extras = strings([])
+    rows = np.zeros((NCOLS, 3), np.int64)
+    rows[C_PRE] = rows[C_EXTRA] = -1
+    runs = np.array([[0, 3, 8, 9, 19, 29, 39, 0, 0, 0]], np.int64)
+    assert _packets.encode(rows, runs.copy(), 0, consts, *pool, *extras)  # consistent: encodes
+    cases = {
+        "do not cover": np.array([[0, 2, 8, 9, 19, 29, 39, 0, 0, 0]], np.int64),
+        "out of range": np.array([[0, 3, 99, 9, 19, 29, 39, 0, 0, 0]], np.int64),
+    }
+    for why, bad in cases.items():
+        with pytest.raises(ValueError, match=why):
+            _packets.encode(rows, bad, 0, consts, *pool, *extras)
+    rows[C_PRE, 1] = 10**6
+    with pytest.raises(ValueError, match="out of range"):
+        _packets.encode(rows, runs.copy(), 0, consts, *pool, *extras)
+    with pytest.raises(ValueError, match="rows int64"):
+        _packets.encode(np.zeros(5, np.int64), runs.copy(), 0, consts, *pool, *extras)
+    assert RUN_COLS == runs.shape[1]
