@@ -10,6 +10,12 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
+            "cltrace.record._region",
+            sources=["src/cltrace/record/_region.c"],
+            extra_compile_args=[] if sys.platform == "win32" else ["-O2"],
+            optional=True,
+        ),
+        Extension(
             "cltrace.timeline._stamps",
             sources=["src/cltrace/timeline/_stamps.c"],
             libraries=[] if sys.platform == "win32" else ["dl"],
