@@ -149,9 +149,10 @@ EXPECTED_NESTED = [
 def test_the_active_path_is_native_unless_disabled() -> None:
     if DISABLED:
         assert (regions.REGION_PATH, regions.REGION_WHY, regions._NativeRegion) == ("python", "CLTRACE_NATIVE=0", None)
+        assert regions.REGION_DETAIL == "python (fallback: CLTRACE_NATIVE=0)"
     else:
         assert native() is regions._RegionType
-        assert regions.REGION_PATH == "native" and regions.REGION_WHY == ""
+        assert (regions.REGION_PATH, regions.REGION_WHY, regions.REGION_DETAIL) == ("native", "", "native (C extension)")
 
 
 @pytest.mark.parametrize("value, path", [("0", "python CLTRACE_NATIVE=0"), ("1", "native ")])
@@ -363,3 +364,16 @@ def test_exit_stack_records_the_same(impl: str) -> None:
         ("region", "b", 2, 1, ("a", "b"), "main", False, "NoneType", "NoneType", None, None, None),
         ("region", "a", 1, 0, ("a",), "main", False, "NoneType", "NoneType", None, None, None),
     ]
+
+
+def test_an_entered_region_shows_the_same_state(impl: str, queue: Any) -> None:
+    cltrace.start()
+    fresh = cltrace.region("x")
+    with pytest.raises(AttributeError):
+        fresh._id
+    with cltrace.region("outer") as outer:
+        with cltrace.region("inner", queue) as r:
+            assert (r._parent, r._path, r._st) == (outer._id, ("outer", "inner"), regions._tls.stack)
+            assert r._st[-1] == (r._id, r._path) and isinstance(r._hb, int)
+            assert type(r._ev0) is cl.Event
+        assert outer._ev0 is None and outer._parent == 0

@@ -290,7 +290,8 @@ region_enter(Region *self, PyObject *unused)
     if (host_now(&self->hb) < 0)
         return NULL;
     if (self->queue == Py_None) {
-        Py_CLEAR(self->ev0);
+        Py_INCREF(Py_None);
+        Py_XSETREF(self->ev0, Py_None);
     } else {
         PyObject *ev = PyObject_CallOneArg(g_marker, self->queue);
         if (ev == NULL)
@@ -588,7 +589,28 @@ static PyMemberDef region_members[] = {
     {"queue", T_OBJECT, offsetof(Region, queue), 0, NULL},
     {"attrs", T_OBJECT, offsetof(Region, attrs), 0, NULL},
     {"cat", T_OBJECT, offsetof(Region, cat), 0, NULL},
+    /* the Python class's slots, readable once entered */
+    {"_st", T_OBJECT_EX, offsetof(Region, st), READONLY, NULL},
+    {"_id", T_OBJECT_EX, offsetof(Region, id), READONLY, NULL},
+    {"_parent", T_OBJECT_EX, offsetof(Region, parent), READONLY, NULL},
+    {"_path", T_OBJECT_EX, offsetof(Region, path), READONLY, NULL},
+    {"_ev0", T_OBJECT_EX, offsetof(Region, ev0), READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
+};
+
+static PyObject *
+region_get_hb(Region *self, void *closure)
+{
+    if (self->st == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "_hb");
+        return NULL;
+    }
+    return PyLong_FromLongLong(self->hb);
+}
+
+static PyGetSetDef region_getset[] = {
+    {"_hb", (getter)region_get_hb, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject RegionType = {
@@ -604,6 +626,7 @@ static PyTypeObject RegionType = {
     .tp_clear = (inquiry)region_clear,
     .tp_methods = region_methods,
     .tp_members = region_members,
+    .tp_getset = region_getset,
     .tp_new = region_new,
     .tp_vectorcall = region_vectorcall,
 };

@@ -163,8 +163,11 @@ def _select_native() -> tuple[Any, str]:
         return None, "C extension not built (no C compiler at install time?)"
     base = type(_tls).__base__  # CPython's own, not a per-greenlet local (gevent patches threading.local)
     per_os_thread = (base.__module__, base.__qualname__) == ("_thread", "_local")
-    _region.init(_tls, new_id.__self__, _pending, RECORDER, _marker, _decorate,  # type: ignore[attr-defined]
-                 STATUS_ERROR, REGION, per_os_thread)
+    try:
+        _region.init(_tls, new_id.__self__, _pending, RECORDER, _marker, _decorate,  # type: ignore[attr-defined]
+                     STATUS_ERROR, REGION, per_os_thread)
+    except Exception as exc:  # an extension from another build of cltrace: the fallback runs
+        return None, f"{type(exc).__name__}: {exc}"
     return _region.Region, ""
 
 
@@ -172,6 +175,7 @@ _NativeRegion: Any
 REGION_WHY: str  # why the C region is not used ("" when it is)
 _NativeRegion, REGION_WHY = _select_native()
 REGION_PATH: str = "python" if _NativeRegion is None else "native"
+REGION_DETAIL: str = "native (C extension)" if _NativeRegion is not None else f"python (fallback: {REGION_WHY})"
 _RegionType: Any = _Region if _NativeRegion is None else _NativeRegion
 
 
