@@ -3,12 +3,17 @@
 Off: ``timing_region`` is one flag read and returns a shared no-op whose
 ``__enter__``/``__exit__`` are C callables (no frame, no allocation).
 On: a region takes two host clock reads and, with a queue, two markers;
-its record is a tuple pushed onto the recorder's deque at exit.
+its record is a tuple pushed onto the recorder's deque at exit. Its
+``__enter__``/``__exit__`` run in C (``_region``) where the extension is built,
+else in ``_Region`` below: same records, same shared stack, ids and deque.
+``REGION_PATH`` says which ("native" or "python"); ``CLTRACE_NATIVE=0`` forces Python.
 """
 from __future__ import annotations
 
 import functools
 import itertools
+import logging
+import os
 import threading
 import time
 from typing import Any, Callable, TypeVar
@@ -148,6 +153,33 @@ def _decorate(fn: F, name: str, queue: Any, attrs: dict[str, Any] | None, cat: s
     return wrapper  # type: ignore[return-value]
 
 
+def _select_native() -> tuple[Any, str]:
+    """The C region type, initialised with the state the Python one uses, or None and why not."""
+    if os.environ.get("CLTRACE_NATIVE", "").strip() == "0":
+        return None, "CLTRACE_NATIVE=0"
+    try:
+        from . import _region
+    except ImportError as exc:
+        logging.getLogger("cltrace").debug("cltrace: %s", exc)
+        return None, "C extension not built (no C compiler at install time?)"
+    base = type(_tls).__base__  # CPython's own, not a per-greenlet local (gevent patches threading.local)
+    per_os_thread = (base.__module__, base.__qualname__) == ("_thread", "_local")
+    try:
+        _region.init(_tls, new_id.__self__, _pending, RECORDER, _marker, _decorate,  # type: ignore[attr-defined]
+                     STATUS_ERROR, REGION, per_os_thread)
+    except Exception as exc:  # an extension from another build of cltrace: the fallback runs
+        return None, f"{type(exc).__name__}: {exc}"
+    return _region.Region, ""
+
+
+_NativeRegion: Any
+REGION_WHY: str  # why the C region is not used ("" when it is)
+_NativeRegion, REGION_WHY = _select_native()
+REGION_PATH: str = "python" if _NativeRegion is None else "native"
+REGION_DETAIL: str = "native (C extension)" if _NativeRegion is not None else f"python (fallback: {REGION_WHY})"
+_RegionType: Any = _Region if _NativeRegion is None else _NativeRegion
+
+
 def timing_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = None) -> Any:
     """A named region of work: ``with timing_region("forward", queue):`` or ``@timing_region("step")``.
 
@@ -167,6 +199,8 @@ def timing_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = N
         queue = _queues._default_queue
     if queue is not None and not has_profiling(queue):  # the message is built only on failure
         raise ProfilingNotEnabledError(f"timing_region({name!r})")
+    if _NativeRegion is not None:
+        return _NativeRegion(name, queue, attrs)
     r = _new_region(_Region)  # no __init__ frame: about a fifth of an enabled region's cost
     r.name = name
     r.queue = queue
@@ -191,7 +225,7 @@ def _open(name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> "_Re
         queue = active_queue()
     if queue is not None and not has_profiling(queue):  # the message is built only on failure
         raise ProfilingNotEnabledError(f"timing_region({name!r})")
-    return _Region(name, queue, attrs, cat)
+    return _RegionType(name, queue, attrs, cat)
 
 
 region = timing_region

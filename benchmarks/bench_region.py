@@ -1,0 +1,132 @@
+"""An enabled region's cost: the C region, the Python fallback and one OpenTelemetry SDK span, side by side.
+
+Rows (``with cltrace.timing_region("x"): pass`` with tracing on, hot path only, measured as
+``bench_core.py`` measures it: contenders alternate, best of ``--repeat`` rounds, the recorder's
+deque emptied between rounds):
+
+  native region      the C ``__enter__``/``__exit__`` (``cltrace.record._region``)
+  python region      the fallback ``regions._Region``, the code ``CLTRACE_NATIVE=0`` runs; switched
+                     on in this same process so both meet the same machine load
+  OTel span          ``start_as_current_span`` with SimpleSpanProcessor + InMemorySpanExporter
+                     (and BatchSpanProcessor for the second ratio)
+  device region      a region with a queue (two markers each), native and fallback
+
+    .venv/bin/python benchmarks/bench_region.py [--number 20000] [--repeat 9]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from typing import Callable, Iterator
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_core import best_per_call, fmt_time, otel_tracers  # noqa: E402  the same method
+
+import cltrace  # noqa: E402
+from cltrace.record import regions  # noqa: E402
+from cltrace.record.recorder import RECORDER  # noqa: E402
+
+
+@contextlib.contextmanager
+def python_regions() -> Iterator[None]:
+    """The fallback for the duration: what regions.py selects at import under CLTRACE_NATIVE=0."""
+    native, chosen = regions._NativeRegion, regions._RegionType
+    regions._NativeRegion, regions._RegionType = None, regions._Region
+    try:
+        yield
+    finally:
+        regions._NativeRegion, regions._RegionType = native, chosen
+
+
+def bench(number: int, repeat: int) -> list[tuple[str, float, float, float | None]]:
+    tr = cltrace.timing_region
+    simple, batch, otel_clear = otel_tracers()
+    q = cltrace.profiling_queue()
+    have_native = regions._NativeRegion is not None
+
+    def host() -> None:
+        with tr("x"):
+            pass
+
+    def dev() -> None:
+        with tr("x", q):
+            pass
+
+    def otel() -> None:
+        with simple.start_as_current_span("x"):
+            pass
+
+    def otel_batch() -> None:
+        with batch.start_as_current_span("x"):
+            pass
+
+    best: dict[str, float] = {}
+
+    def run(label: str, fn: Callable[[], None], n: int, python: bool, between: Callable[[], None]) -> None:
+        """One round of one contender (the fallback switched on around the whole round)."""
+        ctx = python_regions() if python else contextlib.nullcontext()
+        with ctx:
+            t = best_per_call({label: fn}, n, 1, between)[label]
+        best[label] = min(best.get(label, float("inf")), t)
+
+    def drop() -> None:
+        RECORDER.pending.clear()  # keep the hot path free of back-pressure drains
+        otel_clear()
+
+    def finish() -> None:
+        q.finish()
+        drop()
+
+    cltrace.start()
+    try:
+        for _ in range(repeat):  # rounds alternate between all contenders
+            if have_native:
+                run("native", host, number, False, drop)
+            run("python", host, number, True, drop)
+            run("otel", otel, number, False, drop)
+            run("otel_batch", otel_batch, number, False, drop)
+            if have_native:
+                run("native_dev", dev, max(1, number // 10), False, finish)
+            run("python_dev", dev, max(1, number // 10), True, finish)
+    finally:
+        cltrace.stop()
+        RECORDER.clear()
+
+    rows: list[tuple[str, float, float, float | None]] = []
+    if have_native:
+        rows += [("native region / OTel span (simple)", best["native"], best["otel"], 0.02),
+                 ("native region / OTel span (batch)", best["native"], best["otel_batch"], 0.02)]
+    rows += [("python region / OTel span (simple)", best["python"], best["otel"], 0.02),
+             ("python region / OTel span (batch)", best["python"], best["otel_batch"], 0.02)]
+    if have_native:
+        rows += [("native region / python region", best["native"], best["python"], None),
+                 ("native device region / python (2 markers)", best["native_dev"], best["python_dev"], None)]
+    else:
+        rows += [("python device region (2 markers) / OTel", best["python_dev"], best["otel"], None)]
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--number", type=int, default=20_000, help="regions per round")
+    ap.add_argument("--repeat", type=int, default=9, help="rounds; the best of each is kept")
+    args = ap.parse_args()
+    rows = bench(args.number, args.repeat)
+    path = regions.REGION_PATH if not regions.REGION_WHY else f"{regions.REGION_PATH} ({regions.REGION_WHY})"
+    print(f"enabled region cost  (region path at import: {path}; device: "
+          f"{cltrace.default_device().name.strip()}, best of {args.repeat}, cpus: {os.cpu_count()})")
+    head = f"{'benchmark':<44} {'cltrace':>10} {'baseline':>10} {'ratio':>8} {'target':>9}  ok"
+    print(head)
+    print("-" * len(head))
+    for name, ours, base, target in rows:
+        ratio = ours / base
+        tgt = f"<= {target:g}" if target is not None else "-"
+        ok = ("yes" if ratio <= target else "NO") if target is not None else ""
+        print(f"{name:<44} {fmt_time(ours):>10} {fmt_time(base):>10} {ratio:>8.3f} {tgt:>9}  {ok}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,732 @@
+/* The enabled region's hot path in C: ``Region.__enter__``/``__exit__`` without a Python frame.
+ *
+ * It mirrors ``regions._Region`` exactly and shares all of its state with the Python code, so
+ * native and Python records interleave: the per-thread stack (``regions._tls.stack``, a list of
+ * (span id, path) with the thread key in ``.key``), the id counter (``recorder._ids``), the
+ * recorder's deque and its back-pressure check (``len(pending) >= RECORDER._room``).
+ *
+ *   init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread)
+ *   Region(name, queue=None, attrs=None, cat=region_cat)
+ *   now()   the host clock as time.perf_counter_ns() reads it (for tests)
+ *
+ * The record is the 14-field tuple documented in recorder.py.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <time.h>
+
+static PyObject *g_tls, *g_ids, *g_pending, *g_append, *g_recorder, *g_marker, *g_decorate;
+static PyObject *g_status_error, *g_region_cat;
+static PyObject *s_stack, *s_key, *s_room, *s_drain, *s_name, *s_empty, *s_colon;
+static PyObject *g_zero, *g_empty_tuple;
+static int g_cache_stack; /* tls is a plain threading.local: one stack per OS thread, cacheable */
+
+/* time.perf_counter_ns(): CLOCK_MONOTONIC on Linux and the BSDs (CPython's _PyTime_GetPerfCounter);
+ * elsewhere the Python function itself is called. */
+#if defined(CLOCK_MONOTONIC) && !defined(__APPLE__) && !defined(_WIN32)
+#define NATIVE_CLOCK 1
+static inline int
+host_now(int64_t *out)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    *out = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    return 0;
+}
+#else
+#define NATIVE_CLOCK 0
+static PyObject *g_perf_ns;
+static inline int
+host_now(int64_t *out)
+{
+    PyObject *v = PyObject_CallNoArgs(g_perf_ns);
+    if (v == NULL)
+        return -1;
+    *out = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+#endif
+
+/* The thread's stack, ``tls.stack``. Where tls is a plain threading.local its per-thread value lives
+ * as long as the thread, like the thread state's dict, so it is kept there under the key ``tls``:
+ * one dict lookup instead of threading.local's attribute machinery. */
+static PyObject *
+thread_stack(void)
+{
+    if (!g_cache_stack)
+        return PyObject_GetAttr(g_tls, s_stack);
+    PyObject *tdict = PyThreadState_GetDict();
+    if (tdict == NULL)
+        return PyObject_GetAttr(g_tls, s_stack);
+    PyObject *st = PyDict_GetItemWithError(tdict, g_tls);
+    if (st != NULL) {
+        Py_INCREF(st);
+        return st;
+    }
+    if (PyErr_Occurred())
+        return NULL;
+    st = PyObject_GetAttr(g_tls, s_stack);
+    if (st != NULL && PyDict_SetItem(tdict, g_tls, st) < 0)
+        Py_CLEAR(st);
+    return st;
+}
+
+/* Tuples of atomic or untracked items are untracked by the collector at its next pass; untracking
+ * them now keeps the records waiting in the deque out of every collection. */
+static inline void
+untrack_if_atomic(PyObject *t)
+{
+    for (Py_ssize_t i = PyTuple_GET_SIZE(t); i--;) {
+        PyObject *e = PyTuple_GET_ITEM(t, i);
+        if (PyObject_IS_GC(e) && PyObject_GC_IsTracked(e))
+            return;
+    }
+    PyObject_GC_UnTrack(t);
+}
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *name, *queue, *attrs, *cat;
+    PyObject *st, *id, *parent, *path, *ev0; /* set by __enter__ */
+    int64_t hb;
+} Region;
+
+static PyTypeObject RegionType;
+static PyObject *region_dispatch(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+static int
+ready(void)
+{
+    if (g_tls == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cltrace.record._region: init() was not called");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *
+region_make(PyTypeObject *type, PyObject *name, PyObject *queue, PyObject *attrs, PyObject *cat)
+{
+    Region *r = PyObject_GC_New(Region, type);
+    if (r == NULL)
+        return NULL;
+    Py_INCREF(name);
+    r->name = name;
+    Py_INCREF(queue);
+    r->queue = queue;
+    Py_INCREF(attrs);
+    r->attrs = attrs;
+    Py_INCREF(cat);
+    r->cat = cat;
+    r->vectorcall = region_dispatch;
+    r->st = r->id = r->parent = r->path = r->ev0 = NULL;
+    r->hb = 0;
+    PyObject_GC_Track(r);
+    return (PyObject *)r;
+}
+
+static PyObject *
+region_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"name", "queue", "attrs", "cat", NULL};
+    PyObject *name, *queue = Py_None, *attrs = Py_None, *cat = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OOO:Region", kwlist, &name, &queue, &attrs, &cat))
+        return NULL;
+    if (cat == NULL) {
+        if (!ready())
+            return NULL;
+        cat = g_region_cat;
+    }
+    return region_make(type, name, queue, attrs, cat);
+}
+
+/* Region(name, queue, attrs, cat) by position: what regions.py calls on the hot path. */
+static PyObject *
+region_vectorcall(PyObject *type, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames != NULL || n < 1 || n > 4 || (n < 4 && g_region_cat == NULL)) {
+        PyObject *tuple = PyTuple_New(n);
+        if (tuple == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_INCREF(args[i]);
+            PyTuple_SET_ITEM(tuple, i, args[i]);
+        }
+        PyObject *kw = NULL;
+        if (kwnames != NULL) {
+            kw = PyDict_New();
+            Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+            for (Py_ssize_t i = 0; kw != NULL && i < nk; i++) {
+                if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[n + i]) < 0)
+                    Py_CLEAR(kw);
+            }
+            if (kw == NULL) {
+                Py_DECREF(tuple);
+                return NULL;
+            }
+        }
+        PyObject *r = region_new((PyTypeObject *)type, tuple, kw);
+        Py_DECREF(tuple);
+        Py_XDECREF(kw);
+        return r;
+    }
+    return region_make((PyTypeObject *)type, args[0], n > 1 ? args[1] : Py_None, n > 2 ? args[2] : Py_None,
+                       n > 3 ? args[3] : g_region_cat);
+}
+
+static int
+region_traverse(Region *r, visitproc visit, void *arg)
+{
+    Py_VISIT(r->name);
+    Py_VISIT(r->queue);
+    Py_VISIT(r->attrs);
+    Py_VISIT(r->cat);
+    Py_VISIT(r->st);
+    Py_VISIT(r->id);
+    Py_VISIT(r->parent);
+    Py_VISIT(r->path);
+    Py_VISIT(r->ev0);
+    return 0;
+}
+
+static int
+region_clear(Region *r)
+{
+    Py_CLEAR(r->name);
+    Py_CLEAR(r->queue);
+    Py_CLEAR(r->attrs);
+    Py_CLEAR(r->cat);
+    Py_CLEAR(r->st);
+    Py_CLEAR(r->id);
+    Py_CLEAR(r->parent);
+    Py_CLEAR(r->path);
+    Py_CLEAR(r->ev0);
+    return 0;
+}
+
+static void
+region_dealloc(Region *r)
+{
+    PyObject_GC_UnTrack(r);
+    region_clear(r);
+    PyObject_GC_Del(r);
+}
+
+/* __enter__: parent from the thread's stack, a new id, the path, (id, path) pushed; then the host
+ * clock and, with a queue, the first marker (the host bracket encloses the markers' QUEUED stamps). */
+static PyObject *
+region_enter(Region *self, PyObject *unused)
+{
+    if (!ready())
+        return NULL;
+    PyObject *st = thread_stack();
+    if (st == NULL)
+        return NULL;
+    if (!PyList_Check(st)) {
+        PyErr_SetString(PyExc_TypeError, "cltrace: the region stack is not a list");
+        Py_DECREF(st);
+        return NULL;
+    }
+    PyObject *parent, *ppath;
+    Py_ssize_t depth = PyList_GET_SIZE(st);
+    if (depth) {
+        PyObject *top = PyList_GET_ITEM(st, depth - 1);
+        if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(top, 1))) {
+            PyErr_SetString(PyExc_TypeError, "cltrace: a region stack entry is not (span id, path)");
+            Py_DECREF(st);
+            return NULL;
+        }
+        parent = PyTuple_GET_ITEM(top, 0);
+        ppath = PyTuple_GET_ITEM(top, 1);
+    } else {
+        parent = g_zero;
+        ppath = g_empty_tuple;
+    }
+    PyObject *sid = Py_TYPE(g_ids)->tp_iternext(g_ids);
+    if (sid == NULL) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    Py_ssize_t np = PyTuple_GET_SIZE(ppath);
+    PyObject *path = PyTuple_New(np + 1);
+    if (path == NULL) {
+        Py_DECREF(sid);
+        Py_DECREF(st);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < np; i++) {
+        PyObject *e = PyTuple_GET_ITEM(ppath, i);
+        Py_INCREF(e);
+        PyTuple_SET_ITEM(path, i, e);
+    }
+    Py_INCREF(self->name);
+    PyTuple_SET_ITEM(path, np, self->name);
+    untrack_if_atomic(path);
+    Py_INCREF(parent);
+    PyObject *entry = PyTuple_Pack(2, sid, path);
+    if (entry != NULL)
+        untrack_if_atomic(entry);
+    if (entry == NULL || PyList_Append(st, entry) < 0) {
+        Py_XDECREF(entry);
+        Py_DECREF(parent);
+        Py_DECREF(path);
+        Py_DECREF(sid);
+        Py_DECREF(st);
+        return NULL;
+    }
+    Py_DECREF(entry);
+    Py_XSETREF(self->st, st);
+    Py_XSETREF(self->id, sid);
+    Py_XSETREF(self->parent, parent);
+    Py_XSETREF(self->path, path);
+    if (host_now(&self->hb) < 0)
+        return NULL;
+    if (self->queue == Py_None) {
+        Py_INCREF(Py_None);
+        Py_XSETREF(self->ev0, Py_None);
+    } else {
+        PyObject *ev = PyObject_CallOneArg(g_marker, self->queue);
+        if (ev == NULL)
+            return NULL;
+        Py_XSETREF(self->ev0, ev);
+    }
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+/* Remove this region's entry from its stack: the top when closed in order, else wherever it is. */
+static int
+pop_entry(PyObject *st, PyObject *sid)
+{
+    Py_ssize_t n = PyList_GET_SIZE(st);
+    if (n) {
+        PyObject *top = PyList_GET_ITEM(st, n - 1);
+        PyObject *top_id = PyTuple_Check(top) && PyTuple_GET_SIZE(top) ? PyTuple_GET_ITEM(top, 0) : NULL;
+        if (top_id == NULL) {  /* same error as Python's st[-1][0] on a bad entry */
+            top_id = PySequence_GetItem(top, 0);
+            if (top_id == NULL)
+                return -1;
+            Py_DECREF(top_id);  /* still referenced by the entry */
+        }
+        int eq = top_id == sid ? 1 : PyObject_RichCompareBool(top_id, sid, Py_EQ);
+        if (eq < 0)
+            return -1;
+        if (eq) {  /* list.pop() without a shrink: the list keeps its room for the next push */
+            Py_SET_SIZE(st, n - 1);
+            Py_DECREF(top);
+            return 0;
+        }
+    }
+    /* closed out of order (generator/async misuse) */
+    PyObject *keep = PyList_New(0);
+    if (keep == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(st); i++) {
+        PyObject *e = PyList_GET_ITEM(st, i);
+        Py_INCREF(e);
+        PyObject *eid = PySequence_GetItem(e, 0);
+        int ne = eid == NULL ? -1 : PyObject_RichCompareBool(eid, sid, Py_NE);
+        Py_XDECREF(eid);
+        if (ne < 0 || (ne && PyList_Append(keep, e) < 0)) {
+            Py_DECREF(e);
+            Py_DECREF(keep);
+            return -1;
+        }
+        Py_DECREF(e);
+    }
+    int rc = PyList_SetSlice(st, 0, PyList_GET_SIZE(st), keep);
+    Py_DECREF(keep);
+    return rc;
+}
+
+static PyObject *
+error_text(PyObject *et, PyObject *ev)
+{
+    /* f"{et.__name__}: {ev}" */
+    PyObject *name = PyObject_GetAttr(et, s_name);
+    if (name == NULL)
+        return NULL;
+    PyObject *a = PyObject_Format(name, s_empty);
+    Py_DECREF(name);
+    if (a == NULL)
+        return NULL;
+    PyObject *b = PyObject_Format(ev, s_empty);
+    if (b == NULL) {
+        Py_DECREF(a);
+        return NULL;
+    }
+    PyObject *parts[3] = {a, s_colon, b};
+    PyObject *seq = PyTuple_New(3);
+    PyObject *out = NULL;
+    if (seq != NULL) {
+        for (int i = 0; i < 3; i++) {
+            Py_INCREF(parts[i]);
+            PyTuple_SET_ITEM(seq, i, parts[i]);
+        }
+        out = PyUnicode_Join(s_empty, seq);
+        Py_DECREF(seq);
+    }
+    Py_DECREF(a);
+    Py_DECREF(b);
+    return out;
+}
+
+static PyObject *
+region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "__exit__() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (self->st == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "cltrace: region exited without being entered");
+        return NULL;
+    }
+    PyObject *et = args[0], *ev = args[1];
+    PyObject *q = self->queue;
+    PyObject *ev1 = Py_None;
+    Py_INCREF(q);  /* set() or a marker call may run Python code */
+    if (q != Py_None) {
+        ev1 = PyObject_CallOneArg(g_marker, q);
+        if (ev1 == NULL) {
+            Py_DECREF(q);
+            return NULL;
+        }
+    } else {
+        Py_INCREF(ev1);
+    }
+    int64_t he;
+    PyObject *rec = NULL, *key = NULL;
+    if (host_now(&he) < 0)
+        goto fail;
+    PyObject *st = self->st;
+    if (pop_entry(st, self->id) < 0)
+        goto fail;
+    key = PyObject_GetAttr(st, s_key);
+    if (key == NULL)
+        goto fail;
+    rec = PyTuple_New(14);
+    if (rec == NULL)
+        goto fail;
+    PyObject *status = Py_None, *error;
+    if (et == Py_None) {
+        error = Py_None;
+        Py_INCREF(error);
+    } else {
+        status = g_status_error;
+        error = error_text(et, ev);
+        if (error == NULL)
+            goto fail;
+    }
+    PyObject *hb = PyLong_FromLongLong(self->hb), *he_o = PyLong_FromLongLong(he);
+    if (hb == NULL || he_o == NULL) {
+        Py_XDECREF(hb);
+        Py_XDECREF(he_o);
+        Py_DECREF(error);
+        goto fail;
+    }
+    PyObject *ev0 = self->ev0 ? self->ev0 : Py_None;
+    PyObject *attrs = self->attrs ? self->attrs : Py_None;
+#define PUT(i, o) do { Py_INCREF(o); PyTuple_SET_ITEM(rec, i, o); } while (0)
+    PUT(0, self->cat);
+    PUT(1, self->name);
+    PUT(2, self->id);
+    PUT(3, self->parent);
+    PUT(4, self->path);
+    PyTuple_SET_ITEM(rec, 5, key);
+    key = NULL;
+    PyTuple_SET_ITEM(rec, 6, hb);
+    PyTuple_SET_ITEM(rec, 7, he_o);
+    PyTuple_SET_ITEM(rec, 8, q);
+    q = NULL;
+    PUT(9, ev0);
+    PyTuple_SET_ITEM(rec, 10, ev1);
+    ev1 = NULL;
+    PUT(11, attrs);
+    PUT(12, status);
+    PyTuple_SET_ITEM(rec, 13, error);
+#undef PUT
+    untrack_if_atomic(rec);
+    PyObject *res = PyObject_CallOneArg(g_append, rec);
+    Py_DECREF(rec);
+    rec = NULL;
+    if (res == NULL)
+        return NULL;
+    Py_DECREF(res);
+    /* back-pressure: if len(pending) >= RECORDER._room: RECORDER._drain_backpressure() */
+    Py_ssize_t n = PyObject_Size(g_pending);
+    if (n < 0)
+        return NULL;
+    PyObject *room_o = PyObject_GetAttr(g_recorder, s_room);
+    if (room_o == NULL)
+        return NULL;
+    int full, overflow = 0;
+    long long room = PyLong_CheckExact(room_o) ? PyLong_AsLongLongAndOverflow(room_o, &overflow) : 0;
+    if (PyLong_CheckExact(room_o) && !overflow) {
+        full = (long long)n >= room;
+    } else {
+        PyObject *n_o = PyLong_FromSsize_t(n);
+        full = n_o == NULL ? -1 : PyObject_RichCompareBool(n_o, room_o, Py_GE);
+        Py_XDECREF(n_o);
+    }
+    Py_DECREF(room_o);
+    if (full < 0)
+        return NULL;
+    if (full) {
+        res = PyObject_CallMethodNoArgs(g_recorder, s_drain);
+        if (res == NULL)
+            return NULL;
+        Py_DECREF(res);
+    }
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(q);
+    Py_XDECREF(ev1);
+    Py_XDECREF(key);
+    Py_XDECREF(rec);
+    return NULL;
+}
+
+static PyObject *
+region_set(Region *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "set() takes 2 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (self->attrs == NULL || self->attrs == Py_None) {
+        PyObject *d = PyDict_New();
+        if (d == NULL)
+            return NULL;
+        Py_XSETREF(self->attrs, d);
+    }
+    PyObject *attrs = self->attrs;
+    Py_INCREF(attrs);
+    int rc = PyObject_SetItem(attrs, args[0], args[1]);
+    Py_DECREF(attrs);
+    if (rc < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+region_decorate(Region *self, PyObject *fn)
+{
+    if (!ready())
+        return NULL;
+    PyObject *a[5] = {fn, self->name, self->queue, self->attrs ? self->attrs : Py_None, self->cat};
+    return PyObject_Vectorcall(g_decorate, a, 5, NULL);
+}
+
+/* Calling a region: with one function, decorate it (``@region(...)``); with no argument, enter;
+ * with three, exit. ``with`` looks ``__enter__``/``__exit__`` up through ``EnterExit`` below, which
+ * hands back the region itself rather than a new bound method: two allocations fewer per region. */
+static PyObject *
+region_dispatch(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+    if (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0) {
+        if (n == 0)
+            return region_enter((Region *)self, NULL);
+        if (n == 3)
+            return region_exit((Region *)self, args, 3);
+        if (n == 1)
+            return region_decorate((Region *)self, args[0]);
+    }
+    PyErr_SetString(PyExc_TypeError, "a region is called with one function (as a decorator)");
+    return NULL;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *method; /* the plain method descriptor, for access through the class */
+} EnterExit;
+
+static PyObject *
+enterexit_get(EnterExit *d, PyObject *obj, PyObject *type)
+{
+    PyObject *out = (obj == NULL || obj == Py_None) ? d->method : obj;
+    Py_INCREF(out);
+    return out;
+}
+
+static void
+enterexit_dealloc(EnterExit *d)
+{
+    Py_XDECREF(d->method);
+    PyObject_Free(d);
+}
+
+static PyTypeObject EnterExitType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cltrace.record._region.EnterExit",
+    .tp_basicsize = sizeof(EnterExit),
+    .tp_dealloc = (destructor)enterexit_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_descr_get = (descrgetfunc)enterexit_get,
+};
+
+static PyMethodDef enter_exit_defs[] = {
+    {"__enter__", (PyCFunction)region_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))region_exit, METH_FASTCALL, NULL},
+};
+
+static PyMethodDef region_methods[] = {
+    {"set", (PyCFunction)(void (*)(void))region_set, METH_FASTCALL, "set(key, value): attach an attribute to this region."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef region_members[] = {
+    {"name", T_OBJECT, offsetof(Region, name), 0, NULL},
+    {"queue", T_OBJECT, offsetof(Region, queue), 0, NULL},
+    {"attrs", T_OBJECT, offsetof(Region, attrs), 0, NULL},
+    {"cat", T_OBJECT, offsetof(Region, cat), 0, NULL},
+    /* the Python class's slots, readable once entered */
+    {"_st", T_OBJECT_EX, offsetof(Region, st), READONLY, NULL},
+    {"_id", T_OBJECT_EX, offsetof(Region, id), READONLY, NULL},
+    {"_parent", T_OBJECT_EX, offsetof(Region, parent), READONLY, NULL},
+    {"_path", T_OBJECT_EX, offsetof(Region, path), READONLY, NULL},
+    {"_ev0", T_OBJECT_EX, offsetof(Region, ev0), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyObject *
+region_get_hb(Region *self, void *closure)
+{
+    if (self->st == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "_hb");
+        return NULL;
+    }
+    return PyLong_FromLongLong(self->hb);
+}
+
+static PyGetSetDef region_getset[] = {
+    {"_hb", (getter)region_get_hb, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RegionType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cltrace.record._region.Region",
+    .tp_basicsize = sizeof(Region),
+    .tp_dealloc = (destructor)region_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Region, vectorcall),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A named region (regions._Region in C): Region(name, queue=None, attrs=None, cat='region').",
+    .tp_traverse = (traverseproc)region_traverse,
+    .tp_clear = (inquiry)region_clear,
+    .tp_methods = region_methods,
+    .tp_members = region_members,
+    .tp_getset = region_getset,
+    .tp_new = region_new,
+    .tp_vectorcall = region_vectorcall,
+};
+
+static PyObject *
+mod_init(PyObject *mod, PyObject *args)
+{
+    PyObject *tls, *ids, *pending, *recorder, *marker, *decorate, *status_error, *region_cat;
+    int per_os_thread;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOp:init", &tls, &ids, &pending, &recorder, &marker, &decorate,
+                          &status_error, &region_cat, &per_os_thread))
+        return NULL;
+    if (Py_TYPE(ids)->tp_iternext == NULL)
+        return PyErr_Format(PyExc_TypeError, "init: ids must be an iterator (itertools.count)");
+    PyObject *append = PyObject_GetAttrString(pending, "append");
+    if (append == NULL)
+        return NULL;
+#define KEEP(g, o) do { Py_INCREF(o); Py_XSETREF(g, o); } while (0)
+    KEEP(g_tls, tls);
+    KEEP(g_ids, ids);
+    KEEP(g_pending, pending);
+    Py_XSETREF(g_append, append);
+    KEEP(g_recorder, recorder);
+    KEEP(g_marker, marker);
+    KEEP(g_decorate, decorate);
+    KEEP(g_status_error, status_error);
+    KEEP(g_region_cat, region_cat);
+#undef KEEP
+    g_cache_stack = per_os_thread;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+mod_now(PyObject *mod, PyObject *unused)
+{
+    int64_t t;
+    if (host_now(&t) < 0)
+        return NULL;
+    return PyLong_FromLongLong(t);
+}
+
+static PyMethodDef methods[] = {
+    {"init", mod_init, METH_VARARGS,
+     "init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread): "
+     "share the Python state (per_os_thread: tls is a plain threading.local)."},
+    {"now", mod_now, METH_NOARGS, "The host clock in ns, read as time.perf_counter_ns() reads it."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "cltrace.record._region",
+    "The enabled region's enter/exit in C (see cltrace.record.regions).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__region(void)
+{
+    if (PyType_Ready(&EnterExitType) < 0 || PyType_Ready(&RegionType) < 0)
+        return NULL;
+    for (int i = 0; i < 2; i++) {
+        EnterExit *d = PyObject_New(EnterExit, &EnterExitType);
+        if (d == NULL)
+            return NULL;
+        d->method = PyDescr_NewMethod(&RegionType, &enter_exit_defs[i]);
+        if (d->method == NULL || PyDict_SetItemString(RegionType.tp_dict, enter_exit_defs[i].ml_name, (PyObject *)d) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    PyType_Modified(&RegionType);
+#define STR(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return NULL
+    STR(s_stack, "stack");
+    STR(s_key, "key");
+    STR(s_room, "_room");
+    STR(s_drain, "_drain_backpressure");
+    STR(s_name, "__name__");
+    STR(s_empty, "");
+    STR(s_colon, ": ");
+#undef STR
+    if ((g_zero = PyLong_FromLong(0)) == NULL || (g_empty_tuple = PyTuple_New(0)) == NULL)
+        return NULL;
+#if !NATIVE_CLOCK
+    PyObject *time_mod = PyImport_ImportModule("time");
+    if (time_mod == NULL)
+        return NULL;
+    g_perf_ns = PyObject_GetAttrString(time_mod, "perf_counter_ns");
+    Py_DECREF(time_mod);
+    if (g_perf_ns == NULL)
+        return NULL;
+#endif
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&RegionType);
+    if (PyModule_AddObject(m, "Region", (PyObject *)&RegionType) < 0 ||
+        PyModule_AddIntConstant(m, "NATIVE_CLOCK", NATIVE_CLOCK) < 0) {
+        Py_DECREF(&RegionType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
