@@ -57,6 +57,17 @@ def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
         raise CltraceError(f"--otlp {args.otlp}: {exc}") from None
 
 
+def _native_parts() -> dict[str, str]:
+    """Which implementation each native part of the pipeline runs: "native (C extension)" or "python (...)"."""
+    from ..export import chrome_lines
+    from ..export.perfetto import encoder
+    from ..record import regions
+    from ..timeline import stamps
+
+    return {"event stamps": stamps.DETAIL, "regions": regions.REGION_DETAIL,
+            "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL}
+
+
 def cmd_devices(args: argparse.Namespace) -> int:
     import pyopencl as cl
 
@@ -87,7 +98,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
                    "hardware_id": info.hardware_id, "type": cl.device_type.to_string(d.type),
                    "driver": d.driver_version.strip(), "profiling": prof,
                    "timer_resolution_ns": d.profiling_timer_resolution, "default": d.int_ptr == default,
-                   "span_pipeline": stamps.PATH}
+                   "span_pipeline": stamps.PATH, "native_parts": _native_parts()}
             if prof:
                 try:
                     clk = DeviceClock(d, cl.Context([d]), samples=args.samples)
@@ -110,6 +121,8 @@ def cmd_devices(args: argparse.Namespace) -> int:
             elif c:
                 say(f"     clock: calibration failed: {c['error']}")
     say(f"span pipeline: {stamps.DETAIL}")
+    for part, detail in _native_parts().items():
+        say(f"  {part}: {detail}")
     if args.json:
         print(json.dumps(rows, indent=2, default=str))
     else:
