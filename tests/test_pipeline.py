@@ -131,8 +131,10 @@ def test_no_long_stall_from_cltrace_under_thread_stress(tmp_path):
     # 2 shared cores: allow scheduling noise, but not the seconds-long freezes of a resolving hot path.
     assert on <= off + 0.1, (off, on)
     assert empty <= 50_000_000, empty
-    assert int(recorded) > 0 and int(lost) == 0
-    assert len(tracefile.load(tmp_path / "s.json")[0]) == int(recorded)
+    # Spans the worker could not keep up with (the pure-Python fallback on 2 shared cores) are
+    # dropped, never waited for, and the file says exactly how many.
+    spans, meta = tracefile.load(tmp_path / "s.json")
+    assert int(recorded) > 0 and len(spans) == int(recorded) and meta["dropped_spans"] == int(lost)
 
 
 KILLED = """
