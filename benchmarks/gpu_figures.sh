@@ -19,6 +19,6 @@ for step in $steps; do
     fallback) CLTRACE_NATIVE=0 python3 benchmarks/bench_pipeline.py --launches 100000 --rounds 2 --capacity-spans 100000 --stall-s 2 2>&1 | tee "$out/pipeline-fallback.txt" ;;
     clock) python3 benchmarks/clock_proof.py --seconds 10 --launches 2000 2>&1 | tail -8 | tee "$out/clock.txt" ;;
     multi) python3 benchmarks/multi_gpu_proof.py "$out/mgpu" 2>&1 | tail -40 | tee "$out/multi.txt" ;;
-    tune) python3 benchmarks/tune_stability.py --gpu 2>&1 | tail -30 | tee "$out/tune.txt" ;;
+    tune) python3 benchmarks/tune_stability.py --size 2048 --hogs 0 2>&1 | tail -40 | tee "$out/tune.txt" ;;
   esac
 done
