@@ -50,7 +50,8 @@ new_id: Callable[[], int] = _ids.__next__  # atomic under the GIL
 perf_ns = time.perf_counter_ns
 
 CHUNK = 4096  # records resolved per step: the worker gives the GIL back between steps
-FIRST_FLUSH_S = 0.25  # first bytes on disk this soon after the first sink is attached
+FIRST_FLUSH_S = 0.25
+MERGE_ROWS = 1 << 18  # rows of a merged block of the in-memory store  # first bytes on disk this soon after the first sink is attached
 
 
 class Recorder:
@@ -240,12 +241,19 @@ class Recorder:
             self.memory_dropped += n - max(room, 0)
 
     def _keep(self, batch: SpanBatch) -> None:
-        self._store.append(batch)
+        store = self._store
+        store.append(batch)
         self._stored += batch.n
-        if len(self._store) > 64:  # few large batches: less per-batch overhead
-            merged = SpanBatch.concat(self.tables, list(self._store))
-            self._store.clear()
-            self._store.append(merged)
+        # Small batches are merged into blocks of ~MERGE_ROWS rows, never the whole store again:
+        # each span is copied at most once, and no merge holds the GIL for long.
+        small = 0
+        for b in reversed(store):
+            if b.n >= MERGE_ROWS:
+                break
+            small += 1
+        if small >= 64:
+            merged = SpanBatch.concat(self.tables, [store.pop() for _ in range(small)][::-1])
+            store.append(merged)
 
     def flush(self, block: bool = True) -> None:
         """Resolve queued records (waiting for their commands if ``block``) and flush the sinks."""
