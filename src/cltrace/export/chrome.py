@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import IO, Any, Sequence
 
 import numpy as np
@@ -147,6 +148,8 @@ class ChromeTraceSink:
         self._clocks_written = ""
         self.bytes_written = 0
         self.events_written = 0
+        self.spans_written = 0
+        self.first_spans_flushed_ns: int | None = None
 
     # -- SpanSink ---------------------------------------------------------------
     def start(self, recorder: Any) -> None:
@@ -180,6 +183,7 @@ class ChromeTraceSink:
         with_flow = int(np.count_nonzero(flags == DEVICE))  # a device slice, not a region
         self.events_written += b.n + int(np.count_nonzero(flags & DEVICE)) + 2 * with_flow
         self._since_flush += b.n
+        self.spans_written += b.n
         if self._since_flush >= self.flush_every:
             self._flush_os()
 
@@ -258,8 +262,6 @@ class ChromeTraceSink:
         if self._fh is None:
             return
         now = self._recorder.start_ns if self._recorder else 0
-        import time
-
         ts = _us(time.perf_counter_ns() - now)
         lines = [
             f'{{"ph":"C","name":"cltrace.dropped_spans","pid":{self._host_pid},"tid":0,"ts":{ts},'
@@ -348,6 +350,8 @@ class ChromeTraceSink:
     def _flush_os(self) -> None:
         self._since_flush = 0
         self._fh.flush()  # type: ignore[union-attr]
+        if self.first_spans_flushed_ns is None and self.spans_written:
+            self.first_spans_flushed_ns = time.perf_counter_ns()  # when spans first reached the OS
 
     @staticmethod
     def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> str:
