@@ -1,0 +1,80 @@
+"""Where a traced thread's longest pause comes from: the stall loop of bench_pipeline under variants.
+
+    python benchmarks/stall_probe.py [--seconds 3]
+
+Each variant prints the longest pause between iterations (50 launches + finish + an empty region) on
+two threads, when in the run it happened, and the worker's counters at the end.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import threading
+import time
+
+import pyopencl as cl
+
+import cltrace
+from cltrace.record.recorder import RECORDER
+
+SRC = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
+
+
+def loop(q: cl.CommandQueue, prg: cl.Program, buf: cl.Buffer, seconds: float) -> tuple[float, float]:
+    worst = [0.0, 0.0]
+    t0 = time.perf_counter()
+
+    def body() -> None:
+        k = cl.Kernel(prg, "k")
+        end = time.perf_counter() + seconds
+        last = time.perf_counter()
+        while time.perf_counter() < end:
+            for _ in range(50):
+                cltrace.launch(k, q, (1024,), None, buf)
+            q.finish()
+            with cltrace.region("empty"):
+                pass
+            now = time.perf_counter()
+            if now - last > worst[0]:
+                worst[0], worst[1] = now - last, last - t0
+            last = now
+
+    ts = [threading.Thread(target=body) for _ in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return worst[0], worst[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    a = ap.parse_args()
+    q = cltrace.profiling_queue()
+    prg = cl.Program(q.context, SRC).build()
+    buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+    print("untraced: longest %.2f ms at %.2f s" % tuple(x * f for x, f in zip(loop(q, prg, buf, 1.0), (1e3, 1))))
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = {
+            "no outputs": lambda: cltrace.start(),
+            "no recalibration": lambda: (setattr(RECORDER.clocks, "recalibrate_s", 1e9),
+                                         cltrace.start(os.path.join(tmp, "a.json"), os.path.join(tmp, "a.pftrace"))),
+            "json+pftrace": lambda: (setattr(RECORDER.clocks, "recalibrate_s", 2.0),
+                                     cltrace.start(os.path.join(tmp, "b.json"), os.path.join(tmp, "b.pftrace"))),
+            "json+pftrace again (clock exists)": lambda: cltrace.start(os.path.join(tmp, "c.json")),
+        }
+        for name, begin in variants.items():
+            RECORDER.clear()
+            t = time.perf_counter()
+            begin()
+            started = time.perf_counter() - t
+            worst, at = loop(q, prg, buf, a.seconds)
+            cltrace.stop()
+            print(f"{name}: start() {started * 1e3:.1f} ms; longest {worst * 1e3:.2f} ms at {at:.2f} s; "
+                  f"recorded {RECORDER.recorded}, lost {RECORDER.lost}, device waits {RECORDER.device_waits}")
+
+
+if __name__ == "__main__":
+    main()
