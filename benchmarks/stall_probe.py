@@ -8,6 +8,7 @@ two threads, when in the run it happened, and the worker's counters at the end.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import tempfile
 import threading
@@ -51,10 +52,13 @@ def loop(q: cl.CommandQueue, prg: cl.Program, buf: cl.Buffer, seconds: float) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--heap", type=int, default=0, help="GC-tracked objects the program holds (e.g. 3000000)")
     a = ap.parse_args()
     q = cltrace.profiling_queue()
     prg = cl.Program(q.context, SRC).build()
     buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+    heap = [[i] for i in range(a.heap)]  # a program's own long-lived objects, which a full GC walks
+    print(f"heap: {len(heap)} objects the collector tracks")
     print("untraced: longest %.2f ms at %.2f s" % tuple(x * f for x, f in zip(loop(q, prg, buf, 1.0), (1e3, 1))))
     with tempfile.TemporaryDirectory() as tmp:
         variants = {
@@ -64,6 +68,8 @@ def main() -> None:
             "json+pftrace": lambda: (setattr(RECORDER.clocks, "recalibrate_s", 2.0),
                                      cltrace.start(os.path.join(tmp, "b.json"), os.path.join(tmp, "b.pftrace"))),
             "json+pftrace again (clock exists)": lambda: cltrace.start(os.path.join(tmp, "c.json")),
+            "json+pftrace, cyclic GC off": lambda: (gc.disable(), cltrace.start(os.path.join(tmp, "d.json"),
+                                                                                os.path.join(tmp, "d.pftrace"))),
         }
         for name, begin in variants.items():
             RECORDER.clear()
@@ -72,6 +78,7 @@ def main() -> None:
             started = time.perf_counter() - t
             worst, at = loop(q, prg, buf, a.seconds)
             cltrace.stop()
+            gc.enable()
             print(f"{name}: start() {started * 1e3:.1f} ms; longest {worst * 1e3:.2f} ms at {at:.2f} s; "
                   f"recorded {RECORDER.recorded}, lost {RECORDER.lost}, device waits {RECORDER.device_waits}")
 
