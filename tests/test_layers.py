@@ -17,9 +17,9 @@ ROOT = Path(cltrace.__file__).parent
 
 # Lowest first. A module may import its own package and any package of a lower rank.
 LAYERS = ["timeline", "record", "export", "read", "analyze", "capture", "programs", "tune", "cli"]
-BASE = {"cltrace.errors", "cltrace._state", "cltrace._version"}  # importable from anywhere
+BASE = {"cltrace.errors", "cltrace._state", "cltrace._version", "cltrace._native"}  # importable from anywhere
 FACADE = {"cltrace", "cltrace.__main__"}  # the public facade may import anything
-TOP_LEVEL_ALLOWED = {"__init__.py", "__main__.py", "errors.py", "_state.py", "_version.py"}
+TOP_LEVEL_ALLOWED = {"__init__.py", "__main__.py", "errors.py", "_state.py", "_version.py", "_native.py"}
 
 
 def _modules() -> dict[str, Path]:

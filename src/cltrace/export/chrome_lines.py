@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from typing import Callable, NamedTuple
 
 import numpy as np
+
+from .._native import choose
 
 log = logging.getLogger("cltrace")
 
@@ -102,23 +103,12 @@ def _load_native() -> Encoder:
     return encode
 
 
-def _select() -> tuple[Encoder | None, str]:
-    if os.environ.get("CLTRACE_NATIVE", "").strip() == "0":
-        return None, "CLTRACE_NATIVE=0"
-    try:
-        return _load_native(), ""
-    except ImportError as exc:
-        return None, str(exc)
-
-
 PYTHON: Encoder = encode_python
-NATIVE: Encoder | None
-WHY: str  # why NATIVE is None ("" when it is active)
-NATIVE, WHY = _select()
-if NATIVE is None:
-    log.debug("cltrace: Chrome JSON lines encoded by the Python fallback (%s)", WHY)
-PATH: str = "python" if NATIVE is None else "native"
-DETAIL: str = "native (C extension)" if NATIVE is not None else f"python (fallback: {WHY})"
+_CHOICE = choose("the Chrome JSON encoder", _load_native)
+NATIVE: Encoder | None = _CHOICE.native
+WHY: str = _CHOICE.why  # why NATIVE is None ("" when it is active)
+PATH: str = _CHOICE.path
+DETAIL: str = _CHOICE.detail
 encode: Encoder = NATIVE or PYTHON
 
 __all__ = ["INTS", "IDX", "DEVICE", "NO_FLOW", "Tables", "encode", "encode_python", "PATH", "DETAIL"]

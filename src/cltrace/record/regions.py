@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable, TypeVar
@@ -21,6 +20,7 @@ from typing import Any, Callable, TypeVar
 import pyopencl as cl
 
 from .. import _state
+from .._native import choose
 from ..errors import ProfilingNotEnabledError
 from .failures import named_error, sizes
 from . import queues as _queues
@@ -153,30 +153,25 @@ def _decorate(fn: F, name: str, queue: Any, attrs: dict[str, Any] | None, cat: s
     return wrapper  # type: ignore[return-value]
 
 
-def _select_native() -> tuple[Any, str]:
-    """The C region type, initialised with the state the Python one uses, or None and why not."""
-    if os.environ.get("CLTRACE_NATIVE", "").strip() == "0":
-        return None, "CLTRACE_NATIVE=0"
+def _load_native() -> Any:
+    """The C region type, initialised with the state the Python one uses."""
     try:
         from . import _region
     except ImportError as exc:
         logging.getLogger("cltrace").debug("cltrace: %s", exc)
-        return None, "C extension not built (no C compiler at install time?)"
+        raise ImportError("C extension not built (no C compiler at install time?)") from None
     base = type(_tls).__base__  # CPython's own, not a per-greenlet local (gevent patches threading.local)
     per_os_thread = (base.__module__, base.__qualname__) == ("_thread", "_local")
-    try:
-        _region.init(_tls, new_id.__self__, _pending, RECORDER, _marker, _decorate,  # type: ignore[attr-defined]
-                     STATUS_ERROR, REGION, per_os_thread)
-    except Exception as exc:  # an extension from another build of cltrace: the fallback runs
-        return None, f"{type(exc).__name__}: {exc}"
-    return _region.Region, ""
+    _region.init(_tls, new_id.__self__, _pending, RECORDER, _marker, _decorate,  # type: ignore[attr-defined]
+                 STATUS_ERROR, REGION, per_os_thread)
+    return _region.Region
 
 
-_NativeRegion: Any
-REGION_WHY: str  # why the C region is not used ("" when it is)
-_NativeRegion, REGION_WHY = _select_native()
-REGION_PATH: str = "python" if _NativeRegion is None else "native"
-REGION_DETAIL: str = "native (C extension)" if _NativeRegion is not None else f"python (fallback: {REGION_WHY})"
+_CHOICE = choose("regions", _load_native)
+_NativeRegion: Any = _CHOICE.native
+REGION_WHY: str = _CHOICE.why  # why the C region is not used ("" when it is)
+REGION_PATH: str = _CHOICE.path
+REGION_DETAIL: str = _CHOICE.detail
 _RegionType: Any = _Region if _NativeRegion is None else _NativeRegion
 
 

@@ -18,6 +18,8 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from .._native import choose
+
 log = logging.getLogger("cltrace")
 
 _COMPLETE = 0
@@ -173,22 +175,11 @@ def _load_native() -> Impl:
     return Impl(handles, read, wait)
 
 
-def _select() -> tuple[Impl | None, str]:
-    if os.environ.get("CLTRACE_NATIVE", "").strip() == "0":
-        return None, "CLTRACE_NATIVE=0"
-    try:
-        return _load_native(), ""
-    except Exception as exc:  # not built, or the library lacks the entry points: the fallback runs
-        return None, str(exc) if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
-
-
-NATIVE: Impl | None
-WHY: str  # why NATIVE is None ("" when it is active)
-NATIVE, WHY = _select()
-if NATIVE is None:
-    log.debug("cltrace: stamps read by the Python fallback (%s)", WHY)
-PATH: str = "python" if NATIVE is None else "native"
-DETAIL: str = "native (C extension)" if NATIVE is not None else f"python (fallback: {WHY})"
+_CHOICE = choose("reading event stamps", _load_native)
+NATIVE: Impl | None = _CHOICE.native
+WHY: str = _CHOICE.why  # why NATIVE is None ("" when it is active)
+PATH: str = _CHOICE.path
+DETAIL: str = _CHOICE.detail
 _active = NATIVE or PYTHON
 
 

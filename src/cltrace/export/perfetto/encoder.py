@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib
 import logging
-import os
 from typing import Callable
 
 import numpy as np
+
+from ..._native import choose
 
 from .columns import NCOLS
 from .layout import NCONSTS, RUN_COLS, Strings, encode_rows as _python_encode_rows
@@ -38,23 +39,12 @@ def _load_native() -> EncodeRows:
     return encode_rows
 
 
-def _select() -> tuple[EncodeRows | None, str]:
-    if os.environ.get("CLTRACE_NATIVE", "").strip() == "0":
-        return None, "CLTRACE_NATIVE=0"
-    try:
-        return _load_native(), ""
-    except ImportError as exc:
-        return None, str(exc)
-
-
 PYTHON: EncodeRows = _python_encode_rows
-NATIVE: EncodeRows | None
-WHY: str  # why NATIVE is None ("" when it is active)
-NATIVE, WHY = _select()
-if NATIVE is None:
-    log.debug("cltrace: .pftrace rows encoded by the numpy fallback (%s)", WHY)
-PATH: str = "python" if NATIVE is None else "native"
-DETAIL: str = "native (C extension)" if NATIVE is not None else f"python (fallback: {WHY})"
+_CHOICE = choose("the .pftrace row encoder", _load_native)
+NATIVE: EncodeRows | None = _CHOICE.native
+WHY: str = _CHOICE.why  # why NATIVE is None ("" when it is active)
+PATH: str = _CHOICE.path
+DETAIL: str = _CHOICE.detail
 encode_rows: EncodeRows = NATIVE or PYTHON
 
 __all__ = ["PATH", "DETAIL", "WHY", "NATIVE", "PYTHON", "encode_rows"]

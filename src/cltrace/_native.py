@@ -1,0 +1,42 @@
+"""Choosing between a native part and its pure-Python fallback, the same way for every part.
+
+``CLTRACE_NATIVE=0`` forces the fallbacks; a part whose extension is missing or does not load
+falls back silently (a debug log line), and says why in its ``DETAIL`` ("native (C extension)"
+or "python (fallback: <why>)"), which ``cltrace devices`` prints.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, NamedTuple
+
+log = logging.getLogger("cltrace")
+
+
+class Choice(NamedTuple):
+    native: Any  # what the loader returned, or None
+    why: str  # why the fallback runs ("" when the native part does)
+
+    @property
+    def path(self) -> str:
+        return "python" if self.native is None else "native"
+
+    @property
+    def detail(self) -> str:
+        return "native (C extension)" if self.native is not None else f"python (fallback: {self.why})"
+
+
+def choose(what: str, load: Callable[[], Any]) -> Choice:
+    """Run ``load`` (which imports and checks the extension) unless CLTRACE_NATIVE=0; never raises."""
+    if os.environ.get("CLTRACE_NATIVE", "").strip() == "0":
+        choice = Choice(None, "CLTRACE_NATIVE=0")
+    else:
+        try:
+            choice = Choice(load(), "")
+        except ImportError as exc:
+            choice = Choice(None, str(exc))
+        except Exception as exc:  # built for another cltrace, or the driver lacks an entry point
+            choice = Choice(None, f"{type(exc).__name__}: {exc}")
+    if choice.native is None:
+        log.debug("cltrace: %s runs the Python fallback (%s)", what, choice.why)
+    return choice
