@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import threading
 from typing import Any, Sequence
 
@@ -92,19 +91,7 @@ class ProgramCache:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         head = {"source_hash": src_hash, "options": list(options), "device_key": dev_key,
                 "size": len(binary), "sha256": hashlib.sha256(binary).hexdigest(), "build_log": build_log}
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(_MAGIC)
-                fh.write(json.dumps(head).encode("utf-8") + b"\n")
-                fh.write(binary)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        tunedb.write_atomically(path, _MAGIC + json.dumps(head).encode("utf-8") + b"\n" + binary)
         return path
 
     def remove(self, key: str) -> None:

@@ -82,10 +82,17 @@ def store(src_hash: str, options: Sequence[str], device_key: str, config: dict[s
     os.makedirs(os.path.dirname(path), exist_ok=True)
     doc = {"source_hash": src_hash, "options": list(options), "device_key": device_key,
            "signature": signature_of(signature), "config": config, **(extra or {})}
+    write_atomically(path, json.dumps(doc, default=str).encode("utf-8"))
+    return path
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, renamed over it; on any
+    failure the temporary file is removed and the error raised."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, default=str)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -93,7 +100,6 @@ def store(src_hash: str, options: Sequence[str], device_key: str, config: dict[s
         except OSError:
             pass
         raise
-    return path
 
 
 def _warn_once(path: str, what: str) -> None:
