@@ -249,3 +249,17 @@ def test_cltrace_native_0_forces_the_fallback_and_devices_says_so(tmp_path: Any)
         assert proc.returncode == 0, proc.stderr
         path = "python" if value == "0" else "native"
         assert json.loads(proc.stdout)[0]["span_pipeline"] == path
+
+
+def test_transpose_gives_the_columns_of_the_records_on_both_paths() -> None:
+    records = [(i, f"k{i}", None, (1, 2), object()) for i in range(300)]
+    expected = list(zip(*records))
+    assert stamps.PYTHON.transpose(records) == expected
+    assert stamps.transpose([]) == [] and stamps.PYTHON.transpose([]) == []
+    if not DISABLED:
+        impl = native()
+        assert impl.transpose(records) == expected
+        with pytest.raises(TypeError):
+            impl.transpose([(1, 2), (3,)])
+        with pytest.raises(TypeError):
+            impl.transpose([(1, 2), [3, 4]])

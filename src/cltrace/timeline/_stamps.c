@@ -234,11 +234,56 @@ stamps_wait(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* transpose(records): the columns of a list of equal-length tuples, as list(zip(*records)) gives
+   them, in one pass (the resolver's first step on every batch). */
+static PyObject *stamps_transpose(PyObject *self, PyObject *records) {
+    (void)self;
+    if (!PyList_Check(records)) {
+        PyErr_SetString(PyExc_TypeError, "transpose: records must be a list of tuples");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    if (n == 0)
+        return PyList_New(0);
+    PyObject *first = PyList_GET_ITEM(records, 0);
+    if (!PyTuple_Check(first)) {
+        PyErr_SetString(PyExc_TypeError, "transpose: records must be tuples");
+        return NULL;
+    }
+    Py_ssize_t w = PyTuple_GET_SIZE(first);
+    PyObject *out = PyList_New(w);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t j = 0; j < w; j++) {
+        PyObject *col = PyTuple_New(n);
+        if (col == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, j, col);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rec = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) != w) {
+            Py_DECREF(out);
+            PyErr_SetString(PyExc_TypeError, "transpose: records must be tuples of one length");
+            return NULL;
+        }
+        for (Py_ssize_t j = 0; j < w; j++) {
+            PyObject *v = PyTuple_GET_ITEM(rec, j);
+            Py_INCREF(v);
+            PyTuple_SET_ITEM(PyList_GET_ITEM(out, j), i, v);
+        }
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"init", stamps_init, METH_VARARGS, "init(path): resolve the OpenCL entry points in the library at path."},
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
     {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps): fill status int32[N] and stamps int64[N, 4]."},
     {"wait", stamps_wait, METH_VARARGS, "wait(handles): wait for every event; a failed one does not stop the rest."},
+    {"transpose", stamps_transpose, METH_O, "transpose(records): list(zip(*records)) in one pass."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -75,7 +75,7 @@ class Resolver:
         if block:
             must = todo if limit is None else todo[:limit]
             stamps.wait(stamps.handles([e for r in must for e in (r[9], r[10]) if e is not None and r[8] is not None]))
-        cols = list(zip(*todo))
+        cols = stamps.transpose(todo)
         n = len(todo)
         queue, ev0, ev1 = cols[8], cols[9], cols[10]
         dev = (np.fromiter(map(is_not, queue, repeat(None)), bool, n)
@@ -107,7 +107,7 @@ class Resolver:
             todo = list(compress(todo, keep))
             if not todo:
                 return SpanBatch.empty(self.tables)
-            cols = list(zip(*todo))
+            cols = stamps.transpose(todo)
             n = len(todo)
             dev, status, raw, two = dev[keep], status[keep], raw[keep], two[keep]
         return self._columns(cols, n, dev, status, raw)

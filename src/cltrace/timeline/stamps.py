@@ -32,6 +32,7 @@ class Impl(NamedTuple):
     handles: Callable[[Sequence[Any]], np.ndarray]
     read: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     wait: Callable[[np.ndarray], None]
+    transpose: Callable[[list], list]
 
 
 def _as_handles(handles: Any) -> np.ndarray:
@@ -117,7 +118,11 @@ def _python_wait(handles: np.ndarray) -> None:
                 pass
 
 
-PYTHON = Impl(_python_handles, _python_read, _python_wait)
+def _python_transpose(records: list) -> list:
+    return list(zip(*records))
+
+
+PYTHON = Impl(_python_handles, _python_read, _python_wait, _python_transpose)
 
 
 # --- native: the C extension -------------------------------------------------------------------
@@ -172,7 +177,7 @@ def _load_native() -> Impl:
     def wait(handles: np.ndarray) -> None:
         _stamps.wait(_as_handles(handles))
 
-    return Impl(handles, read, wait)
+    return Impl(handles, read, wait, _stamps.transpose)
 
 
 _CHOICE = choose("reading event stamps", _load_native)
@@ -203,13 +208,18 @@ def wait(handles: np.ndarray) -> None:
     _active.wait(handles)
 
 
+def transpose(records: list) -> list:
+    """The columns of a list of raw records (``list(zip(*records))``), as the resolver reads them."""
+    return _active.transpose(records)
+
+
 def wait_events(events: Sequence[Any]) -> None:
     """``wait`` on pyopencl Events: cltrace's own waits, never recorded as the program's (``instrument``)."""
     if events:
         wait(handles(events))
 
 
-__all__ = ["PATH", "DETAIL", "handles", "read", "wait", "wait_events"]
+__all__ = ["PATH", "DETAIL", "handles", "read", "wait", "wait_events", "transpose"]
 
 
 def describe(code: int) -> str:
