@@ -23,7 +23,6 @@ import collections
 import itertools
 import logging
 import os
-import sys
 import threading
 import time
 from typing import Any, Callable
@@ -50,10 +49,9 @@ new_id: Callable[[], int] = _ids.__next__  # atomic under the GIL
 
 perf_ns = time.perf_counter_ns
 
-CHUNK = 4096  # records resolved per step (the cheapest per record): the worker gives the GIL back between steps
-FIRST_FLUSH_S = 0.25
+CHUNK = 4096  # records resolved per step (the cheapest per record); the worker yields the GIL between steps
+FIRST_FLUSH_S = 0.25  # first bytes on disk this soon after the first sink is attached
 MERGE_ROWS = 1 << 18  # rows of a merged block of the in-memory store
-SWITCH_S = 0.0005  # the interpreter's switch interval while tracing (see ``Recorder.activate``)  # first bytes on disk this soon after the first sink is attached
 
 
 class Recorder:
@@ -84,7 +82,6 @@ class Recorder:
         self._stop_worker = threading.Event()
         self._next_flush = 0.0
         self._clocks_flushed = 0
-        self._saved_switch: float | None = None
         self.meta: dict[str, Any] = {}
 
     def configure(self, capacity: int | None = None, overflow: str | None = None,
@@ -157,22 +154,12 @@ class Recorder:
 
     # ---- the worker -------------------------------------------------------------
     def activate(self) -> None:
-        """Start resolving in the background (tracing was switched on).
-
-        While tracing, the interpreter's switch interval is at most ``SWITCH_S``: a program thread
-        that gave the GIL up (inside an enqueue) gets it back from the worker within that, not
-        within CPython's default 5 ms (the convoy effect). ``deactivate`` restores it."""
+        """Start resolving in the background (tracing was switched on)."""
         self._ensure_worker()
         self._next_flush = time.monotonic() + FIRST_FLUSH_S
-        if self._saved_switch is None:
-            self._saved_switch = sys.getswitchinterval()
-            sys.setswitchinterval(min(self._saved_switch, SWITCH_S))
 
     def deactivate(self) -> None:
-        """Tracing was switched off: give the interpreter its switch interval back."""
-        if self._saved_switch is not None:
-            sys.setswitchinterval(self._saved_switch)
-            self._saved_switch = None
+        """Tracing was switched off (the worker finishes what is queued, then idles)."""
 
     def _ensure_worker(self) -> None:
         w = self._worker
