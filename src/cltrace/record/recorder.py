@@ -51,6 +51,7 @@ perf_ns = time.perf_counter_ns
 
 CHUNK = 4096  # records resolved per step (the cheapest per record); the worker yields the GIL between steps
 FIRST_FLUSH_S = 0.25  # first bytes on disk this soon after the first sink is attached
+FIRST_CHUNK = 256  # records a step until the first device's clock has been flushed
 MERGE_ROWS = 1 << 18  # rows of a merged block of the in-memory store
 
 
@@ -183,8 +184,10 @@ class Recorder:
             try:
                 while True:
                     if self.pending:
+                        # Small first steps: the first spans and the clock reach the files at once,
+                        # however slowly a chunk resolves (the pure-Python fallback on a busy core).
                         with self._lock:
-                            self._step(block=False, limit_records=CHUNK)
+                            self._step(block=False, limit_records=CHUNK if self._clocks_flushed else FIRST_CHUNK)
                     if self.sinks and (time.monotonic() >= self._next_flush
                                        or self.clocks.count != self._clocks_flushed):
                         self._flush_sinks()  # a new device's calibration reaches the files at once

@@ -18,8 +18,8 @@ I64 = np.int64
 # Integer columns: (name, dtype). "track" is the device track id, 0 for host-only spans; the
 # device columns of such rows are 0. "status" is 0 for ok, 1 for error.
 COLUMNS: tuple[tuple[str, Any], ...] = (
-    ("id", I64), ("parent", I64), ("name", np.int32), ("cat", np.int16), ("thread", np.int32),
-    ("host_begin", I64), ("host_end", I64), ("track", np.int32),
+    ("id", I64), ("parent", I64), ("name", np.int32), ("cat", np.int16), ("thread", I64),
+    ("host_begin", I64), ("host_end", I64), ("track", I64),
     ("dev_queued", I64), ("dev_submit", I64), ("dev_start", I64), ("dev_end", I64),
     ("raw_start", I64), ("raw_end", I64), ("status", np.int8), ("path", np.int32),
 )

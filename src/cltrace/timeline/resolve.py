@@ -40,7 +40,7 @@ class Resolver:
         self.clocks = clocks
         self.tables = tables or Tables()
         self.waiting: list[tuple] = []
-        self._queues: dict[tuple[int, int, int], tuple[int, Any, Any]] = {}
+        self._queues: dict[tuple[int, int, int, int], tuple[int, Any, Any]] = {}
         # (queue, thread) of an out-of-order queue -> end time of the last command on each lane
         self._lanes: dict[tuple[int, int, int], list[int]] = {}
         # parent id -> {device track: [min dev_start, max dev_end] of resolved children}
@@ -52,12 +52,14 @@ class Resolver:
         For an out-of-order queue the track is the one its regions go on; commands get lanes.
         """
         dev = queue.device
-        # The device is part of the key: a freed queue's address may come back on another device.
-        key = (queue.int_ptr, dev.int_ptr, thread)
+        props = queue.properties
+        # The device and the properties are part of the key: a freed queue's address may come back
+        # on another device, or as an out-of-order queue (whose commands need lanes).
+        key = (queue.int_ptr, dev.int_ptr, thread, props)
         info = self._queues.get(key)
         if info is None:
             uid = self.tracks.register_device(dev).uid
-            ooo = bool(queue.properties & _OUT_OF_ORDER)
+            ooo = bool(props & _OUT_OF_ORDER)
             track = self.tracks.device_queue(queue, thread, uid, "regions" if ooo else None)
             clock = self.clocks.for_queue(queue, uid)
             info = self._queues[key] = (track, clock, key if ooo else None)
