@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CltraceError, EventTimerError, ProfilingNotEnabledError, TraceFileError
+from .errors import CltraceError, EventTimerError, OutputError, ProfilingNotEnabledError, TraceFileError
 from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
 from .record.recorder import RECORDER
 from .record.regions import copy, launch, record_launch, region, timing_region
@@ -22,7 +22,7 @@ from .record.profile import LaunchProfile
 from .tune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, autotune
 
 __all__ = [
-    "CltraceError", "EventTimerError", "ProfilingNotEnabledError", "TraceFileError",
+    "CltraceError", "EventTimerError", "OutputError", "ProfilingNotEnabledError", "TraceFileError",
     "active_queue", "default_device", "has_profiling", "profiling_queue", "set_queue",
     "RECORDER", "copy", "launch", "record_launch", "region", "timing_region", "PerfCounter",
     "enabled", "start", "stop", "trace", "Span", "EventTimer", "timing",

@@ -6,6 +6,11 @@ class CltraceError(Exception):
     """Base class for cltrace errors."""
 
 
+class OutputError(CltraceError, ValueError):
+    """A trace output path that cannot be written: unknown suffix, a file where a folder
+    should be, no permission. The message names the path and the fix."""
+
+
 class ProfilingNotEnabledError(CltraceError):
     """A queue without PROFILING_ENABLE was asked for device times."""
 

@@ -20,7 +20,7 @@ import threading
 from typing import Any, Iterator
 
 from .. import _state
-from ..errors import CltraceError
+from ..errors import OutputError
 from ..export.formats import format_for, register_format, sink_for
 from ..record.recorder import RECORDER
 
@@ -32,11 +32,6 @@ log = logging.getLogger("cltrace")
 _session_sinks: list[Any] = []
 _session_paths: dict[int, tuple[str, bool]] = {}  # id(sink) -> (the path it writes, say so when closed)
 _TRUE = ("1", "true", "yes", "on")
-
-
-class OutputError(CltraceError, ValueError):
-    """A trace output path that cannot be written: unknown suffix, a file where a folder
-    should be, no permission. The message names the path and the fix."""
 
 
 def _open(out: str | os.PathLike[str]) -> tuple[Any, str]:
