@@ -97,7 +97,6 @@ def stop() -> None:
 
     Prints one ``cltrace: wrote ...`` line on stderr for the files it closed, unless quiet."""
     _state.ENABLED = False
-    RECORDER.deactivate()
     RECORDER.flush(block=True)
     wrote = []
     while _session_sinks:

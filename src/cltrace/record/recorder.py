@@ -159,9 +159,6 @@ class Recorder:
         self._ensure_worker()
         self._next_flush = time.monotonic() + FIRST_FLUSH_S
 
-    def deactivate(self) -> None:
-        """Tracing was switched off (the worker finishes what is queued, then idles)."""
-
     def _ensure_worker(self) -> None:
         w = self._worker
         if w is not None and w.is_alive():
@@ -209,9 +206,6 @@ class Recorder:
         if spans.n:
             self._deliver(spans)
         return spans
-
-    def _resolve(self, block: bool, limit: int | None = None) -> SpanBatch:
-        return self._step(block, None, limit)
 
     def _deliver(self, batch: SpanBatch) -> None:
         self.recorded += batch.n
