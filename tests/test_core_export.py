@@ -267,3 +267,14 @@ def test_bad_trace_files_raise_trace_file_error(tmp_path, content, fragment):
 def test_missing_file_and_directory_raise_trace_file_error(tmp_path):
     _check_error(tmp_path / "nope.json", "no such file")
     _check_error(tmp_path, "is a directory")
+
+
+def test_user_attributes_named_like_our_args_are_kept_renamed(tmp_path):
+    """A region attribute called "span" or "parent" neither hides the span's own id nor is lost."""
+    path = tmp_path / "attrs.json"
+    with cltrace.trace(path):
+        with cltrace.region("r", attrs={"span": "mine", "parent": 7, "k": 1}):
+            pass
+    (s,), _ = tracefile.load(path)
+    assert s.id == RECORDER.spans()[0].id and s.parent == 0
+    assert s.attrs == {"attr.span": "mine", "attr.parent": 7, "k": 1}

@@ -84,6 +84,9 @@ def _attrs_encoder() -> Any:
 
 
 _encode_attrs = _attrs_encoder()
+# The args cltrace writes on every span: a user attribute of the same name is written as "attr.<name>".
+# ("status" and "error" are written only on failed spans, where they take precedence.)
+OWN_ARGS = frozenset({"span", "parent", "source", "queued_host_ns", "submit_host_ns", "device.start", "device.end"})
 
 
 def _distinct(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -314,12 +317,15 @@ class ChromeTraceSink:
             return hit[1]
         if len(self._attrs_json) >= _CACHE:
             self._attrs_json.clear()
+        key = attrs
+        if not OWN_ARGS.isdisjoint(attrs):  # a user attribute named like one of ours keeps its value, renamed
+            attrs = {(f"attr.{k}" if k in OWN_ARGS else k): v for k, v in attrs.items()}
         a = _encode_attrs(attrs)
         try:
             text = ("," + a[1:-1]).encode() if len(a) > 2 else b""
         except UnicodeEncodeError:  # a lone surrogate: \\u-escaped
             text = ("," + json.dumps(attrs, default=str)[1:-1]).encode()
-        self._attrs_json[id(attrs)] = (attrs, text)
+        self._attrs_json[id(key)] = (key, text)
         return text
 
     def _head(self, name_id: int, cat_id: int) -> tuple[bytes, bytes, bytes]:

@@ -10,14 +10,14 @@ import json
 import os
 from typing import Any
 
+from ..export.chrome import OWN_ARGS
 from ..errors import TraceFileError
 from ..timeline.spans import Span
 from . import checks
 from .tree import fill_paths
 
 # Args members the reader takes as span fields rather than attributes.
-_RESERVED = frozenset({"span", "parent", "source", "status", "error", "queued_host_ns", "submit_host_ns",
-                       "device.start", "device.end"})
+_RESERVED = OWN_ARGS | {"status", "error"}
 
 
 def _parse(text: str) -> Any:

@@ -4,10 +4,16 @@
  *   init(path)                        resolve the three OpenCL entry points in the library at ``path``
  *                                     (the one pyopencl has loaded); OSError if it cannot
  *   handles(events, out)              out[i] = events[i].int_ptr (uint64 buffer)
- *   read(handles, status, stamps)     status[i] (int32) and stamps[i][0..3] (int64): QUEUED, SUBMIT,
+ *   read(handles, status, stamps[, threads])
+ *                                     status[i] (int32) and stamps[i][0..3] (int64): QUEUED, SUBMIT,
  *                                     START, END. 0: complete, stamps read; > 0: still queued/submitted/
  *                                     running; < 0: the command failed, or its stamps cannot be read
  *                                     (the OpenCL error). Stamps are 0 unless the status is 0.
+ *                                     ``threads`` > 1 splits the events over that many OS threads
+ *                                     (for drivers that answer slowly, e.g. ~1.3 us a call on NVIDIA's)
+ *   columns(records, ints, handles, names, cats)
+ *                                     one pass over raw records (see below) into int64 columns and
+ *                                     the events' handles, instead of a transpose and a dozen passes
  *   wait(handles)                     clWaitForEvents on all of them; on an error (a failed command),
  *                                     waits on each one alone so the others still complete
  *
@@ -23,6 +29,7 @@
 #include <windows.h>
 #else
 #include <dlfcn.h>
+#include <pthread.h>
 #endif
 
 typedef int32_t cl_int;
@@ -174,13 +181,32 @@ again:
     return CL_PROFILING_INFO_NOT_AVAILABLE;
 }
 
+typedef struct {
+    const uint64_t *hs;
+    int32_t *status;
+    int64_t *st;
+    Py_ssize_t lo, hi;
+} read_part;
+
+static void *
+read_range(void *arg)
+{
+    read_part *p = (read_part *)arg;
+    for (Py_ssize_t i = p->lo; i < p->hi; i++)
+        p->status[i] = read_one((cl_event)(uintptr_t)p->hs[i], p->st + 4 * i);
+    return NULL;
+}
+
+#define MAX_READ_THREADS 16
+
 static PyObject *
 stamps_read(PyObject *self, PyObject *args)
 {
     Py_buffer h, s, t;
+    int threads = 1;
     if (!ready())
         return NULL;
-    if (!PyArg_ParseTuple(args, "y*w*w*:read", &h, &s, &t))
+    if (!PyArg_ParseTuple(args, "y*w*w*|i:read", &h, &s, &t, &threads))
         return NULL;
     Py_ssize_t n = h.len / (Py_ssize_t)sizeof(uint64_t);
     if (h.len % (Py_ssize_t)sizeof(uint64_t) || s.len != n * (Py_ssize_t)sizeof(int32_t) ||
@@ -192,13 +218,38 @@ stamps_read(PyObject *self, PyObject *args)
         PyBuffer_Release(&t);
         return NULL;
     }
-    const uint64_t *hs = (const uint64_t *)h.buf;
-    int32_t *status = (int32_t *)s.buf;
-    int64_t *st = (int64_t *)t.buf;
+    if (threads < 1)
+        threads = 1;
+    if (threads > MAX_READ_THREADS)
+        threads = MAX_READ_THREADS;
+    if (threads > n)
+        threads = n > 0 ? (int)n : 1;
+    read_part parts[MAX_READ_THREADS];
     Py_BEGIN_ALLOW_THREADS
-    memset(st, 0, (size_t)n * 4 * sizeof(int64_t));
-    for (Py_ssize_t i = 0; i < n; i++)
-        status[i] = read_one((cl_event)(uintptr_t)hs[i], st + 4 * i);
+    memset(t.buf, 0, (size_t)n * 4 * sizeof(int64_t));
+    for (int k = 0; k < threads; k++) {
+        parts[k].hs = (const uint64_t *)h.buf;
+        parts[k].status = (int32_t *)s.buf;
+        parts[k].st = (int64_t *)t.buf;
+        parts[k].lo = n * k / threads;
+        parts[k].hi = n * (k + 1) / threads;
+    }
+#ifdef _WIN32
+    for (int k = 0; k < threads; k++)
+        read_range(&parts[k]);
+#else
+    pthread_t tid[MAX_READ_THREADS];
+    int started[MAX_READ_THREADS] = {0};
+    for (int k = 1; k < threads; k++)
+        started[k] = pthread_create(&tid[k], NULL, read_range, &parts[k]) == 0;
+    read_range(&parts[0]);
+    for (int k = 1; k < threads; k++) {
+        if (started[k])
+            pthread_join(tid[k], NULL);
+        else
+            read_range(&parts[k]);
+    }
+#endif
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&h);
     PyBuffer_Release(&s);
@@ -278,10 +329,124 @@ static PyObject *stamps_transpose(PyObject *self, PyObject *records) {
     return out;
 }
 
+/* columns(records, ints, handles, names, cats): the resolver's first pass over a batch of raw records
+ * (tuples laid out as record/recorder.py says: cat, name, id, parent, path, thread, host_begin, host_end,
+ * queue, ev0, ev1, attrs, status, error, ...). Fills ints, int64[COLS, N] (rows below), and handles,
+ * uint64[2, N]: the int_ptr of ev0 and ev1 where the record has device work, else 0. A name or category
+ * missing from the dicts ``names``/``cats`` (value -> interned id) gets -1, for the caller to intern; a
+ * thread key beyond int64 gets 0 and the flag F_BIG_THREAD, for the caller to read from the record. */
+enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, N_COLS };
+enum { F_DEV = 1, F_TWO = 2, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16 };
+
+static int
+as_i64(PyObject *v, int64_t *out)
+{
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+static int
+lookup(PyObject *dict, PyObject *key, int64_t *out)
+{
+    PyObject *v = PyDict_GetItemWithError(dict, key);
+    if (v == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        *out = -1;
+        return 0;
+    }
+    return as_i64(v, out);
+}
+
+static int
+handle_of(PyObject *ev, PyObject *attr, uint64_t *out)
+{
+    PyObject *v = PyObject_GetAttr(ev, attr);
+    if (v == NULL)
+        return -1;
+    *out = (uint64_t)PyLong_AsUnsignedLongLong(v);
+    Py_DECREF(v);
+    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *
+stamps_columns(PyObject *self, PyObject *args)
+{
+    PyObject *records, *names, *cats;
+    Py_buffer ib, hb;
+    if (!PyArg_ParseTuple(args, "O!w*w*O!O!:columns", &PyList_Type, &records, &ib, &hb, &PyDict_Type, &names,
+                          &PyDict_Type, &cats))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    PyObject *attr = NULL;
+    if (ib.len != n * N_COLS * (Py_ssize_t)sizeof(int64_t) || hb.len != n * 2 * (Py_ssize_t)sizeof(uint64_t)) {
+        PyErr_Format(PyExc_ValueError, "columns: need int64[%d, N] and uint64[2, N] buffers for N=%zd", N_COLS, n);
+        goto fail;
+    }
+    attr = PyUnicode_InternFromString("int_ptr");
+    if (attr == NULL)
+        goto fail;
+    int64_t *c = (int64_t *)ib.buf;
+    uint64_t *h0 = (uint64_t *)hb.buf, *h1 = h0 + n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *r = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 14) {
+            PyErr_SetString(PyExc_TypeError, "columns: records must be tuples of at least 14 fields");
+            goto fail;
+        }
+        PyObject **f = &PyTuple_GET_ITEM(r, 0);
+        if (as_i64(f[2], &c[C_ID * n + i]) || as_i64(f[3], &c[C_PARENT * n + i]) || as_i64(f[6], &c[C_HB * n + i]) ||
+            as_i64(f[7], &c[C_HE * n + i]) || lookup(names, f[1], &c[C_NAME * n + i]) ||
+            lookup(cats, f[0], &c[C_CAT * n + i]))
+            goto fail;
+        int64_t flags = 0;
+        int overflow = 0;
+        long long key = PyLong_AsLongLongAndOverflow(f[5], &overflow);
+        if (key == -1 && PyErr_Occurred())
+            goto fail;
+        if (overflow) { /* a reused thread ident's key (generation above bit 64): the caller reads it */
+            flags |= F_BIG_THREAD;
+            key = 0;
+        }
+        c[C_THREAD * n + i] = (int64_t)key;
+        c[C_QUEUE * n + i] = f[8] == Py_None ? 0 : (int64_t)(uintptr_t)f[8];
+        c[C_PATH * n + i] = (int64_t)(uintptr_t)f[4];
+        h0[i] = h1[i] = 0;
+        if (f[8] != Py_None && f[9] != Py_None) {
+            flags |= F_DEV;
+            if (handle_of(f[9], attr, &h0[i]))
+                goto fail;
+            if (f[10] != Py_None) {
+                flags |= F_TWO;
+                if (handle_of(f[10], attr, &h1[i]))
+                    goto fail;
+            }
+        }
+        if (f[12] != Py_None)
+            flags |= F_ERROR;
+        if (f[11] != Py_None)
+            flags |= F_ATTRS;
+        c[C_FLAGS * n + i] = flags;
+    }
+    Py_DECREF(attr);
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&hb);
+    Py_RETURN_NONE;
+fail:
+    Py_XDECREF(attr);
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&hb);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"init", stamps_init, METH_VARARGS, "init(path): resolve the OpenCL entry points in the library at path."},
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
-    {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps): fill status int32[N] and stamps int64[N, 4]."},
+    {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps, threads=1): fill status int32[N] and stamps int64[N, 4]."},
+    {"columns", stamps_columns, METH_VARARGS, "columns(records, ints, handles, names, cats): the resolver's first pass."},
     {"wait", stamps_wait, METH_VARARGS, "wait(handles): wait for every event; a failed one does not stop the rest."},
     {"transpose", stamps_transpose, METH_O, "transpose(records): list(zip(*records)) in one pass."},
     {NULL, NULL, 0, NULL},

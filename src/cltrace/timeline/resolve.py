@@ -10,8 +10,8 @@ waits for them (at flush or export, never per launch).
 from __future__ import annotations
 
 import logging
-from itertools import compress, repeat
-from operator import is_not, itemgetter
+from itertools import compress
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -26,12 +26,7 @@ _OUT_OF_ORDER = 1  # CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE
 _QUEUED, _SUBMIT, _START, _END = range(4)
 
 
-def _pick(values: tuple, rows: np.ndarray) -> list:
-    """values[i] for each i in rows, in C."""
-    if len(rows) == 0:
-        return []
-    got = itemgetter(*rows.tolist())(values)
-    return [got] if len(rows) == 1 else list(got)
+_ATTRS = itemgetter(11)  # a raw record's attrs (record/recorder.py R_ATTRS)
 
 
 class Resolver:
@@ -74,29 +69,29 @@ class Resolver:
         self.waiting = []
         if not todo:
             return SpanBatch.empty(self.tables)
-        if block:
-            must = todo if limit is None else todo[:limit]
-            stamps.wait(stamps.handles([e for r in must for e in (r[9], r[10]) if e is not None and r[8] is not None]))
-        cols = stamps.transpose(todo)
+        t = self.tables
+        ints, hs = stamps.columns(todo, t.names.ids, t.cats.ids)
         n = len(todo)
-        queue, ev0, ev1 = cols[8], cols[9], cols[10]
-        dev = (np.fromiter(map(is_not, queue, repeat(None)), bool, n)
-               & np.fromiter(map(is_not, ev0, repeat(None)), bool, n))
+        flags = ints[stamps.C_FLAGS]
+        dev = (flags & stamps.F_DEV) != 0
+        two_ev = (flags & stamps.F_TWO) != 0
+        if block:
+            upto = n if limit is None else min(limit, n)
+            must = np.flatnonzero(dev[:upto])
+            h1 = hs[1][must]
+            stamps.wait(np.concatenate([hs[0][must], h1[h1 != 0]]))
         status = np.zeros(n, np.int32)
         raw = np.zeros((n, 4), np.int64)
-        two = np.zeros(n, bool)
         dv = np.flatnonzero(dev)
         if len(dv):
-            st0, s0 = stamps.read(stamps.handles(_pick(ev0, dv)))
+            st0, s0 = stamps.read(hs[0][dv])
             status[dv] = st0
             raw[dv] = s0
-            e1 = _pick(ev1, dv)
-            has1 = np.fromiter(map(is_not, e1, repeat(None)), bool, len(dv))
+            has1 = two_ev[dv]
             if has1.any():
                 # A region's two markers: START is the first marker's END, END the second's.
                 rows = dv[has1]
-                st1, s1 = stamps.read(stamps.handles(list(compress(e1, has1))))
-                two[rows] = True
+                st1, s1 = stamps.read(hs[1][rows])
                 raw[rows, _START] = raw[rows, _END]
                 raw[rows, _END] = s1[:, _END]
                 st1 = st1.astype(np.int32)
@@ -109,49 +104,64 @@ class Resolver:
             todo = list(compress(todo, keep))
             if not todo:
                 return SpanBatch.empty(self.tables)
-            cols = stamps.transpose(todo)
-            n = len(todo)
-            dev, status, raw, two = dev[keep], status[keep], raw[keep], two[keep]
-        return self._columns(cols, n, dev, status, raw)
+            ints, dev, status, raw = ints[:, keep], dev[keep], status[keep], raw[keep]
+        return self._columns(todo, ints, dev, status, raw)
 
-    def _columns(self, cols: list[tuple], n: int, dev: np.ndarray, status: np.ndarray,
+    def _interned(self, ids: np.ndarray, todo: list[tuple], field: int, table: Any) -> np.ndarray:
+        """``ids`` with the values ``stamps.columns`` did not find (-1) interned now."""
+        for i in np.flatnonzero(ids < 0).tolist():
+            ids[i] = table.id(todo[i][field])
+        return ids
+
+    def _columns(self, todo: list[tuple], ints: np.ndarray, dev: np.ndarray, status: np.ndarray,
                  raw: np.ndarray) -> SpanBatch:
-        (cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus, error) = cols
+        n = len(todo)
         t = self.tables
+        C = stamps
+        flags = ints[C.C_FLAGS]
         out: dict[str, np.ndarray] = {
-            "id": np.fromiter(sid, np.int64, n), "parent": np.fromiter(parent, np.int64, n),
-            "host_begin": np.fromiter(hb, np.int64, n), "host_end": np.fromiter(he, np.int64, n),
-            "name": t.names.many(name), "cat": t.cats.many(cat),
+            "id": ints[C.C_ID], "parent": ints[C.C_PARENT], "host_begin": ints[C.C_HB], "host_end": ints[C.C_HE],
+            "name": self._interned(ints[C.C_NAME], todo, 1, t.names).astype(np.int32),
+            "cat": self._interned(ints[C.C_CAT], todo, 0, t.cats).astype(np.int16),
         }
+        thr = ints[C.C_THREAD]
+        big = np.flatnonzero(flags & C.F_BIG_THREAD).tolist()
+        thr[big] = -1  # read from their records below
         tracks = self.tracks
-        tmap = {k: tracks.compile_track() if k == COMPILE_THREAD else tracks.host_thread(k) for k in set(thread)}
-        out["thread"] = np.fromiter(map(tmap.__getitem__, thread), np.int32, n)
+        track_of = lambda k: -1 if k == -1 else tracks.compile_track() if k == COMPILE_THREAD else tracks.host_thread(k)
+        if n and thr.min() == thr.max():
+            out["thread"] = np.full(n, track_of(int(thr[0])), np.int64)
+        else:
+            uthr, ithr = np.unique(thr, return_inverse=True)
+            out["thread"] = np.array([track_of(k) for k in uthr.tolist()], np.int64)[ithr]
+        for i in big:
+            out["thread"][i] = track_of(todo[i][5])
         region = np.isin(out["cat"], np.fromiter(t.region_cats, np.int16))
-        out["path"] = self._paths(path, out["name"], out["cat"], region)
-        attrs = list(attrs)
+        out["path"] = self._paths(todo, ints[C.C_PATH], out["name"], region)
+        attrs = list(map(_ATTRS, todo)) if (flags & C.F_ATTRS).any() else [None] * n
         errors: dict[int, str] = {}
-        err = np.fromiter(map(is_not, rstatus, repeat(None)), bool, n)
+        err = (flags & C.F_ERROR) != 0
         for i in np.flatnonzero(err).tolist():
-            errors[i] = error[i]
+            errors[i] = todo[i][13]
         failed = dev & (status < 0)
         for i in np.flatnonzero(failed).tolist():
-            self._device_failed(i, ev0[i], ev1[i], int(status[i]), attrs, errors, err)
+            self._device_failed(i, todo[i][9], todo[i][10], int(status[i]), attrs, errors, err)
         ok = dev & (status == 0)
         rows = np.flatnonzero(ok)
-        track = np.zeros(n, np.int32)
+        track = np.zeros(n, np.int64)
         off = np.zeros(n, np.int64)
         off_end = np.zeros(n, np.int64)  # regions' END may be drawn with a later offset than their START
         lane_rows: list[int] = []
         lane_keys: dict[int, tuple[Any, int, Any]] = {}
         if len(rows):
-            qs = _pick(queue, rows)
             # Group rows by (queue object, submitting thread) with array operations; look each group up once.
-            qid = np.fromiter(map(id, qs), np.int64, len(rows))
+            qid = ints[C.C_QUEUE][rows]
             uq, iq = np.unique(qid, return_inverse=True)
             key = iq.astype(np.int64) * (1 << 32) + out["thread"][rows]
             uk, kfirst, ik = np.unique(key, return_index=True, return_inverse=True)
-            infos = [self.queue_info(qs[j], thread[int(rows[j])]) for j in kfirst.tolist()]
-            track[rows] = np.array([inf[0] for inf in infos], np.int32)[ik]
+            firsts = rows[kfirst].tolist()
+            infos = [self.queue_info(todo[i][8], todo[i][5]) for i in firsts]
+            track[rows] = np.array([inf[0] for inf in infos], np.int64)[ik]
             clocks: dict[int, tuple[Any, list[int]]] = {}
             for g, inf in enumerate(infos):
                 clocks.setdefault(id(inf[1]), (inf[1], []))[1].append(g)
@@ -164,7 +174,7 @@ class Resolver:
                         i = int(rows[j])
                         if not region[i]:
                             lane_rows.append(i)
-                            lane_keys[i] = (qs[j], thread[i], inf[2])
+                            lane_keys[i] = (todo[i][8], todo[i][5], inf[2])
         raw_start = raw[:, _START].copy()
         raw_end = raw[:, _END].copy()
         self._nest(out, region, ok, track, off, off_end, raw_start, raw_end, lane_rows)
@@ -203,23 +213,20 @@ class Resolver:
                 off[rows[reg]] = o
                 off_end[rows[reg]] = o
 
-    def _paths(self, path: tuple, name_ids: np.ndarray, cat_ids: np.ndarray, region: np.ndarray) -> np.ndarray:
+    def _paths(self, todo: list[tuple], path_obj: np.ndarray, name_ids: np.ndarray, region: np.ndarray) -> np.ndarray:
         """Interned full path per row: a region's recorded path ends in its name; a launch's gets it added.
 
         Rows share path objects (a region's path tuple is every child's), so rows are grouped by
         (path object, name, category) with array operations and each distinct group is interned once.
         """
-        n = len(path)
-        obj = np.fromiter(map(id, path), np.int64, n)
-        uo, first, io = np.unique(obj, return_index=True, return_inverse=True)
+        uo, io = np.unique(path_obj, return_inverse=True)
         nn = len(self.tables.names.values) + 1
         key = (io.astype(np.int64) * nn + name_ids) * 2 + region
         uk, kfirst, ik = np.unique(key, return_index=True, return_inverse=True)
         names = self.tables.names.values
         intern = self.tables.paths.id
-        rows = kfirst.tolist()
-        ids = [intern(path[r] if reg else path[r] + (names[nm],))
-               for r, reg, nm in zip(rows, region[kfirst].tolist(), name_ids[kfirst].tolist())]
+        ids = [intern(todo[r][4] if reg else todo[r][4] + (names[nm],))
+               for r, reg, nm in zip(kfirst.tolist(), region[kfirst].tolist(), name_ids[kfirst].tolist())]
         return np.array(ids, np.int32)[ik]
 
     def _nest(self, out: dict[str, np.ndarray], region: np.ndarray, ok: np.ndarray, track: np.ndarray,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from operator import attrgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -33,6 +34,7 @@ class Impl(NamedTuple):
     read: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     wait: Callable[[np.ndarray], None]
     transpose: Callable[[list], list]
+    columns: Callable[[list, dict, dict], tuple[np.ndarray, np.ndarray]]
 
 
 def _as_handles(handles: Any) -> np.ndarray:
@@ -122,10 +124,63 @@ def _python_transpose(records: list) -> list:
     return list(zip(*records))
 
 
-PYTHON = Impl(_python_handles, _python_read, _python_wait, _python_transpose)
+# Rows of ``columns``' int64 output, and the bits of its FLAGS row (the C extension's layout).
+C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, N_COLS = range(11)
+F_DEV, F_TWO, F_ERROR, F_ATTRS, F_BIG_THREAD = 1, 2, 4, 8, 16
+
+
+def _python_columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray, np.ndarray]:
+    n = len(records)
+    ints = np.zeros((N_COLS, n), np.int64)
+    hs = np.zeros((2, n), np.uint64)
+    if not n:
+        return ints, hs
+    cols = list(zip(*records))
+    cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus = cols[:13]
+    for row, col in ((C_ID, sid), (C_PARENT, parent), (C_HB, hb), (C_HE, he)):
+        ints[row] = np.fromiter(col, np.int64, n)
+    big = [k >= 1 << 63 for k in thread]
+    ints[C_THREAD] = [0 if b else k for k, b in zip(thread, big)]
+    ints[C_QUEUE] = [0 if q is None else id(q) for q in queue]
+    ints[C_PATH] = np.fromiter(map(id, path), np.int64, n)
+    ints[C_NAME] = [names.get(v, -1) for v in name]
+    ints[C_CAT] = [cats.get(v, -1) for v in cat]
+    dev = [q is not None and e is not None for q, e in zip(queue, ev0)]
+    two = [d and e is not None for d, e in zip(dev, ev1)]
+    ints[C_FLAGS] = (np.array(dev, np.int64) * F_DEV + np.array(two, np.int64) * F_TWO
+                     + np.fromiter((s is not None for s in rstatus), np.int64, n) * F_ERROR
+                     + np.fromiter((a is not None for a in attrs), np.int64, n) * F_ATTRS
+                     + np.array(big, np.int64) * F_BIG_THREAD)
+    hs[0] = [e.int_ptr if d else 0 for d, e in zip(dev, ev0)]
+    hs[1] = [e.int_ptr if t else 0 for t, e in zip(two, ev1)]
+    return ints, hs
+
+
+PYTHON = Impl(_python_handles, _python_read, _python_wait, _python_transpose, _python_columns)
 
 
 # --- native: the C extension -------------------------------------------------------------------
+
+class _Pace:
+    """How many OS threads a native read uses: one while the driver answers fast (PoCL: ~0.1 us an
+    event), more for a slow one (NVIDIA: ~5 us an event) on a big enough batch, up to the spare cores."""
+
+    SLOW_NS = 400  # per event, measured on one thread
+    MIN_PER_THREAD = 256
+
+    def __init__(self) -> None:
+        self.ns_per_event = 0.0
+        self.most = max(1, min(8, (os.cpu_count() or 1) - 1))
+
+    def threads(self, n: int) -> int:
+        if self.ns_per_event < self.SLOW_NS or self.most == 1:
+            return 1
+        return max(1, min(self.most, n // self.MIN_PER_THREAD))
+
+    def took(self, n: int, threads: int, ns: int) -> None:
+        if n >= 64:
+            per = ns * threads / n  # the driver's cost per event, as one thread would see it
+            self.ns_per_event = per if not self.ns_per_event else 0.8 * self.ns_per_event + 0.2 * per
 
 def opencl_library() -> str | None:
     """Path of the OpenCL library pyopencl has loaded (from /proc/self/maps), else the system's."""
@@ -168,16 +223,27 @@ def _load_native() -> Impl:
         _stamps.handles(events, out)
         return out
 
+    pace = _Pace()
+
     def read(handles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         hs = _as_handles(handles)
         status, stamps = np.empty(len(hs), np.int32), np.empty((len(hs), 4), np.int64)
-        _stamps.read(hs, status, stamps)
+        threads = pace.threads(len(hs))
+        t0 = time.perf_counter_ns()
+        _stamps.read(hs, status, stamps, threads)
+        pace.took(len(hs), threads, time.perf_counter_ns() - t0)
         return status, stamps
+
+    def columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray, np.ndarray]:
+        n = len(records)
+        ints, hs = np.empty((N_COLS, n), np.int64), np.empty((2, n), np.uint64)
+        _stamps.columns(records, ints, hs, names, cats)
+        return ints, hs
 
     def wait(handles: np.ndarray) -> None:
         _stamps.wait(_as_handles(handles))
 
-    return Impl(handles, read, wait, _stamps.transpose)
+    return Impl(handles, read, wait, _stamps.transpose, columns)
 
 
 _CHOICE = choose("reading event stamps", _load_native)
@@ -213,13 +279,20 @@ def transpose(records: list) -> list:
     return _active.transpose(records)
 
 
+def columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The resolver's first pass: int64[N_COLS, N] (rows C_ID... C_FLAGS; NAME/CAT -1 where the value is
+    not yet in ``names``/``cats``, dicts value -> id; THREAD 0 and flag F_BIG_THREAD where the key does
+    not fit int64) and uint64[2, N] handles of ev0 and ev1 (0: none)."""
+    return _active.columns(records, names, cats)
+
+
 def wait_events(events: Sequence[Any]) -> None:
     """``wait`` on pyopencl Events: cltrace's own waits, never recorded as the program's (``instrument``)."""
     if events:
         wait(handles(events))
 
 
-__all__ = ["PATH", "DETAIL", "handles", "read", "wait", "wait_events", "transpose"]
+__all__ = ["PATH", "DETAIL", "handles", "read", "wait", "wait_events", "transpose", "columns"]
 
 
 def describe(code: int) -> str:
