@@ -3,8 +3,8 @@
 Span ids are ``(run salt << 32) XOR cltrace span id``; the ``cltrace.run`` root is cltrace
 id 0, which is what ``Span.parent == 0`` means. Spans are in the run's trace under their cltrace
 parent, except where ``record.otel_context.PARENTS`` says a region was opened under another
-OpenTelemetry span: then it, its kernels and nested regions go in that span's trace, under it. Times are Unix-epoch ns: host
-``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
+OpenTelemetry span: then it, its kernels and nested regions go in that span's trace, under it
+(``Mapper.place``). Times are Unix-epoch ns: host ``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
 host call that issued the work to the later of the host return and the device END.
 """
 from __future__ import annotations
