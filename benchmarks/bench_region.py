@@ -10,6 +10,9 @@ deque emptied between rounds):
   OTel span          ``start_as_current_span`` with SimpleSpanProcessor + InMemorySpanExporter
                      (and BatchSpanProcessor for the second ratio)
   device region      a region with a queue (two markers each), native and fallback
+  OTLP context       the region while an OTLP sink is attached (``otel_context.OtelRegion``: the Python
+                     path plus reading, attaching and detaching the OpenTelemetry context), alone and
+                     under an SDK span (the region is then noted as that span's child)
 
     .venv/bin/python benchmarks/bench_region.py [--number 20000] [--repeat 9]
 """
@@ -25,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_core import best_per_call, fmt_time, otel_tracers  # noqa: E402  the same method
 
 import cltrace  # noqa: E402
-from cltrace.record import regions  # noqa: E402
+from opentelemetry import trace as otel_trace  # noqa: E402
+from cltrace.record import otel_context, regions  # noqa: E402
 from cltrace.record.recorder import RECORDER  # noqa: E402
 
 
@@ -38,6 +42,16 @@ def python_regions() -> Iterator[None]:
         yield
     finally:
         regions._NativeRegion, regions._RegionType = native, chosen
+
+
+@contextlib.contextmanager
+def otlp_context() -> Iterator[None]:
+    """Regions as they run while an OTLP sink is attached (its export left out: hot path only)."""
+    otel_context.claim(0x1234 << 32, 0xABCD, None, False)
+    try:
+        yield
+    finally:
+        otel_context.release()
 
 
 def bench(number: int, repeat: int) -> list[tuple[str, float, float, float | None]]:
@@ -62,11 +76,19 @@ def bench(number: int, repeat: int) -> list[tuple[str, float, float, float | Non
         with batch.start_as_current_span("x"):
             pass
 
+    request = simple.start_span("request")
+
+    def under_span() -> None:
+        with otel_trace.use_span(request):
+            with tr("x"):
+                pass
+
     best: dict[str, float] = {}
 
-    def run(label: str, fn: Callable[[], None], n: int, python: bool, between: Callable[[], None]) -> None:
-        """One round of one contender (the fallback switched on around the whole round)."""
-        ctx = python_regions() if python else contextlib.nullcontext()
+    def run(label: str, fn: Callable[[], None], n: int, python: bool, between: Callable[[], None],
+            otlp: bool = False) -> None:
+        """One round of one contender (the fallback or the OTLP context switched on around the whole round)."""
+        ctx = python_regions() if python else otlp_context() if otlp else contextlib.nullcontext()
         with ctx:
             t = best_per_call({label: fn}, n, 1, between)[label]
         best[label] = min(best.get(label, float("inf")), t)
@@ -87,6 +109,9 @@ def bench(number: int, repeat: int) -> list[tuple[str, float, float, float | Non
             run("python", host, number, True, drop)
             run("otel", otel, number, False, drop)
             run("otel_batch", otel_batch, number, False, drop)
+            run("otlp", host, number, False, drop, otlp=True)
+            run("otlp_under_span", under_span, number, False, drop, otlp=True)
+            run("under_span_off", under_span, number, False, drop)
             if have_native:
                 run("native_dev", dev, max(1, number // 10), False, finish)
             run("python_dev", dev, max(1, number // 10), True, finish)
@@ -105,6 +130,10 @@ def bench(number: int, repeat: int) -> list[tuple[str, float, float, float | Non
                  ("native device region / python (2 markers)", best["native_dev"], best["python_dev"], None)]
     else:
         rows += [("python device region (2 markers) / OTel", best["python_dev"], best["otel"], None)]
+    plain = "native" if have_native else "python"
+    rows += [(f"OTLP-context region / {plain} region", best["otlp"], best[plain], None),
+             ("OTLP-context region / OTel span (simple)", best["otlp"], best["otel"], None),
+             ("under an SDK span: OTLP on / off", best["otlp_under_span"], best["under_span_off"], None)]
     return rows
 
 

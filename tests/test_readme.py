@@ -13,12 +13,15 @@ README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 def test_readme_python_examples_run(tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
     assert len(blocks) >= 6
-    # The OTLP example needs a collector (tests/test_otlp.py covers it with a real one).
-    code = "\n".join(b for b in blocks if "OtlpSink" not in b)
+    # An OTLP example that names an endpoint needs a collector (tests/test_otlp.py covers it with a real one).
+    code = "\n".join(b for b in blocks if 'OtlpSink("' not in b)
     env = dict(os.environ, CLTRACE_CACHE_DIR=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cltrace report" in proc.stdout
+    assert proc.stdout.count("infer under request, same trace: True") == 2
+    assert proc.stdout.count("decode under infer, same trace: True") == 2
+    assert proc.stdout.count("scale under infer, same trace: True") == 2
     assert (tmp_path / "traces" / "example.json").exists()
     assert (tmp_path / "traces" / "instrumented.json").exists()

@@ -7,6 +7,7 @@ its record is a tuple pushed onto the recorder's deque at exit. Its
 ``__enter__``/``__exit__`` run in C (``_region``) where the extension is built,
 else in ``_Region`` below: same records, same shared stack, ids and deque.
 ``REGION_PATH`` says which ("native" or "python"); ``CLTRACE_NATIVE=0`` forces Python.
+While an OTLP sink is attached, regions are ``otel_context.OtelRegion`` (swapped in, no flag here).
 """
 from __future__ import annotations
 
@@ -173,6 +174,16 @@ REGION_WHY: str = _CHOICE.why  # why the C region is not used ("" when it is)
 REGION_PATH: str = _CHOICE.path
 REGION_DETAIL: str = _CHOICE.detail
 _RegionType: Any = _Region if _NativeRegion is None else _NativeRegion
+
+
+def swap_region_types(types: tuple[Any, Any]) -> tuple[Any, Any]:
+    """Make ``timing_region`` build ``types[0]`` and the other region paths ``types[1]``; returns
+    the pair in use before. ``otel_context`` routes regions through its own type this way while an
+    OTLP sink is attached, so the region path carries no flag for it."""
+    global _NativeRegion, _RegionType
+    old = (_NativeRegion, _RegionType)
+    _NativeRegion, _RegionType = types
+    return old
 
 
 def timing_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = None) -> Any:

@@ -77,13 +77,18 @@ class BatchExporter:
 
     def _export_readable(self, exporter: Any, batch: Batch, n: int) -> list[tuple[int, bool]]:
         mapper = self.mapper
-        recs: list[tuple] = []
-        for is_record, items in batch:
-            recs += items if is_record else map(mapper.convert, items)
+        res, scope = self._resource, self.scope
         key = mapper.key
         root_remote = mapper.root_parent_remote
-        spans = [readable_span(r, mapper.trace_id, self._resource, self.scope, root_remote and r[1] == key)
-                 for r in recs]
+        spans = []
+        for is_record, items in batch:
+            if is_record:
+                spans += [readable_span(r, mapper.trace_id, res, scope, root_remote and r[1] == key)
+                          for r in items]
+            else:
+                for s in items:
+                    tid, _, remote = mapper.place(s)
+                    spans.append(readable_span(mapper.convert(s), tid, res, scope, remote))
         if self.processor is not None:
             for s in spans:
                 self.processor.on_end(s)

@@ -149,9 +149,16 @@ class WireEncoder:
             rec = self._record_attribute
             ints += b"".join([rec(k, v) for k, v in s.attrs.items()])
         status = _status(2, s.error or "error") if s.status == STATUS_ERROR else _STATUS_UNSET
-        body = b"".join((self._trace, _pack_ids(b"\x12\x08", s.id ^ key, b"\x22\x08", s.parent ^ key),
+        trace, parent, flags = self._trace, s.parent ^ key, _FLAGS
+        if m.parents:  # some regions were opened under other OpenTelemetry spans
+            tid, parent, remote = m.place(s)
+            if tid != m.trace_id:
+                trace = b"\x0a\x10" + tid.to_bytes(16, "big")
+            if remote:
+                flags = _FLAGS_REMOTE_PARENT
+        body = b"".join((trace, _pack_ids(b"\x12\x08", s.id ^ key, b"\x22\x08", parent),
                          cached[0], _pack_times(0x30, 1, 0x39, hb + off, 0x41, end), cached[1],
-                         ints, events, status, _FLAGS))
+                         ints, events, status, flags))
         return b"\x12" + _varint(len(body)) + body
 
     def encode_record(self, rec: tuple, parent_remote: bool = False) -> bytes:

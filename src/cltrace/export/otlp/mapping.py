@@ -1,8 +1,10 @@
 """cltrace Span -> OpenTelemetry span fields, and the ``cltrace.*`` attribute naming.
 
 Span ids are ``(run salt << 32) XOR cltrace span id``; the ``cltrace.run`` root is cltrace
-id 0, which is what ``Span.parent == 0`` means. Times are Unix-epoch ns: host
-``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
+id 0, which is what ``Span.parent == 0`` means. Spans are in the run's trace under their cltrace
+parent, except where ``record.otel_context.PARENTS`` says a region was opened under another
+OpenTelemetry span: then it, its kernels and nested regions go in that span's trace, under it
+(``Mapper.place``). Times are Unix-epoch ns: host ``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
 host call that issued the work to the later of the host return and the device END.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any, Mapping
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from ...record.otel_context import PARENTS
 from ...timeline.spans import KERNEL, STATUS_ERROR, Span
 
 # Record attribute keys with a name of their own; every other key K becomes "cltrace.K".
@@ -88,12 +91,25 @@ class Mapper:
         self.key = salt << 32
         self.root_parent = root_parent
         self.root_parent_remote = root_parent_remote
+        self.parents = PARENTS
         self._threads: dict[int, str] = {}
         self._queues: dict[int, tuple[str, str, str, str]] = {}
         self._static: dict[tuple, dict[str, Any]] = {}
 
     def span_id(self, cltrace_id: int) -> int:
         return cltrace_id ^ self.key
+
+    def place(self, s: Span) -> tuple[int, int, bool]:
+        """(trace id, parent span id, parent is remote) of a span in OTLP."""
+        parents = self.parents
+        if parents:
+            e = parents.get(s.id)
+            if e is not None:
+                return e
+            e = parents.get(s.parent)
+            if e is not None:
+                return e[0], s.parent ^ self.key, False
+        return self.trace_id, s.parent ^ self.key, False
 
     def _thread(self, tid: int) -> str:
         name = self._threads.get(tid)
@@ -163,9 +179,10 @@ class Mapper:
                 if v is not None:
                     attrs[attr_key(k)] = v
         key = self.key
+        parent = self.place(s)[1] if self.parents else s.parent ^ key
         if s.status == STATUS_ERROR:
-            return (s.name, s.id ^ key, s.parent ^ key, start, end, attrs, events, 2, s.error or "error")
-        return (s.name, s.id ^ key, s.parent ^ key, start, end, attrs, events, 0, None)
+            return (s.name, s.id ^ key, parent, start, end, attrs, events, 2, s.error or "error")
+        return (s.name, s.id ^ key, parent, start, end, attrs, events, 0, None)
 
     def root(self, begin_ns: int, end_ns: int, meta: Mapping[str, Any], counts: Mapping[str, int]) -> tuple:
         """The ``cltrace.run`` span (cltrace id 0) that every top-level span hangs under."""

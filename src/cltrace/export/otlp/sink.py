@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from opentelemetry import trace as otel_trace
 
+from ...record import otel_context
 from ...timeline.spans import Span
 from .batch import Batch, BatchExporter
 from .config import (
@@ -59,6 +60,10 @@ class OtlpSink:
     (an exporter is never called concurrently), so one encodes while another waits on the
     network; a user's exporter or tracer provider gets one worker. ``sdk_encoder=True`` sends
     ``ReadableSpan`` batches through the stock encoder instead of cltrace's direct encoding.
+
+    While attached, regions join the OpenTelemetry context both ways (``record.otel_context``):
+    one opened under an SDK span is exported as its child, and one open is the parent of SDK
+    spans started inside it.
     """
 
     def __init__(self, endpoint: str | None = None, protocol: str | None = None,
@@ -117,6 +122,7 @@ class OtlpSink:
         self._batches: BatchExporter | None = None
         self.trace_id = 0
         self._begin_ns: int | None = None
+        self._claimed = False
 
     # -- SpanSink -------------------------------------------------------------------------
     def start(self, recorder: Any) -> None:
@@ -127,11 +133,13 @@ class OtlpSink:
         ctx = otel_trace.get_current_span().get_span_context()
         salt = random.getrandbits(32) or 1
         if ctx.is_valid:
-            self.trace_id = ctx.trace_id
-            self.mapper = Mapper(recorder, ctx.trace_id, salt, ctx.span_id, ctx.is_remote)
+            ids = (salt << 32, ctx.trace_id, ctx.span_id, ctx.is_remote)
         else:
-            self.trace_id = random.getrandbits(128) or 1
-            self.mapper = Mapper(recorder, self.trace_id, salt)
+            ids = (salt << 32, random.getrandbits(128) or 1, None, False)
+        # Regions join the OpenTelemetry context under these ids (shared by every attached OTLP sink).
+        key, self.trace_id, root_parent, root_remote = otel_context.claim(*ids)
+        self._claimed = True
+        self.mapper = Mapper(recorder, self.trace_id, key >> 32, root_parent, root_remote)
         dest = self._dest
         self._batches = BatchExporter(recorder, self.mapper, self._base_resource, wire=dest.wire,
                                       processor=dest.processor, provider_resource=dest.resource,
@@ -178,6 +186,9 @@ class OtlpSink:
         except Exception as exc:
             log.warning("cltrace: closing the OTLP sink failed: %s", exc)
         finally:
+            if self._claimed:
+                self._claimed = False
+                otel_context.release()
             if not any(t.is_alive() for t in self._workers):  # a worker left behind stays quiet
                 self._log_filter.remove()
 
