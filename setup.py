@@ -20,7 +20,7 @@ def _ext(name: str, source: str, **kw: object) -> Extension:
 setup(
     ext_modules=[
         _ext("cltrace.timeline._stamps", "src/cltrace/timeline/_stamps.c",
-             libraries=[] if sys.platform == "win32" else ["dl", "pthread"]),
+             libraries=[] if sys.platform == "win32" else ["dl"]),
         _ext("cltrace.record._region", "src/cltrace/record/_region.c"),
         _ext("cltrace.export._chrome", "src/cltrace/export/_chrome.c"),
         _ext("cltrace.export.perfetto._packets", "src/cltrace/export/perfetto/_packets.c"),

@@ -113,10 +113,10 @@ def main() -> None:
     base = args.events / secs["pyopencl attrs"]
     print(f"{args.events} completed kernel events on {events[0].command_queue.device.name.strip()}, "
           f"best of {args.repeat}")
-    print(f"{'row':<16} {'events/s':>12} {'ns/event':>9} {'vs pyopencl attrs':>18}")
+    print(f"{'row':<24} {'events/s':>12} {'ns/event':>9} {'vs pyopencl attrs':>18}")
     for name, s in secs.items():
         rate = args.events / s
-        print(f"{name:<16} {rate:>12,.0f} {1e9 / rate:>9.0f} {rate / base:>17.2f}x")
+        print(f"{name:<24} {rate:>12,.0f} {1e9 / rate:>9.0f} {rate / base:>17.2f}x")
 
 
 if __name__ == "__main__":

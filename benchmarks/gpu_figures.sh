@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of the closing notes, in one go, on a machine with NVIDIA GPUs and Python but no
 # pyopencl (the lent H200 hosts): wheels carried in .whl/, the C extensions built there.
-#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup devices pipeline fallback clock multi tune
+#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup devices pipeline fallback stamps profile clock multi tune
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 steps=${*:-setup devices pipeline fallback clock multi tune}
@@ -17,6 +17,8 @@ for step in $steps; do
     devices) python3 -m cltrace devices --samples 16 ;;
     pipeline) python3 benchmarks/bench_pipeline.py --launches 200000 --rounds 3 --capacity-spans 200000 --stall-s 3 2>&1 | tee "$out/pipeline.txt" ;;
     fallback) CLTRACE_NATIVE=0 python3 benchmarks/bench_pipeline.py --launches 100000 --rounds 2 --capacity-spans 100000 --stall-s 2 2>&1 | tee "$out/pipeline-fallback.txt" ;;
+    stamps) python3 benchmarks/bench_stamps.py 2>&1 | tail -20 | tee "$out/stamps.txt" ;;
+    profile) python3 benchmarks/profile_pipeline.py --spans 200000 --top 15 2>&1 | tee "$out/profile.txt" ;;
     clock) python3 benchmarks/clock_proof.py --seconds 10 --launches 2000 2>&1 | tail -8 | tee "$out/clock.txt" ;;
     multi) python3 benchmarks/multi_gpu_proof.py "$out/mgpu" 2>&1 | tail -40 | tee "$out/multi.txt" ;;
     tune) python3 benchmarks/tune_stability.py --size 2048 --hogs 0 2>&1 | tail -40 | tee "$out/tune.txt" ;;

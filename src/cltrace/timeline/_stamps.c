@@ -4,13 +4,10 @@
  *   init(path)                        resolve the three OpenCL entry points in the library at ``path``
  *                                     (the one pyopencl has loaded); OSError if it cannot
  *   handles(events, out)              out[i] = events[i].int_ptr (uint64 buffer)
- *   read(handles, status, stamps[, threads])
- *                                     status[i] (int32) and stamps[i][0..3] (int64): QUEUED, SUBMIT,
+ *   read(handles, status, stamps)     status[i] (int32) and stamps[i][0..3] (int64): QUEUED, SUBMIT,
  *                                     START, END. 0: complete, stamps read; > 0: still queued/submitted/
  *                                     running; < 0: the command failed, or its stamps cannot be read
  *                                     (the OpenCL error). Stamps are 0 unless the status is 0.
- *                                     ``threads`` > 1 splits the events over that many OS threads
- *                                     (for drivers that answer slowly, e.g. ~1.3 us a call on NVIDIA's)
  *   columns(records, ints, handles, names, cats)
  *                                     one pass over raw records (see below) into int64 columns and
  *                                     the events' handles, instead of a transpose and a dozen passes
@@ -29,7 +26,6 @@
 #include <windows.h>
 #else
 #include <dlfcn.h>
-#include <pthread.h>
 #endif
 
 typedef int32_t cl_int;
@@ -154,12 +150,15 @@ read_one(cl_event ev, int64_t *st)
     cl_int err, status;
     int retried = 0;
 again:
+    /* END first: for a complete command that is the only call that can fail, so the usual case costs four
+     * calls and no more. (Reading QUEUED first measured the same on NVIDIA's driver and PoCL.) */
     err = get_profiling_info(ev, CL_PROFILING_COMMAND_END, sizeof(cl_ulong), &v[3], NULL);
+    if (err == CL_SUCCESS &&
+        ((err = get_profiling_info(ev, CL_PROFILING_COMMAND_QUEUED, sizeof(cl_ulong), &v[0], NULL)) != CL_SUCCESS ||
+         (err = get_profiling_info(ev, CL_PROFILING_COMMAND_SUBMIT, sizeof(cl_ulong), &v[1], NULL)) != CL_SUCCESS ||
+         (err = get_profiling_info(ev, CL_PROFILING_COMMAND_START, sizeof(cl_ulong), &v[2], NULL)) != CL_SUCCESS))
+        return err;
     if (err == CL_SUCCESS) {
-        if ((err = get_profiling_info(ev, CL_PROFILING_COMMAND_QUEUED, sizeof(cl_ulong), &v[0], NULL)) != CL_SUCCESS ||
-            (err = get_profiling_info(ev, CL_PROFILING_COMMAND_SUBMIT, sizeof(cl_ulong), &v[1], NULL)) != CL_SUCCESS ||
-            (err = get_profiling_info(ev, CL_PROFILING_COMMAND_START, sizeof(cl_ulong), &v[2], NULL)) != CL_SUCCESS)
-            return err;
         st[0] = (int64_t)v[0];
         st[1] = (int64_t)v[1];
         st[2] = (int64_t)v[2];
@@ -181,32 +180,13 @@ again:
     return CL_PROFILING_INFO_NOT_AVAILABLE;
 }
 
-typedef struct {
-    const uint64_t *hs;
-    int32_t *status;
-    int64_t *st;
-    Py_ssize_t lo, hi;
-} read_part;
-
-static void *
-read_range(void *arg)
-{
-    read_part *p = (read_part *)arg;
-    for (Py_ssize_t i = p->lo; i < p->hi; i++)
-        p->status[i] = read_one((cl_event)(uintptr_t)p->hs[i], p->st + 4 * i);
-    return NULL;
-}
-
-#define MAX_READ_THREADS 16
-
 static PyObject *
 stamps_read(PyObject *self, PyObject *args)
 {
     Py_buffer h, s, t;
-    int threads = 1;
     if (!ready())
         return NULL;
-    if (!PyArg_ParseTuple(args, "y*w*w*|i:read", &h, &s, &t, &threads))
+    if (!PyArg_ParseTuple(args, "y*w*w*:read", &h, &s, &t))
         return NULL;
     Py_ssize_t n = h.len / (Py_ssize_t)sizeof(uint64_t);
     if (h.len % (Py_ssize_t)sizeof(uint64_t) || s.len != n * (Py_ssize_t)sizeof(int32_t) ||
@@ -218,38 +198,15 @@ stamps_read(PyObject *self, PyObject *args)
         PyBuffer_Release(&t);
         return NULL;
     }
-    if (threads < 1)
-        threads = 1;
-    if (threads > MAX_READ_THREADS)
-        threads = MAX_READ_THREADS;
-    if (threads > n)
-        threads = n > 0 ? (int)n : 1;
-    read_part parts[MAX_READ_THREADS];
+    const uint64_t *hs = (const uint64_t *)h.buf;
+    int32_t *status = (int32_t *)s.buf;
+    int64_t *st = (int64_t *)t.buf;
+    /* One thread: NVIDIA's driver serialises these calls (measured on an H200: 1.8M events/s on one
+     * thread, 0.94M on two, 0.53M on eight), and PoCL's answer in ~40 ns an event. */
     Py_BEGIN_ALLOW_THREADS
-    memset(t.buf, 0, (size_t)n * 4 * sizeof(int64_t));
-    for (int k = 0; k < threads; k++) {
-        parts[k].hs = (const uint64_t *)h.buf;
-        parts[k].status = (int32_t *)s.buf;
-        parts[k].st = (int64_t *)t.buf;
-        parts[k].lo = n * k / threads;
-        parts[k].hi = n * (k + 1) / threads;
-    }
-#ifdef _WIN32
-    for (int k = 0; k < threads; k++)
-        read_range(&parts[k]);
-#else
-    pthread_t tid[MAX_READ_THREADS];
-    int started[MAX_READ_THREADS] = {0};
-    for (int k = 1; k < threads; k++)
-        started[k] = pthread_create(&tid[k], NULL, read_range, &parts[k]) == 0;
-    read_range(&parts[0]);
-    for (int k = 1; k < threads; k++) {
-        if (started[k])
-            pthread_join(tid[k], NULL);
-        else
-            read_range(&parts[k]);
-    }
-#endif
+    memset(st, 0, (size_t)n * 4 * sizeof(int64_t));
+    for (Py_ssize_t i = 0; i < n; i++)
+        status[i] = read_one((cl_event)(uintptr_t)hs[i], st + 4 * i);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&h);
     PyBuffer_Release(&s);
@@ -445,7 +402,7 @@ fail:
 static PyMethodDef methods[] = {
     {"init", stamps_init, METH_VARARGS, "init(path): resolve the OpenCL entry points in the library at path."},
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
-    {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps, threads=1): fill status int32[N] and stamps int64[N, 4]."},
+    {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps): fill status int32[N] and stamps int64[N, 4]."},
     {"columns", stamps_columns, METH_VARARGS, "columns(records, ints, handles, names, cats): the resolver's first pass."},
     {"wait", stamps_wait, METH_VARARGS, "wait(handles): wait for every event; a failed one does not stop the rest."},
     {"transpose", stamps_transpose, METH_O, "transpose(records): list(zip(*records)) in one pass."},

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from operator import attrgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -161,27 +160,6 @@ PYTHON = Impl(_python_handles, _python_read, _python_wait, _python_transpose, _p
 
 # --- native: the C extension -------------------------------------------------------------------
 
-class _Pace:
-    """How many OS threads a native read uses: one while the driver answers fast (PoCL: ~0.1 us an
-    event), more for a slow one (NVIDIA: ~5 us an event) on a big enough batch, up to the spare cores."""
-
-    SLOW_NS = 400  # per event, measured on one thread
-    MIN_PER_THREAD = 256
-
-    def __init__(self) -> None:
-        self.ns_per_event = 0.0
-        self.most = max(1, min(8, (os.cpu_count() or 1) - 1))
-
-    def threads(self, n: int) -> int:
-        if self.ns_per_event < self.SLOW_NS or self.most == 1:
-            return 1
-        return max(1, min(self.most, n // self.MIN_PER_THREAD))
-
-    def took(self, n: int, threads: int, ns: int) -> None:
-        if n >= 64:
-            per = ns * threads / n  # the driver's cost per event, as one thread would see it
-            self.ns_per_event = per if not self.ns_per_event else 0.8 * self.ns_per_event + 0.2 * per
-
 def opencl_library() -> str | None:
     """Path of the OpenCL library pyopencl has loaded (from /proc/self/maps), else the system's."""
     import ctypes.util
@@ -223,15 +201,10 @@ def _load_native() -> Impl:
         _stamps.handles(events, out)
         return out
 
-    pace = _Pace()
-
     def read(handles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         hs = _as_handles(handles)
         status, stamps = np.empty(len(hs), np.int32), np.empty((len(hs), 4), np.int64)
-        threads = pace.threads(len(hs))
-        t0 = time.perf_counter_ns()
-        _stamps.read(hs, status, stamps, threads)
-        pace.took(len(hs), threads, time.perf_counter_ns() - t0)
+        _stamps.read(hs, status, stamps)
         return status, stamps
 
     def columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray, np.ndarray]:
