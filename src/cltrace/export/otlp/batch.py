@@ -78,12 +78,14 @@ class BatchExporter:
     def _export_readable(self, exporter: Any, batch: Batch, n: int) -> list[tuple[int, bool]]:
         mapper = self.mapper
         recs: list[tuple] = []
+        traces: list[int] = []
         for is_record, items in batch:
             recs += items if is_record else map(mapper.convert, items)
+            traces += [mapper.trace_id] * len(items) if is_record else [mapper.place(s)[0] for s in items]
         key = mapper.key
         root_remote = mapper.root_parent_remote
-        spans = [readable_span(r, mapper.trace_id, self._resource, self.scope, root_remote and r[1] == key)
-                 for r in recs]
+        spans = [readable_span(r, t, self._resource, self.scope, root_remote and r[1] == key)
+                 for r, t in zip(recs, traces)]
         if self.processor is not None:
             for s in spans:
                 self.processor.on_end(s)
