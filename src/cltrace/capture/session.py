@@ -103,7 +103,7 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
     _state.ENABLED = True
     RECORDER.activate()
     if schedule is not None:
-        st = stepper.Stepper(schedule, on_trace_ready, _file_outputs, quiet)
+        st = stepper.Stepper(schedule, on_trace_ready, _file_outputs, None if quiet else _announce)
         stepper.set_current(st)
         st.attach()
     elif stepper.current() is not None:  # an output added to a scheduled session: the step decides
@@ -142,6 +142,10 @@ def stop() -> None:
     _uninstall_sigterm()
     if wrote:
         print(f"cltrace: wrote {', '.join(_shown(p) for p in wrote)}", file=sys.stderr, flush=True)
+
+
+def _announce(paths: list[str]) -> None:
+    print(f"cltrace: wrote {', '.join(_shown(p) for p in paths)}", file=sys.stderr, flush=True)
 
 
 def _shown(path: str) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from collections import Counter
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -49,7 +48,8 @@ class Cycle:
     steps; ``batch``: their spans as columns (``spans()`` as objects)."""
 
     def __init__(self, number: int, steps: tuple[int, ...], warmup: tuple[int, ...], begin_ns: int,
-                 end_ns: int, batch: SpanBatch, dropped: int, outputs: tuple[str, ...], quiet: bool) -> None:
+                 end_ns: int, batch: SpanBatch, dropped: int, outputs: tuple[str, ...],
+                 announce: Callable[[list[str]], None] | None = None) -> None:
         self.number = number
         self.steps = steps
         self.warmup = warmup
@@ -58,7 +58,7 @@ class Cycle:
         self.batch = batch
         self.dropped = dropped  # spans of the cycle not kept (past the recorder's capacity)
         self.outputs = outputs  # the session's trace files when the cycle ended
-        self.quiet = quiet
+        self._announce = announce
         self.paths: list[str] = []  # files written by write()
 
     def spans(self) -> list[Span]:
@@ -95,10 +95,8 @@ class Cycle:
                 self.paths += self.export(path)
             except Exception as exc:  # one output failing must not cost the others, nor the program
                 log.warning("cltrace: writing cycle %d to %s failed: %s", self.number, path, exc)
-        if self.paths and not self.quiet:
-            from .session import _shown
-
-            print(f"cltrace: wrote {', '.join(_shown(p) for p in self.paths)}", file=sys.stderr, flush=True)
+        if self.paths and self._announce is not None:
+            self._announce(self.paths)
         return self.paths
 
     def __repr__(self) -> str:
@@ -161,11 +159,11 @@ class Stepper:
     """The step state of one scheduled session (made by ``start(schedule=...)``)."""
 
     def __init__(self, schedule: Schedule, on_trace_ready: Callable[[Cycle], Any] | None,
-                 outputs: Callable[[], list[str]], quiet: bool) -> None:
+                 outputs: Callable[[], list[str]], announce: Callable[[list[str]], None] | None) -> None:
         self.schedule = schedule
         self.handler = on_trace_ready or write_cycle
         self._outputs = outputs
-        self.quiet = quiet
+        self._announce = announce  # says where a cycle's files are (None: quiet)
         self.table = RECORDER.steps
         self.number = 0  # the next step's number
         self.counts: Counter[str] = Counter()
@@ -205,13 +203,13 @@ class Stepper:
         return self._current is not None
 
     # -- steps --------------------------------------------------------------------------
-    def step(self) -> None:
+    def step(self, queue: Any = None) -> None:
         """End the open step (if any) and begin the next."""
         with self._lock:
             self.end_step()
-            self.begin_step()
+            self.begin_step(queue)
 
-    def begin_step(self) -> None:
+    def begin_step(self, queue: Any = None) -> None:
         with self._lock:
             if self._current is not None:
                 self.end_step()
@@ -222,7 +220,7 @@ class Stepper:
             handle, idx = None, -1
             if phase in TRACED:
                 _state.ENABLED = True
-                handle = OpenStep(n, {"step": n, "phase": phase, "cycle": cycle})
+                handle = OpenStep(n, {"step": n, "phase": phase, "cycle": cycle}, queue)
                 idx = self.table.open(n, handle.span_id, handle.begin_ns, cycle, phase == ACTIVE)
                 rec = self._cycles.setdefault(cycle, {"steps": [], "warmup": [], "begin": None, "end": None})
                 if phase == ACTIVE:
@@ -268,7 +266,7 @@ class Stepper:
         batch, dropped = self._collector.take(cycle)
         end = rec["end"] if rec["end"] is not None else rec["begin"]
         c = Cycle(cycle, tuple(rec["steps"]), tuple(rec["warmup"]), rec["begin"], end, batch, dropped,
-                  tuple(self._outputs()), self.quiet)
+                  tuple(self._outputs()), self._announce)
         self.cycles_done += 1
         try:
             self.handler(c)
@@ -319,18 +317,20 @@ def set_current(stepper: Stepper | None) -> None:
     _ACTIVE = stepper
 
 
-def step() -> None:
+def step(queue: Any = None) -> None:
     """Mark a step boundary: the open step ends, the next begins (call it at the top of each
-    iteration; the end of tracing ends the last step). Without a schedule it does nothing."""
+    iteration; the end of tracing ends the last step). With ``queue`` (or the active queue of
+    ``cltrace.set_queue``) the step also gets a device span. Without a schedule it does nothing."""
     s = _ACTIVE
     if s is not None:
-        s.step()
+        s.step(queue)
 
 
-def steps(iterable: Iterable[T]) -> Iterator[T]:
+def steps(iterable: Iterable[T], queue: Any = None) -> Iterator[T]:
     """``for batch in cltrace.steps(loader):`` each item is a step, from when it is handed out
     until the next one is (so fetching the next item belongs to the step before it); the step
-    ends when the loop does. Without a schedule it yields the items and does nothing else."""
+    ends when the loop does. ``queue``: as for ``step``. Without a schedule it yields the items
+    and does nothing else."""
     it = iter(iterable)
     try:
         while True:
@@ -340,7 +340,7 @@ def steps(iterable: Iterable[T]) -> Iterator[T]:
                 return
             s = _ACTIVE
             if s is not None:
-                s.step()
+                s.step(queue)
             yield item
     finally:
         s = _ACTIVE

@@ -3,8 +3,8 @@
 Opened and closed once per step (never on a launch or region's path). The step goes on top
 of the calling thread's region stack with the path ``("step",)`` and parent 0, whatever is
 open beneath it: it is always a root, and every step's children add up under one path
-(``step/forward``) in the reports. With an active queue (``cltrace.set_queue``) it also gets a
-device span bracketed by two markers, as a region does.
+(``step/forward``) in the reports. With a queue (given, or the active one of
+``cltrace.set_queue``) it also gets a device span bracketed by two markers, as a region does.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import pyopencl as cl
 
+from ..errors import ProfilingNotEnabledError
 from . import queues as _queues
 from .queues import has_profiling
 from .recorder import RECORDER, new_id
@@ -28,12 +29,15 @@ class OpenStep:
 
     __slots__ = ("name", "span_id", "begin_ns", "attrs", "_stack", "_queue", "_ev0")
 
-    def __init__(self, number: int, attrs: dict[str, Any] | None) -> None:
+    def __init__(self, number: int, attrs: dict[str, Any] | None, queue: Any = None) -> None:
         self.name = f"step {number}"
         self.attrs = attrs
         self._stack = st = _tls.stack
-        q = _queues._default_queue
-        self._queue = q if q is not None and has_profiling(q) else None
+        if queue is None:
+            queue = _queues._default_queue
+        if queue is not None and not has_profiling(queue):
+            raise ProfilingNotEnabledError(f"cltrace.step on {self.name}")
+        self._queue = queue
         self.span_id = sid = new_id()
         st.append((sid, PATH))
         self.begin_ns = _perf()
