@@ -28,11 +28,13 @@ def demo_dir(tmp_path_factory):
 
 def test_demo_writes_both_formats_and_prints_the_region_report(demo_dir):
     d, out = demo_dir
-    assert (d / "traces" / "demo.json").stat().st_size > 0
-    assert (d / "traces" / "demo.pftrace").stat().st_size > 0
+    for cycle in ("", ".cycle1", ".cycle2"):  # the whole run, then one file per active cycle
+        assert (d / "traces" / f"demo{cycle}.json").stat().st_size > 0
+        assert (d / "traces" / f"demo{cycle}.pftrace").stat().st_size > 0
     for name in ("step", "forward", "backward", "optimizer", "gemm", "compile"):
         assert name in out
     assert "bound ±" in out and "0 dropped" in out
+    assert "6 steps: 2 warm-up (not written), 4 active; 2 cycles written" in out
 
 
 def test_demo_trace_has_nested_regions_on_the_host_and_kernels_on_a_queue_track_with_flows(demo_dir):
@@ -45,9 +47,11 @@ def test_demo_trace_has_nested_regions_on_the_host_and_kernels_on_a_queue_track_
     by_name = {}
     for e in host.values():
         by_name.setdefault(e["name"], []).append(e)
-    step_ids = {e["args"]["span"] for e in by_name["step"]}
+    steps = [e for e in host.values() if e["cat"] == "step"]
+    assert sorted(e["name"] for e in steps) == ["step 1", "step 2", "step 4", "step 5"]  # 0 and 3: warm-up
+    step_ids = {e["args"]["span"] for e in steps}
     for phase in ("forward", "backward", "optimizer"):
-        assert len(by_name[phase]) == 6
+        assert len(by_name[phase]) == 4
         assert all(e["args"]["parent"] in step_ids for e in by_name[phase])
     kernels = [e for e in device if e["cat"] == "kernel"]
     assert {e["name"] for e in kernels} >= {"gemm", "sgd", "softmax_xent"}

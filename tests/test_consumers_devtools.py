@@ -35,7 +35,7 @@ def launch_pairs(events: list[dict[str, Any]]) -> dict[int, tuple[dict[str, Any]
     """Span id -> (host slice, device slice) of every launch (kernel/transfer) that reached a device."""
     slices: dict[int, list[dict[str, Any]]] = {}
     for e in events:
-        if e.get("ph") == "X" and e["cat"] not in ("region", "compile"):
+        if e.get("ph") == "X" and e["cat"] not in ("region", "step", "compile"):
             slices.setdefault(e["args"]["span"], []).append(e)
     return {sid: (xs[0], xs[1]) for sid, xs in slices.items() if len(xs) == 2}
 

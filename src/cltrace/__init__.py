@@ -14,6 +14,8 @@ from .record.recorder import RECORDER
 from .record.regions import copy, launch, record_launch, region, timing_region
 from .analyze.report import PerfCounter
 from .capture.session import enabled, start, stop, trace
+from .capture.schedule import Schedule, schedule
+from .capture.stepper import Cycle, step, steps
 from .timeline.spans import Span
 from .record.timing import EventTimer, timing
 from .programs.compiler import BuildError, Kernel, Program, ProgramCache, compile
@@ -25,7 +27,7 @@ __all__ = [
     "CltraceError", "EventTimerError", "OutputError", "ProfilingNotEnabledError", "TraceFileError",
     "active_queue", "default_device", "has_profiling", "profiling_queue", "set_queue",
     "RECORDER", "copy", "launch", "record_launch", "region", "timing_region", "PerfCounter",
-    "enabled", "start", "stop", "trace", "Span", "EventTimer", "timing",
+    "enabled", "start", "stop", "trace", "schedule", "Schedule", "step", "steps", "Cycle", "Span", "EventTimer", "timing",
     "compile", "Program", "Kernel", "LaunchProfile", "instrument", "uninstrument", "ProgramCache", "BuildError",
     "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial", "analyze", "Analysis",
 ]

@@ -17,12 +17,15 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .. import _state
 from ..errors import OutputError
 from ..export.formats import format_for, register_format, sink_for
 from ..record.recorder import RECORDER
+from . import stepper
+from .schedule import Schedule
+from .stepper import Cycle
 
 __all__ = ["start", "stop", "trace", "enabled", "start_from_env", "format_for", "sink_for", "register_format",
            "OutputError", "default_output"]
@@ -60,13 +63,23 @@ def _open(out: str | os.PathLike[str]) -> tuple[Any, str]:
 
 
 def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, overflow: str | None = None,
-          quiet: bool | None = None) -> None:
+          quiet: bool | None = None, schedule: Schedule | None = None,
+          on_trace_ready: Callable[[Cycle], Any] | None = None) -> None:
     """Turn tracing on. Each output is a path (format from its suffix) or a sink object.
 
     A path that cannot be written raises ``OutputError`` (a ``ValueError``) before tracing
     starts, and none of this call's outputs is attached. ``quiet``: do not print where the
-    files are when they are closed (default: ``CLTRACE_QUIET``).
+    files are when they are closed (default: ``CLTRACE_QUIET``). ``schedule``
+    (``cltrace.schedule(...)``): trace only the steps it says (see ``capture/stepper.py``);
+    ``on_trace_ready(cycle)`` is called at the end of each active cycle (default: write
+    ``run.cycleN.json`` next to each output ``run.json``).
     """
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise TypeError(f"schedule must come from cltrace.schedule(...), not {type(schedule).__name__}")
+    if schedule is None and on_trace_ready is not None:
+        raise ValueError("on_trace_ready needs a schedule: cltrace.trace(..., schedule=cltrace.schedule(...))")
+    if schedule is not None and stepper.current() is not None:
+        raise ValueError("a schedule is already running: cltrace.stop() it before starting another")
     RECORDER.configure(capacity=capacity, overflow=overflow)
     if quiet is None:
         quiet = os.environ.get("CLTRACE_QUIET", "").strip().lower() in _TRUE
@@ -89,13 +102,27 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
     _session_sinks.extend(added)
     _state.ENABLED = True
     RECORDER.activate()
+    if schedule is not None:
+        st = stepper.Stepper(schedule, on_trace_ready, _file_outputs, None if quiet else _announce)
+        stepper.set_current(st)
+        st.attach()
+    elif stepper.current() is not None:  # an output added to a scheduled session: the step decides
+        _state.ENABLED = stepper.current().tracing()
     _install_sigterm()
+
+
+def _file_outputs() -> list[str]:
+    """The trace files of the session, in the order they were attached."""
+    return [_session_paths[id(s)][0] for s in _session_sinks if id(s) in _session_paths]
 
 
 def stop() -> None:
     """Turn tracing off, flush everything recorded and close the sinks ``start`` attached.
 
     Prints one ``cltrace: wrote ...`` line on stderr for the files it closed, unless quiet."""
+    st = stepper.current()
+    if st is not None:
+        st.finish()  # the last step ends, a cycle cut short is handed out
     _state.ENABLED = False
     RECORDER.flush(block=True)
     wrote = []
@@ -109,9 +136,16 @@ def stop() -> None:
             continue
         if announce:
             wrote.append(path)
+    if st is not None:
+        st.detach()
+        stepper.set_current(None)
     _uninstall_sigterm()
     if wrote:
         print(f"cltrace: wrote {', '.join(_shown(p) for p in wrote)}", file=sys.stderr, flush=True)
+
+
+def _announce(paths: list[str]) -> None:
+    print(f"cltrace: wrote {', '.join(_shown(p) for p in paths)}", file=sys.stderr, flush=True)
 
 
 def _shown(path: str) -> str:
@@ -130,10 +164,12 @@ def enabled() -> bool:
 
 @contextlib.contextmanager
 def trace(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, overflow: str | None = None,
-          quiet: bool | None = None) -> Iterator[Any]:
+          quiet: bool | None = None, schedule: Schedule | None = None,
+          on_trace_ready: Callable[[Cycle], Any] | None = None) -> Iterator[Any]:
     """``with cltrace.trace("out.json"):`` traces the block and writes the file(s) at exit,
-    saying where on stderr unless ``quiet``."""
-    start(*outputs, capacity=capacity, overflow=overflow, quiet=quiet)
+    saying where on stderr unless ``quiet``. ``schedule``/``on_trace_ready``: see ``start``."""
+    start(*outputs, capacity=capacity, overflow=overflow, quiet=quiet, schedule=schedule,
+          on_trace_ready=on_trace_ready)
     try:
         yield RECORDER
     finally:

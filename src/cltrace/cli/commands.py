@@ -37,6 +37,15 @@ def _formats(value: str) -> tuple[str, ...]:
     return fmts
 
 
+def _schedule(value: str) -> Any:
+    from ..capture.schedule import parse_schedule
+
+    try:
+        return parse_schedule(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
     if not getattr(args, "otlp", None):
         return []
@@ -135,12 +144,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     check_device()
     res = run_demo(out_dir=args.out, steps=args.steps, formats=args.format or FORMATS,
-                   extra_sinks=tuple(_otlp_sinks(args)))
+                   extra_sinks=tuple(_otlp_sinks(args)), schedule=args.schedule)
     print(res.report)
     print()
     print(f"loss: {res.losses[0]:.4f} -> {res.losses[-1]:.4f} over {args.steps} steps ({res.seconds:.1f}s)")
+    print(res.schedule)
     for p in res.paths:
         print(f"wrote {p}  (open it in https://ui.perfetto.dev)")
+    for p in res.cycle_paths:
+        print(f"wrote {p}  (one active cycle)")
     return 0
 
 
@@ -257,8 +269,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CltraceError(f"cannot open the script {args.script!r}: no such file")
     if os.environ.get("CLTRACE_DEVICE"):
         check_device()
+    if args.steps_from and args.schedule is None:
+        raise CltraceError(f"--steps-from {args.steps_from} needs --schedule, e.g. --schedule wait=1,warmup=1,active=3")
     outs = run_outputs(args.script, args.out, args.format)
-    return run_script(args.script, list(args.args), outs, extra_sinks=_otlp_sinks(args), quiet=args.quiet)
+    return run_script(args.script, list(args.args), outs, extra_sinks=_otlp_sinks(args), quiet=args.quiet,
+                      schedule=args.schedule, steps_from=args.steps_from)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,6 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("demo", help="train a tiny MLP with OpenCL kernels, traced")
     dm.add_argument("--out", default="traces", help="directory for demo.<format> (default: traces)")
     dm.add_argument("--steps", type=_positive, default=40, help="training steps (default 40)")
+    dm.add_argument("--schedule", type=_schedule, metavar="K=N,...",
+                    help="which steps to trace (default: two cycles of warmup=1 and the rest active)")
     add_outputs(dm, "json,pftrace")
     dm.set_defaults(fn=cmd_demo)
 
@@ -295,6 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trace file (repeatable; format from its suffix, or each --format next to it)")
     add_outputs(r, "json,pftrace")
     r.add_argument("--quiet", action="store_true", help="do not print where the trace files are")
+    r.add_argument("--schedule", type=_schedule, metavar="K=N,...",
+                   help="trace only some steps: skip_first=10,wait=1,warmup=1,active=3,repeat=2; the script "
+                        "marks steps with cltrace.step() (or see --steps-from); one file per active cycle")
+    r.add_argument("--steps-from", metavar="REGION",
+                   help="with --schedule: each outermost occurrence of the cltrace region REGION is a step")
     r.add_argument("script", nargs="?", help="the Python script to run, as `python script.py` would")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     r.set_defaults(fn=cmd_run)

@@ -1,8 +1,11 @@
-"""The demo: a tiny MLP trained with OpenCL kernels, traced.
+"""The demo: a tiny MLP trained with OpenCL kernels, traced under a schedule.
 
-Each training step is a ``step`` region with ``forward``, ``backward`` and
-``optimizer`` regions inside; kernels land on the device-queue track, joined
-to their host launches by flows. Sized to finish in seconds on a 2-core CPU.
+Each training step (``cltrace.steps``) is a root ``step N`` span with ``forward``,
+``backward`` and ``optimizer`` regions inside; kernels land on the device-queue track,
+joined to their host launches by flows. The default schedule makes two cycles of the run,
+each one warm-up step (first-launch JIT and cache fills, not written) and then active steps:
+``demo.<fmt>`` holds the set-up and every active step, ``demo.cycleN.<fmt>`` one cycle each.
+Sized to finish in seconds on a 2-core CPU.
 """
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ import numpy as np
 import pyopencl as cl
 
 from ..record import regions
-from ..capture import session
+from ..capture import session, stepper
+from ..capture.schedule import Schedule
 from ..programs.compiler import compile as compile_program
 from ..record.queues import default_device, profiling_queue
 from ..record.recorder import RECORDER
@@ -82,6 +86,13 @@ class DemoResult:
     paths: list[str]
     report: str
     seconds: float
+    cycle_paths: list[str]  # demo.cycleN.<fmt>, one per active cycle and format
+    schedule: str  # what the schedule did with the steps (one line)
+
+
+def default_schedule(steps: int) -> Schedule:
+    """Two cycles over ``steps`` steps: one warm-up step each, then active steps."""
+    return Schedule(skip_first=0, wait=0, warmup=1, active=max(1, steps // 2 - 1), repeat=2)
 
 
 class _MLP:
@@ -157,8 +168,9 @@ class _MLP:
 
 def run_demo(out_dir: str = "traces", steps: int = 40, formats: tuple[str, ...] = ("json",),
              extra_sinks: tuple[Any, ...] = (), device: Any = None, batch: int = 512,
-             lr: float = 0.5) -> DemoResult:
-    """Train the MLP for ``steps`` steps with tracing on; write ``demo.<fmt>`` files into ``out_dir``."""
+             lr: float = 0.5, schedule: Schedule | None = None) -> DemoResult:
+    """Train the MLP for ``steps`` steps traced under ``schedule`` (default: ``default_schedule``);
+    write ``demo.<fmt>`` and ``demo.cycleN.<fmt>`` files into ``out_dir``."""
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as exc:
@@ -170,19 +182,22 @@ def run_demo(out_dir: str = "traces", steps: int = 40, formats: tuple[str, ...] 
     RECORDER.clear()
     t0 = time.perf_counter()
     losses: list[float] = []
-    session.start(*paths, *extra_sinks, quiet=True)  # the caller says where the files are
+    cycle_paths: list[str] = []
+    # quiet: the caller says where the files are
+    session.start(*paths, *extra_sinks, quiet=True, schedule=schedule or default_schedule(steps),
+                  on_trace_ready=lambda cycle: cycle_paths.extend(cycle.write()))
     try:
         with regions.timing_region("setup"):
             model = _MLP(queue, n=batch, d=32, h=64, c=8)
-        with regions.timing_region("train", queue):
-            model.upload()
-            for i in range(steps):
-                with regions.timing_region("step", queue):
-                    model.step(lr)
-                if i % 10 == 0 or i == steps - 1:
-                    losses.append(model.read_loss())
+        model.upload()
+        for i in stepper.steps(range(steps), queue):  # a step: root span, host and device
+            model.step(lr)
+            if i % 10 == 0 or i == steps - 1:
+                losses.append(model.read_loss())
         queue.finish()
         report = PerfCounter().report()
+        done = stepper.current()
+        summary = done.summary() if done is not None else ""
     finally:
         session.stop()
-    return DemoResult(losses, paths, report, time.perf_counter() - t0)
+    return DemoResult(losses, paths, report, time.perf_counter() - t0, cycle_paths, summary)

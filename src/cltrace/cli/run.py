@@ -13,6 +13,8 @@ import traceback
 from typing import Any, Sequence
 
 from ..capture import session
+from ..capture.schedule import Schedule
+from . import steps_from as steps_from_region
 from .instrument import instrument, instrumented, uninstrument
 
 
@@ -40,7 +42,8 @@ def _print_exception(exc: BaseException, script: str) -> None:
 
 def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (), *,
                extra_sinks: Sequence[Any] = (), capacity: int | None = None,
-               overflow: str | None = None, quiet: bool = True) -> int:
+               overflow: str | None = None, quiet: bool = True, schedule: Schedule | None = None,
+               steps_from: str | None = None) -> int:
     """Run ``script`` with ``sys.argv = [script, *argv]`` as ``__main__``, traced into ``outputs``.
 
     ``outputs`` are trace paths (format from the suffix); ``extra_sinks`` are sink
@@ -51,7 +54,9 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     KeyboardInterrupt. The trace is written in every case; with ``quiet=False`` (as the
     ``cltrace run`` command calls it) one ``cltrace: wrote ...`` line on stderr says where. SIGTERM closes the trace, then ends
     the process as it would have without cltrace. An output that cannot be written raises
-    ``session.OutputError`` before the script starts.
+    ``session.OutputError`` before the script starts. ``schedule``: trace the steps it says, the
+    script marking them with ``cltrace.step()``/``cltrace.steps()``, or, with ``steps_from``, each
+    outermost region of that name being a step.
     """
     script = os.fspath(script)
     if not os.path.isfile(script):
@@ -69,7 +74,10 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     was_instrumented = instrumented()
     status = 0
     try:
-        session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet)
+        session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet,
+                      schedule=schedule)
+        if steps_from:
+            steps_from_region.install(steps_from)
         instrument()
         try:
             runpy.run_path(full, run_name="__main__")
@@ -85,6 +93,7 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     finally:
         if not was_instrumented:
             uninstrument()
+        steps_from_region.uninstall()
         session.stop()
         sys.argv = saved_argv
         if saved_path0 is not None:

@@ -25,6 +25,15 @@ def names() -> list[str]:
     return sorted({*_BUILTIN, *_EXTRA})
 
 
+def suffix(fmt: str) -> str:
+    """The file suffix of a format name (``speedscope`` -> ``.speedscope.json``)."""
+    if fmt in _EXTRA:
+        return _EXTRA[fmt][0]
+    if fmt not in _BUILTIN:
+        raise ValueError(f"unknown trace format {fmt!r}: choose from {names()}")
+    return _BUILTIN[fmt][0]
+
+
 def format_for(path: str) -> str:
     """The format name a path's suffix stands for (the longest suffix that fits: ``.speedscope.json``
     before ``.json``)."""

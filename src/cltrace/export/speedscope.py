@@ -19,7 +19,7 @@ import os
 from typing import Any, Sequence
 
 from .._version import version
-from ..timeline.spans import Span
+from ..timeline.spans import STEP, Span
 from ..timeline.tracks import DEVICE_QUEUE
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
@@ -42,7 +42,7 @@ class SpeedscopeSink:
         frames = self._frames
         tracks = self._tracks
         for s in spans:
-            key = (s.name, s.cat)
+            key = (STEP if s.cat == STEP else s.name, s.cat)  # every "step N" one frame: steps add up
             f = frames.get(key)
             if f is None:
                 f = frames[key] = len(frames)

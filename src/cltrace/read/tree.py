@@ -1,7 +1,7 @@
 """Region paths of spans read back from a file, rebuilt from their parent links."""
 from __future__ import annotations
 
-from ..timeline.spans import Span
+from ..timeline.spans import STEP, Span
 
 
 def fill_paths(spans: dict[int, Span]) -> None:
@@ -9,7 +9,8 @@ def fill_paths(spans: dict[int, Span]) -> None:
         if s.path:
             return s.path
         parent = spans.get(s.parent)
-        s.path = (path(parent, depth + 1) if parent is not None and depth < 256 else ()) + (s.name,)
+        own = STEP if s.cat == STEP else s.name  # every "step N" is one path, as when recorded
+        s.path = (path(parent, depth + 1) if parent is not None and depth < 256 else ()) + (own,)
         return s.path
 
     for s in spans.values():

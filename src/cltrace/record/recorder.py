@@ -35,6 +35,7 @@ from ..timeline.clock import ClockRegistry
 from ..timeline.resolve import Resolver
 from ..timeline.spans import Span
 from ..timeline.stats import Stats
+from ..timeline.steps import StepTable
 from ..timeline.tracks import TrackRegistry
 
 log = logging.getLogger("cltrace")
@@ -61,6 +62,8 @@ class Recorder:
     def __init__(self, capacity: int = 1_000_000, overflow: str = "discard",
                  max_pending: int = 65_536, flush_interval_s: float = 1.0, resolve_interval_s: float = 0.05) -> None:
         self.tracks = TrackRegistry()
+        self.steps = StepTable()  # a scheduled session's traced steps (capture/stepper.py)
+        self.gate: Callable[[SpanBatch], SpanBatch] | None = None  # set by a schedule: withholds warm-up
         self.clocks = ClockRegistry()
         self.tables = Tables()
         self.stats = Stats()
@@ -208,6 +211,11 @@ class Recorder:
         return spans
 
     def _deliver(self, batch: SpanBatch) -> None:
+        gate = self.gate
+        if gate is not None:
+            batch = gate(batch)
+            if not batch.n:
+                return
         self.recorded += batch.n
         self.stats.add(batch)
         for sink in list(self.sinks):

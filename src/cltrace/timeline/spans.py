@@ -21,8 +21,10 @@ BUILD = "build"
 AUTOTUNE = "autotune"
 TRIAL = "trial"
 SYNC = "sync"  # host-only: the host blocked until the device caught up (finish, wait)
-# Categories a timing_region may carry: bracketing spans whose path already ends in their name.
-REGION_CATS = frozenset({REGION, AUTOTUNE, TRIAL})
+STEP = "step"  # a training step of a scheduled session: a root span named "step N", path ("step",)
+# Categories a timing_region may carry: bracketing spans whose path is recorded as is (it ends in
+# their name; a step's ends in "step", so every step's children add up under one path).
+REGION_CATS = frozenset({REGION, AUTOTUNE, TRIAL, STEP})
 
 # Where a span's times come from (principle: a number says where it came from).
 SOURCE_DEVICE = "device"  # device stamps exist and were mapped to the host clock

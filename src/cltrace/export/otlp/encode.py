@@ -61,6 +61,7 @@ class WireEncoder:
     def __init__(self, mapper: Mapper, scope_name: str, scope_version: str) -> None:
         self.mapper = mapper
         self._trace = b"\x0a\x10" + mapper.trace_id.to_bytes(16, "big")
+        self._traces: dict[int, bytes] = {}  # a scheduled session's step traces
         self._scope = _ld(b"\x0a", _ld(b"\x0a", _utf8(scope_name)) + _ld(b"\x12", _utf8(scope_version)))
         self._kv_cache: dict[tuple[str, Any], bytes] = {}
         self._rec_cache: dict[tuple[Any, Any], bytes] = {}
@@ -150,13 +151,17 @@ class WireEncoder:
             ints += b"".join([rec(k, v) for k, v in s.attrs.items()])
         status = _status(2, s.error or "error") if s.status == STATUS_ERROR else _STATUS_UNSET
         trace, parent, flags = self._trace, s.parent ^ key, _FLAGS
-        if m.parents:  # some regions were opened under other OpenTelemetry spans
+        if m.parents or (m.steps is not None and m.steps.n):  # other OTel parents, or a step's own trace
             tid, parent, remote = m.place(s)
             if tid != m.trace_id:
-                trace = b"\x0a\x10" + tid.to_bytes(16, "big")
+                trace = self._traces.get(tid)
+                if trace is None:
+                    trace = self._traces[tid] = b"\x0a\x10" + tid.to_bytes(16, "big")
             if remote:
                 flags = _FLAGS_REMOTE_PARENT
-        body = b"".join((trace, _pack_ids(b"\x12\x08", s.id ^ key, b"\x22\x08", parent),
+        ids = (_pack_ids(b"\x12\x08", s.id ^ key, b"\x22\x08", parent) if parent is not None
+               else b"\x12\x08" + _pack_id(s.id ^ key))
+        body = b"".join((trace, ids,
                          cached[0], _pack_times(0x30, 1, 0x39, hb + off, 0x41, end), cached[1],
                          ints, events, status, flags))
         return b"\x12" + _varint(len(body)) + body

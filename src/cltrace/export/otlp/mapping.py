@@ -3,19 +3,23 @@
 Span ids are ``(run salt << 32) XOR cltrace span id``; the ``cltrace.run`` root is cltrace
 id 0, which is what ``Span.parent == 0`` means. Spans are in the run's trace under their cltrace
 parent, except where ``record.otel_context.PARENTS`` says a region was opened under another
-OpenTelemetry span: then it, its kernels and nested regions go in that span's trace, under it
-(``Mapper.place``). Times are Unix-epoch ns: host ``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
+OpenTelemetry span: then it, its kernels and nested regions go in that span's trace, under it; and
+in a scheduled session each step is a trace of its own: a span that began inside a step's host
+interval (``recorder.steps``) goes to that step's trace, under the step span (its root) unless its
+parent began inside the step too (``Mapper.place``). Times are Unix-epoch ns: host
+``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
 host call that issued the work to the later of the host return and the device END.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Mapping
 
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from ...record.otel_context import PARENTS
-from ...timeline.spans import KERNEL, STATUS_ERROR, Span
+from ...timeline.spans import KERNEL, STATUS_ERROR, STEP, Span
 
 # Record attribute keys with a name of their own; every other key K becomes "cltrace.K".
 _KEY_NAMES = {"global_size": "cltrace.kernel.global_size", "local_size": "cltrace.kernel.local_size"}
@@ -95,12 +99,20 @@ class Mapper:
         self._threads: dict[int, str] = {}
         self._queues: dict[int, tuple[str, str, str, str]] = {}
         self._static: dict[tuple, dict[str, Any]] = {}
+        self.steps = getattr(recorder, "steps", None)
+        self._step_ids: dict[int, tuple[int, int]] = {}  # step table index -> (trace id, step span id)
 
     def span_id(self, cltrace_id: int) -> int:
         return cltrace_id ^ self.key
 
-    def place(self, s: Span) -> tuple[int, int, bool]:
-        """(trace id, parent span id, parent is remote) of a span in OTLP."""
+    def place(self, s: Span) -> tuple[int, int | None, bool]:
+        """(trace id, OTel parent span id or None for a trace's root, parent is remote) of a span.
+
+        A region opened under another OpenTelemetry span (``PARENTS``) goes under it, in its trace,
+        with its kernels and nested regions; else, a span that began inside a step goes to the
+        step's trace, with the step span as parent where its own parent began before the step;
+        else the run's trace and the recorded parent.
+        """
         parents = self.parents
         if parents:
             e = parents.get(s.id)
@@ -109,7 +121,19 @@ class Mapper:
             e = parents.get(s.parent)
             if e is not None:
                 return e[0], s.parent ^ self.key, False
-        return self.trace_id, s.parent ^ self.key, False
+        steps = self.steps
+        i = steps.find(s.host_begin) if steps is not None and steps.n else -1
+        if i < 0:
+            return self.trace_id, s.parent ^ self.key, False
+        ids = self._step_ids.get(i)
+        if ids is None:
+            row = steps.get(i)
+            digest = hashlib.blake2b(f"{self.trace_id:032x}/{row['number']}".encode(), digest_size=16).digest()
+            ids = self._step_ids[i] = (int.from_bytes(digest, "big") or 1, row["span"])
+        trace, step_span = ids
+        if s.cat == STEP and s.id == step_span:
+            return trace, None, False
+        return trace, (step_span if s.parent < step_span else s.parent) ^ self.key, False
 
     def _thread(self, tid: int) -> str:
         name = self._threads.get(tid)
@@ -146,6 +170,8 @@ class Mapper:
             attrs["cltrace.path"] = "/".join(s.path)
         if s.cat == KERNEL:
             attrs["cltrace.kernel.name"] = s.name
+        elif s.cat == STEP:
+            attrs["cltrace.run.trace_id"] = f"{self.trace_id:032x}"  # the run this step's trace belongs to
         if s.dev_start is not None:
             attrs["cltrace.time.source"] = "device"
             qname, dname, pname, uid = self._queue(s.device_track)
@@ -179,7 +205,7 @@ class Mapper:
                 if v is not None:
                     attrs[attr_key(k)] = v
         key = self.key
-        parent = self.place(s)[1] if self.parents else s.parent ^ key
+        parent = self.place(s)[1] if self.parents or (self.steps is not None and self.steps.n) else s.parent ^ key
         if s.status == STATUS_ERROR:
             return (s.name, s.id ^ key, parent, start, end, attrs, events, 2, s.error or "error")
         return (s.name, s.id ^ key, parent, start, end, attrs, events, 0, None)

@@ -1,0 +1,59 @@
+"""A step's span: a root region named ``step N`` that the regions opened during the step nest under.
+
+Opened and closed once per step (never on a launch or region's path). The step goes on top
+of the calling thread's region stack with the path ``("step",)`` and parent 0, whatever is
+open beneath it: it is always a root, and every step's children add up under one path
+(``step/forward``) in the reports. With a queue (given, or the active one of
+``cltrace.set_queue``) it also gets a device span bracketed by two markers, as a region does.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyopencl as cl
+
+from ..errors import ProfilingNotEnabledError
+from . import queues as _queues
+from .queues import has_profiling
+from .recorder import RECORDER, new_id
+from .regions import _tls
+from ..timeline.spans import STEP
+
+PATH = (STEP,)
+_perf = time.perf_counter_ns
+
+
+class OpenStep:
+    """A step begun and not yet ended: what its record needs at the end."""
+
+    __slots__ = ("name", "span_id", "begin_ns", "attrs", "_stack", "_queue", "_ev0")
+
+    def __init__(self, number: int, attrs: dict[str, Any] | None, queue: Any = None) -> None:
+        self.name = f"step {number}"
+        self.attrs = attrs
+        self._stack = st = _tls.stack
+        if queue is None:
+            queue = _queues._default_queue
+        if queue is not None and not has_profiling(queue):
+            raise ProfilingNotEnabledError(f"cltrace.step on {self.name}")
+        self._queue = queue
+        self.span_id = sid = new_id()
+        st.append((sid, PATH))
+        self.begin_ns = _perf()
+        self._ev0 = None if self._queue is None else cl.enqueue_marker(self._queue)
+
+    def end(self) -> int:
+        """Close the step and record its span; returns its host end."""
+        q = self._queue
+        ev1 = None if q is None else cl.enqueue_marker(q)
+        end = _perf()
+        st = self._stack
+        sid = self.span_id
+        if st and st[-1][0] == sid:
+            st.pop()
+        else:  # a region opened before the step is still open beneath it, or the step outlived one
+            st[:] = [e for e in st if e[0] != sid]
+        RECORDER.push((STEP, self.name, sid, 0, PATH, st.key, self.begin_ns, end, q, self._ev0, ev1,
+                       self.attrs, None, None))
+        return end
