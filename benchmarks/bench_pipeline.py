@@ -25,6 +25,7 @@ for the fallback's figures.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import resource
 import statistics
@@ -138,6 +139,33 @@ def torch_end_to_end(n: int, rounds: int, tmp: str) -> tuple[float, float] | Non
     return statistics.median(off), statistics.median(on)
 
 
+class GcPauses:
+    """The longest pause of each cyclic-GC generation while active (a stall's usual suspect)."""
+
+    def __init__(self) -> None:
+        self.longest = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        self._t0 = 0.0
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            g = info["generation"]
+            self.count[g] += 1
+            self.longest[g] = max(self.longest[g], time.perf_counter() - self._t0)
+
+    def __str__(self) -> str:
+        return ", ".join(f"gen{g} {c}x max {m * 1e3:.1f} ms" for g, (c, m) in enumerate(zip(self.count, self.longest)))
+
+
 def stall(s: Setup, seconds: float, tmp: str) -> tuple[float, float]:
     def run() -> float:
         worst = [0.0]
@@ -163,10 +191,13 @@ def stall(s: Setup, seconds: float, tmp: str) -> tuple[float, float]:
             t.join()
         return worst[0]
 
-    off = run()
+    with GcPauses() as g:
+        off = run()
+    print(f"  GC during the untraced stall run: {g}")
     RECORDER.clear()
-    with cltrace.trace(os.path.join(tmp, "stall.json"), os.path.join(tmp, "stall.pftrace")):
+    with GcPauses() as g, cltrace.trace(os.path.join(tmp, "stall.json"), os.path.join(tmp, "stall.pftrace")):
         on = run()
+    print(f"  GC during the traced stall run: {g}")
     return off, on
 
 
