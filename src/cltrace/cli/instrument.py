@@ -20,8 +20,8 @@
   (``blocking: true``): the time the host sat blocked on the device, which analysis needs to
   tell a starved device from a blocked host. Copies carry ``blocking`` too (pyopencl's default: true).
 * ``Buffer``, ``Image``, ``SVMAllocation`` (and the SVM class behind ``csvm_empty``) — pyopencl's
-  classes subclassed (``record.allocations``): allocations and releases feed the per-context
-  device-memory counter.
+  classes subclassed (``record.allocations``), and ``pyopencl.tools.MemoryPool``/``SVMPool``:
+  allocations and releases feed the per-context device-memory counter.
 * ``CommandQueue`` — a stand-in class (``isinstance`` still holds for every queue)
   that adds PROFILING_ENABLE, so queues made while instrumented have device times.
 
@@ -41,12 +41,13 @@ from typing import Any, Callable
 
 import pyopencl as cl
 import pyopencl._cl as _cl
+import pyopencl.tools as cl_tools
 
 from .. import _state
 from ..programs.compiler import kernel_names
 from ..record.queues import PROFILING
 from ..record.recorder import RECORDER, new_id
-from ..record.allocations import classes as _memory_classes
+from ..record.allocations import classes as _memory_classes, pool_classes as _pool_classes
 from ..record.failures import sizes as _sizes
 from ..record.regions import current_parent, failed_launch, record_failure, record_launch
 from ..timeline.spans import BUILD, FILL, KERNEL, MARKER, STATUS_ERROR, SYNC, TRANSFER
@@ -470,6 +471,7 @@ def _hooks() -> list[tuple[Any, str, Any]]:
         (cl, "wait_for_events", wait_for_events),
         (cl, "CommandQueue", CommandQueue),
         *((cl, name, cls) for name, cls in _memory_classes()),
+        *((cl_tools, name, cls) for name, cls in _pool_classes()),
     ]
 
 

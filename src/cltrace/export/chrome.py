@@ -148,6 +148,7 @@ class ChromeTraceSink:
         self._since_flush = 0
         self._clocks_written = ""
         self._memory_at = (-1, 0)  # position in the recorder's memory samples
+        self._memory_first: list[tuple[int, int, int]] = []  # live bytes when the sink started
         self.bytes_written = 0
         self.events_written = 0
         self.spans_written = 0
@@ -159,6 +160,9 @@ class ChromeTraceSink:
             return
         self._recorder = recorder
         self._base = recorder.start_ns
+        ledger = getattr(recorder, "memory", None)
+        if ledger is not None:
+            self._memory_at, self._memory_first = ledger.open()
         self._fh = open_trace_file(self.path)
         self._host_pid = recorder.tracks.pid
         self._hheads.clear()  # they hold the host pid
@@ -302,6 +306,8 @@ class ChromeTraceSink:
         if ledger is None:
             return []
         samples, self._memory_at = ledger.since(self._memory_at)
+        if self._memory_first:
+            samples, self._memory_first = self._memory_first + samples, []
         heads: dict[int, str] = {}
         out = []
         for t, key, live in samples:

@@ -130,3 +130,78 @@ def classes() -> list[tuple[str, Any]]:
     if _SVMArray is not None:
         out.append(("_OverriddenArrayInterfaceSVMAllocation", _SVMArray))
     return out
+
+
+def _pool_class(base: Any, kind: str) -> Any:
+    """A pyopencl memory pool whose device-side level (``managed_bytes``: blocks held and in use)
+    feeds the counter: growth is an allocation at the user's line, shrinking releases the latest
+    growth first. The level is read at each call of the pool (allocation, ``free_held``,
+    ``stop_holding``) and the rest is released when the pool is collected."""
+
+    class Pool(base):  # type: ignore[misc, valid-type]
+        __slots__ = ("_cltrace_ctx", "_cltrace_level", "_cltrace_chunks")
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._cltrace_ctx = None
+            self._cltrace_level = 0
+            self._cltrace_chunks: list[list[Any]] = []  # [serial, bytes, site], oldest first
+
+        def _cltrace_sync(self, result: Any = None) -> None:
+            if self._cltrace_ctx is None and result is not None:
+                self._cltrace_ctx = getattr(result, "context", None)
+            ctx = self._cltrace_ctx
+            level = self.managed_bytes
+            change = level - self._cltrace_level
+            self._cltrace_level = level
+            chunks = self._cltrace_chunks
+            if change > 0 and ctx is not None and _state.ENABLED:
+                site = capture(1)
+                chunks.append([_ledger.alloc(ctx, change, kind, site), change, site])
+            while change < 0 and chunks:
+                serial, nbytes, site = chunks.pop()
+                _ledger.free(serial)
+                if nbytes > -change:  # part of this growth is still held
+                    chunks.append([_ledger.alloc(ctx, nbytes + change, kind, site), nbytes + change, site])
+                change += nbytes
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            result = super().__call__(*args, **kwargs)
+            self._cltrace_sync(result)
+            return result
+
+        def free_held(self) -> None:
+            super().free_held()
+            self._cltrace_sync()
+
+        def stop_holding(self) -> None:
+            super().stop_holding()
+            self._cltrace_sync()
+
+        def __del__(self) -> None:
+            try:
+                chunks = self._cltrace_chunks
+            except AttributeError:
+                return
+            for serial, _, _ in chunks:
+                _ledger.free(serial)
+
+    if hasattr(base, "allocate"):
+        def allocate(self: Any, *args: Any, **kwargs: Any) -> Any:
+            result = base.allocate(self, *args, **kwargs)
+            self._cltrace_sync(result)
+            return result
+
+        Pool.allocate = allocate
+    Pool.__name__ = Pool.__qualname__ = base.__name__
+    Pool.__doc__ = f"``pyopencl.tools.{base.__name__}``, its level counted as device memory ({kind!r})."
+    return Pool
+
+
+MemoryPool = _pool_class(_cl.MemoryPool, "pool")
+SVMPool = _pool_class(_cl.SVMPool, "SVM pool") if hasattr(_cl, "SVMPool") else None
+
+
+def pool_classes() -> list[tuple[str, Any]]:
+    """(``pyopencl.tools`` attribute, counted class) pairs for ``instrument()`` to install."""
+    return [(name, cls) for name, cls in (("MemoryPool", MemoryPool), ("SVMPool", SVMPool)) if cls is not None]

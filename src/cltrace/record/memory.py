@@ -16,11 +16,13 @@ each, new ones past the cap dropped and counted); live, peak and the allocations
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
+from array import array
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from .callsite import describe
 
@@ -65,9 +67,10 @@ class Ledger:
         self._labels: dict[int, tuple[int, str, list[str]]] = {}  # context handle -> (key, label, devices)
         self.contexts: dict[int, ContextMemory] = {}  # context key -> figures
         self.live: dict[int, tuple[int, int, str, Any, int]] = {}  # serial -> (context key, bytes, kind, site, t)
-        self.samples: list[tuple[int, int, int]] = []  # (host ns, context key, live bytes)
+        self._t, self._k, self._v = array("q"), array("q"), array("q")  # samples: host ns, context, live bytes
         self.samples_dropped = 0
-        self.generation = 0  # bumped by clear(): sinks' positions in ``samples`` start over
+        self.generation = 0  # bumped by clear(): sinks' positions in the samples start over
+        self._replay = False
 
     # ---- recording (any thread, any time) ----------------------------------------
     def context_key(self, context: Any) -> int:
@@ -105,10 +108,12 @@ class Ledger:
             events = self._events
             live = self.live
             contexts = self.contexts
-            samples = self.samples
+            ts, ks, vs = self._t, self._k, self._v
+            room = self.max_samples - len(ts)
+            popleft = events.popleft
             while events:
                 try:
-                    ev = events.popleft()
+                    ev = popleft()
                 except IndexError:
                     break
                 if len(ev) == 2:
@@ -116,9 +121,9 @@ class Ledger:
                     entry = live.pop(serial, None)
                     if entry is None:
                         continue
-                    key, nbytes = entry[0], entry[1]
+                    key = entry[0]
                     c = contexts[key]
-                    c.live -= nbytes
+                    c.live -= entry[1]
                     c.releases += 1
                 else:
                     t, serial, key, nbytes, kind, site = ev
@@ -130,8 +135,11 @@ class Ledger:
                     c.allocations += 1
                     if c.live > c.peak:
                         c.peak, c.peak_ns = c.live, t
-                if len(samples) < self.max_samples:
-                    samples.append((t, key, c.live))
+                if room > 0:
+                    room -= 1
+                    ts.append(t)
+                    ks.append(key)
+                    vs.append(c.live)
                 else:
                     self.samples_dropped += 1
 
@@ -141,6 +149,26 @@ class Ledger:
                 return ContextMemory(label, devices)
         return ContextMemory(f"context {key}", [])
 
+    def open(self) -> tuple[tuple[int, int], list[tuple[int, int, int]]]:
+        """Where a sink attached now starts: its position, and each context's live bytes now as its
+        first samples (the level it starts from). Under ``replay()``: every sample kept."""
+        self.drain()
+        with self._lock:
+            if self._replay:
+                return (self.generation, 0), []
+            now = perf_ns()
+            return ((self.generation, len(self._t)),
+                    [(now, k, c.live) for k, c in self.contexts.items() if c.live])
+
+    @contextlib.contextmanager
+    def replay(self) -> Iterator[None]:
+        """Sinks opened meanwhile get every sample kept (a late export of what memory holds)."""
+        self._replay = True
+        try:
+            yield
+        finally:
+            self._replay = False
+
     def since(self, position: tuple[int, int]) -> tuple[list[tuple[int, int, int]], tuple[int, int]]:
         """Samples after ``position`` (a previous call's, or ``(-1, 0)``), and the new position."""
         self.drain()
@@ -148,14 +176,14 @@ class Ledger:
             gen, at = position
             if gen != self.generation:
                 at = 0
-            return self.samples[at:], (self.generation, len(self.samples))
+            return list(zip(self._t[at:], self._k[at:], self._v[at:])), (self.generation, len(self._t))
 
     def samples_by_label(self) -> dict[str, list[tuple[int, int]]]:
         """Samples kept, per context label: (host ns, live bytes), as a trace file gives them back."""
         self.drain()
         with self._lock:
             out: dict[str, list[tuple[int, int]]] = {}
-            for t, key, live in self.samples:
+            for t, key, live in zip(self._t, self._k, self._v):
                 out.setdefault(self.label(key), []).append((t, live))
             return out
 
@@ -167,7 +195,7 @@ class Ledger:
         """Forget samples and counts (what is still allocated stays live; peaks restart from it)."""
         self.drain()
         with self._lock:
-            self.samples = []
+            self._t, self._k, self._v = array("q"), array("q"), array("q")
             self.samples_dropped = 0
             self.generation += 1
             now = perf_ns()
@@ -178,7 +206,8 @@ class Ledger:
         """Per context figures and the allocation sites of what is alive now (None: nothing seen)."""
         self.drain()
         with self._lock:
-            if not self.contexts:
+            seen = {k: c for k, c in self.contexts.items() if c.allocations or c.releases or c.live}
+            if not seen:
                 return None
             groups: dict[tuple[int, str, Any], list[int]] = {}
             for key, nbytes, kind, site, _ in self.live.values():
@@ -190,6 +219,6 @@ class Ledger:
                       "function": None if site is None else site.function, "count": n, "bytes": b}
                      for (key, kind, site), (n, b) in groups.items()]
             alive.sort(key=lambda a: (-a["bytes"], a["site"] or ""))
-            return {"contexts": {str(k): c.as_dict() for k, c in self.contexts.items()},
+            return {"contexts": {str(k): c.as_dict() for k, c in seen.items()},
                     "alive": alive[:ALIVE_SITES], "alive_sites": len(alive),
                     "samples_dropped": self.samples_dropped}

@@ -338,7 +338,8 @@ class Recorder:
         """Write the spans kept in memory to a sink in one go and close it. Its metadata counts
         the spans memory did not keep as missing from it."""
         batch = self.batch()
-        sink.start(self)
+        with self.memory.replay():
+            sink.start(self)
         sink.write(batch)
         meta = self.metadata()
         meta["dropped_spans"] = self.dropped

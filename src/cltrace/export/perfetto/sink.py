@@ -42,6 +42,7 @@ class PerfettoTraceSink:
         self._dropped_written = -1
         self._memory: Any = None
         self._memory_at = (-1, 0)  # position in the recorder's memory samples
+        self._memory_first: list[tuple[int, int, int]] = []  # live bytes when the sink started
         self._memory_tracks: dict[int, int] = {}  # context key -> counter track uuid
         self._since_flush = 0
         self._clocks_written = ""
@@ -53,6 +54,8 @@ class PerfettoTraceSink:
             return
         self._tables = recorder.tables
         self._memory = getattr(recorder, "memory", None)
+        if self._memory is not None:
+            self._memory_at, self._memory_first = self._memory.open()
         tracks = self._tracks = Tracks(recorder.tracks, _mono_offset())
         self._fh = open_trace_file(self.path)
         snap = pb.ClockSnapshot(primary_trace_clock=MONOTONIC)
@@ -144,6 +147,8 @@ class PerfettoTraceSink:
         if ledger is None:
             return b""
         samples, self._memory_at = ledger.since(self._memory_at)
+        if self._memory_first:
+            samples, self._memory_first = self._memory_first + samples, []
         out = []
         tracks = self._memory_tracks
         mono = self._tracks.mono
