@@ -9,9 +9,10 @@ flag read. ``cltrace.instrument()`` installs these classes on the ``pyopencl`` m
 ``pyopencl.array``, ``create_image`` and ``csvm_empty`` allocate through them); without it, use
 them directly (``cltrace.Buffer(...)``), as cltrace's own helpers do.
 
-Not seen: objects made while tracing is off, sub-buffers and images on a buffer (they alias
-memory already counted), and memory pyopencl allocates in C++ without these classes (memory
-pools: see ``pools``).
+``MemoryPool``/``SVMPool`` (installed on ``pyopencl.tools``) count what a pool holds from the
+driver, read at each call of the pool. Not seen: objects made while tracing is off, sub-buffers
+and images on a buffer (they alias memory already counted), and memory pyopencl allocates in C++
+without these classes.
 """
 from __future__ import annotations
 
