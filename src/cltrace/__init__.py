@@ -11,6 +11,7 @@ from typing import Any
 from .errors import CltraceError, EventTimerError, OutputError, ProfilingNotEnabledError, TraceFileError
 from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
 from .record.recorder import RECORDER
+from .record.allocations import Buffer, Image, SVMAllocation
 from .record.regions import copy, launch, record_launch, region, timing_region
 from .analyze.report import PerfCounter
 from .capture.session import enabled, start, stop, trace
@@ -26,8 +27,9 @@ from .tune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, auto
 __all__ = [
     "CltraceError", "EventTimerError", "OutputError", "ProfilingNotEnabledError", "TraceFileError",
     "active_queue", "default_device", "has_profiling", "profiling_queue", "set_queue",
-    "RECORDER", "copy", "launch", "record_launch", "region", "timing_region", "PerfCounter",
-    "enabled", "start", "stop", "trace", "schedule", "Schedule", "step", "steps", "Cycle", "Span", "EventTimer", "timing",
+    "RECORDER", "Buffer", "Image", "SVMAllocation", "copy", "launch", "record_launch", "region", "timing_region",
+    "PerfCounter", "enabled", "start", "stop", "trace", "schedule", "Schedule", "step", "steps", "Cycle", "Span",
+    "EventTimer", "timing",
     "compile", "Program", "Kernel", "LaunchProfile", "instrument", "uninstrument", "ProgramCache", "BuildError",
     "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial", "analyze", "Analysis",
 ]

@@ -3,7 +3,7 @@
 The facade: it reads the spans (a file, a list of spans, or the recorder), builds the columns
 once, asks each module its question (utilisation, kernels, launches, regions, findings) and
 keeps the answers as plain data: ``as_dict()`` is the stable JSON schema (``SCHEMA``) that
-``--json`` prints and ``Analysis.from_dict`` reads back.
+``--json`` prints and ``Analysis.from_dict`` reads back (``memory``, added later, may be absent).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ..timeline.spans import Span
 from . import findings as _findings
 from .kernels import kernel_table, self_time
 from .launches import launches
+from .memory import memory
 from .model import TraceData, distinct, queues_from_registry
 from .regions import region_tree
 from .report import device_name, region_rows
@@ -39,6 +40,7 @@ class Analysis:
     regions: list[dict[str, Any]]  # the region tree rows (report.region_rows)
     timeline: dict[str, Any]  # per queue busy fraction in equal slices of the wall interval
     clocks: list[dict[str, Any]] = field(default_factory=list)  # per device: name and clock mapping
+    memory: dict[str, Any] = field(default_factory=dict)  # live device bytes per context (analyze.memory)
     schema: str = SCHEMA
 
     def as_dict(self) -> dict[str, Any]:
@@ -69,7 +71,7 @@ def _load(spans_or_path: Any, meta: dict[str, Any] | None) -> tuple[list[Span], 
         from ..record.recorder import RECORDER
 
         RECORDER.flush(block=True)
-        return RECORDER.spans(), RECORDER.metadata(), "memory", RECORDER.tracks
+        return RECORDER.spans(), _with_samples(RECORDER.metadata(), RECORDER), "memory", RECORDER.tracks
     if isinstance(spans_or_path, (str, os.PathLike)):
         from ..read import load
 
@@ -77,7 +79,14 @@ def _load(spans_or_path: Any, meta: dict[str, Any] | None) -> tuple[list[Span], 
         return spans, {**m, **(meta or {})}, os.fspath(spans_or_path), None
     from ..record.recorder import RECORDER
 
-    return list(spans_or_path), meta if meta is not None else RECORDER.metadata(), "memory", RECORDER.tracks
+    return (list(spans_or_path), meta if meta is not None else _with_samples(RECORDER.metadata(), RECORDER),
+            "memory", RECORDER.tracks)
+
+
+def _with_samples(meta: dict[str, Any], recorder: Any) -> dict[str, Any]:
+    """The recorder's metadata with its memory samples, as a file's reader adds them."""
+    samples = recorder.memory.samples_by_label()
+    return {**meta, "memory_samples": samples} if samples else meta
 
 
 def analyze(spans_or_path: str | os.PathLike[str] | Iterable[Span] | None = None,
@@ -108,4 +117,4 @@ def analyse_columns(td: TraceData, source: str = "memory", by_shape: bool = Fals
         devices=[u.as_dict() for u in devices], queues=[u.as_dict() for u in queues],
         kernels=[r.as_dict() for r in kernel_table(td, selfs, by_shape=by_shape)], launches=la.as_dict(),
         findings=[f.as_dict() for f in found], regions=region_rows(region_tree(td)), timeline=timeline(td),
-        clocks=clocks)
+        clocks=clocks, memory=memory(td))

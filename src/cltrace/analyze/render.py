@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .text import Column, fmt_ns, plural, table, terminal_width
+from .text import Column, fmt_bytes, fmt_ns, plural, table, terminal_width
 
 Analysis = Any  # an analysis.Analysis (not imported: the facade imports this module)
 
@@ -120,6 +120,40 @@ def region_lines(a: Analysis, width: int, depth: int = 1) -> list[str]:
                                                                                    indent="  ")]
 
 
+def memory_lines(a: Analysis, width: int, top: int = 5) -> list[str]:
+    """Peak live device bytes per context, when, and the allocation sites of what is still alive."""
+    mem = getattr(a, "memory", None) or {}
+    if not mem.get("contexts"):
+        return []
+    out = ["Device memory (live bytes of the buffers, images and SVM the trace saw allocated):"]
+    for c in mem["contexts"]:
+        devices = f" ({', '.join(c['devices'])})" if c.get("devices") else ""
+        line = f"  {c['context']}{devices}: peak {fmt_bytes(c['peak_bytes'])}"
+        if c.get("peak_at_ns") is not None:
+            line += f" at +{c['peak_at_ns'] / 1e9:.6f} s"
+        if c.get("during"):
+            line += f" in {c['during']}"
+        line += f"; {fmt_bytes(c['end_bytes'])} live at the end"
+        if c.get("allocations") is not None:
+            line += f" ({plural(c['allocations'], 'allocation')}, {plural(c['releases'] or 0, 'release')})"
+        out.append(line)
+    alive = mem.get("alive") or []
+    if alive:
+        total = sum(x["bytes"] for x in alive)
+        out.append(f"  still allocated at the end, by allocating line ({fmt_bytes(total)}"
+                   f"{', top ' + str(top) if len(alive) > top else ''}):")
+        cols = [Column("bytes", keep=9), Column("count", keep=5), Column("kind", keep=6, left=True),
+                Column("context", keep=4, left=True), Column("allocated at", keep=8, left=True)]
+        rows = [(fmt_bytes(x["bytes"]), x["count"], x["kind"], x["context"], x["site"] or "?") for x in alive[:top]]
+        out += table(cols, rows, width=width, indent="    ")
+        out.append("    -> release what is no longer needed (.release() or drop the last reference), "
+                   "or keep it on purpose")
+    if mem.get("samples_dropped"):
+        out.append(f"  ({plural(mem['samples_dropped'], 'sample')} past the ledger's cap not kept: "
+                   "peaks are the ledger's, without a time)")
+    return out
+
+
 def render_analysis(a: Analysis, width: int | None = None, sort: str = "total", top: int | None = 10) -> str:
     width = width or terminal_width()
     parts = [[f"cltrace analyze: {a.source}",
@@ -127,7 +161,7 @@ def render_analysis(a: Analysis, width: int | None = None, sort: str = "total", 
               + ("" if a.devices else "; no device work"), *headline(a)],
              utilisation_lines(a, width) if a.devices else [],
              finding_lines(a, width), kernel_lines(a, width, sort, top), launch_lines(a, width),
-             region_lines(a, width)]
+             region_lines(a, width), memory_lines(a, width)]
     clocks = [f"clock {c['device']}: {c.get('method')}, bound ±{c.get('bound_ns')} ns, "
               f"drift {c.get('drift_ns_per_s')} ns/s, {plural(int(c.get('points') or 0), 'calibration')}"
               for c in a.clocks]

@@ -26,6 +26,17 @@ def fmt_ns(ns: float | None) -> str:
     return f"{ns:.0f} ns"
 
 
+def fmt_bytes(n: int | None) -> str:
+    """A byte count with a binary unit, three significant digits: '1.50 MiB'; exact below 1 KiB."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.{max(0, 2 - int(math.floor(math.log10(abs(v)))))}f} {unit}"
+    return f"{n} B"
+
+
 def unit_for(values: Sequence[float | None]) -> tuple[str, float]:
     """The unit a time column is written in: the finest in which its largest value stays under
     100000, so small values keep their digits beside large ones."""

@@ -18,6 +18,7 @@ import numpy as np
 import pyopencl as cl
 
 from ..record import regions
+from ..record.allocations import Buffer
 from ..capture import session, stepper
 from ..capture.schedule import Schedule
 from ..programs.compiler import compile as compile_program
@@ -108,10 +109,10 @@ class _MLP:
         mf = cl.mem_flags
 
         def buf(arr: np.ndarray) -> Any:
-            return cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arr)
+            return Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=arr)
 
         def empty(*shape: int) -> Any:
-            return cl.Buffer(ctx, mf.READ_WRITE, 4 * int(np.prod(shape)))
+            return Buffer(ctx, mf.READ_WRITE, 4 * int(np.prod(shape)))
 
         self.X, self.Y = empty(n, d), empty(n)
         self.W1 = buf((rng.normal(0, 1, (d, h)) / np.sqrt(d)).astype(np.float32))

@@ -19,6 +19,9 @@
 * ``CommandQueue.finish``, ``Event.wait`` and ``wait_for_events`` — host-only "sync" spans
   (``blocking: true``): the time the host sat blocked on the device, which analysis needs to
   tell a starved device from a blocked host. Copies carry ``blocking`` too (pyopencl's default: true).
+* ``Buffer``, ``Image``, ``SVMAllocation`` (and the SVM class behind ``csvm_empty``) — pyopencl's
+  classes subclassed (``record.allocations``), and ``pyopencl.tools.MemoryPool``/``SVMPool``:
+  allocations and releases feed the per-context device-memory counter.
 * ``CommandQueue`` — a stand-in class (``isinstance`` still holds for every queue)
   that adds PROFILING_ENABLE, so queues made while instrumented have device times.
 
@@ -38,11 +41,13 @@ from typing import Any, Callable
 
 import pyopencl as cl
 import pyopencl._cl as _cl
+import pyopencl.tools as cl_tools
 
 from .. import _state
 from ..programs.compiler import kernel_names
 from ..record.queues import PROFILING
 from ..record.recorder import RECORDER, new_id
+from ..record.allocations import classes as _memory_classes, pool_classes as _pool_classes
 from ..record.failures import sizes as _sizes
 from ..record.regions import current_parent, failed_launch, record_failure, record_launch
 from ..timeline.spans import BUILD, FILL, KERNEL, MARKER, STATUS_ERROR, SYNC, TRANSFER
@@ -149,7 +154,7 @@ def _copy_info(dest: Any, src: Any, kwargs: dict[str, Any]) -> tuple[str, int | 
         return name, int(kwargs["byte_count"])
     region = kwargs.get("region")
     if region is not None:
-        img = dest if isinstance(dest, cl.Image) else src if isinstance(src, cl.Image) else None
+        img = dest if isinstance(dest, _cl.Image) else src if isinstance(src, _cl.Image) else None
         n = 1
         for r in region:
             n *= int(r)
@@ -317,6 +322,13 @@ def _image_fill_bytes(args: tuple, kwargs: dict, res: Any) -> dict:
     return {"bytes": _prod(_arg(args, kwargs, 4, "region")) * int(_arg(args, kwargs, 1, "mem").element_size)}
 
 
+def _migrate_info(args: tuple, kwargs: dict, res: Any) -> dict:
+    flags = int(_arg(args, kwargs, 2, "flags", 0) or 0)
+    return {**_objects_bytes(1, "mem_objects")(args, kwargs, res),
+            "to": "host" if flags & cl.mem_migration_flags.HOST else "device",
+            "content_undefined": bool(flags & cl.mem_migration_flags.CONTENT_UNDEFINED)}
+
+
 def _objects_bytes(i: int, key: str) -> Info:
     def info(args: tuple, kwargs: dict, res: Any) -> dict:
         return {"bytes": sum(int(m.size) for m in _arg(args, kwargs, i, key))}
@@ -357,7 +369,7 @@ COMMANDS: tuple[Command, ...] = (
     Command(_cl.MemoryMap, "release", "unmap", TRANSFER),
     Command(_cl, "_enqueue_svm_map", "map SVM", TRANSFER, _svm_map_bytes),
     Command(_cl, "_enqueue_svm_unmap", "unmap SVM", TRANSFER, _svm_bytes),
-    Command(cl, "enqueue_migrate_mem_objects", "migrate", TRANSFER, _objects_bytes(1, "mem_objects")),
+    Command(cl, "enqueue_migrate_mem_objects", "migrate", TRANSFER, _migrate_info),
     Command(cl, "enqueue_svm_migrate_mem", "migrate SVM", TRANSFER, _objects_bytes(1, "svms")),
     Command(cl, "enqueue_copy_buffer_p2p_amd", "copy P2P", TRANSFER, _p2p_bytes),
     Command(cl, "enqueue_marker", "marker", MARKER, _waits, skip_own=True),
@@ -458,6 +470,8 @@ def _hooks() -> list[tuple[Any, str, Any]]:
         (_cl, "wait_for_events", wait_for_events),
         (cl, "wait_for_events", wait_for_events),
         (cl, "CommandQueue", CommandQueue),
+        *((cl, name, cls) for name, cls in _memory_classes()),
+        *((cl_tools, name, cls) for name, cls in _pool_classes()),
     ]
 
 

@@ -26,6 +26,7 @@ import numpy as np
 from .base import open_trace_file
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
 from .processes import device_pid, program_name
+from ..record.memory import COUNTER_ARG, counter_name
 from ..timeline.batch import SpanBatch, as_batch
 from ..timeline.spans import Span
 from ..timeline.tracks import DEVICE_QUEUE
@@ -149,6 +150,8 @@ class ChromeTraceSink:
         self._recorder: Any = None
         self._since_flush = 0
         self._clocks_written = ""
+        self._memory_at = (-1, 0)  # position in the recorder's memory samples
+        self._memory_first: list[tuple[int, int, int]] = []  # live bytes when the sink started
         self.bytes_written = 0
         self.events_written = 0
         self.spans_written = 0
@@ -160,6 +163,9 @@ class ChromeTraceSink:
             return
         self._recorder = recorder
         self._base = recorder.start_ns
+        ledger = getattr(recorder, "memory", None)
+        if ledger is not None:
+            self._memory_at, self._memory_first = ledger.open()
         self._fh = open_trace_file(self.path)
         self._host_pid = recorder.tracks.pid
         self._hheads.clear()  # they hold the host pid
@@ -270,6 +276,7 @@ class ChromeTraceSink:
             f'{{"ph":"C","name":"cltrace.dropped_spans","pid":{self._host_pid},"tid":0,"ts":{ts},'
             f'"args":{{"dropped":{int(meta.get("dropped_spans", 0))}}}}},'
         ]
+        lines += self._memory_lines()
         clocks = json.dumps([meta.get("clocks"), meta.get("devices")], default=str, sort_keys=True)
         if clocks != self._clocks_written:  # a trace cut off later still carries the calibration
             self._clocks_written = clocks
@@ -281,6 +288,7 @@ class ChromeTraceSink:
         fh = self._fh
         if fh is None:
             return
+        self._emit_lines(self._memory_lines())
         # Final metadata as an instant event; the last line carries no trailing comma.
         tail = (self._metadata_event(meta) + "\n]\n").encode()
         fh.write(tail)
@@ -295,6 +303,24 @@ class ChromeTraceSink:
         self._fh = None
 
     # -- helpers ----------------------------------------------------------------
+    def _memory_lines(self) -> list[str]:
+        """Live device-memory samples not written yet: a counter ("ph":"C") per context."""
+        ledger = getattr(self._recorder, "memory", None)
+        if ledger is None:
+            return []
+        samples, self._memory_at = ledger.since(self._memory_at)
+        if self._memory_first:
+            samples, self._memory_first = self._memory_first + samples, []
+        heads: dict[int, str] = {}
+        out = []
+        for t, key, live in samples:
+            head = heads.get(key)
+            if head is None:
+                head = heads[key] = (f'{{"ph":"C","cat":"memory","name":{json.dumps(counter_name(ledger.label(key)))},'
+                                     f'"pid":{self._host_pid},"tid":0,"ts":')
+            out.append(f'{head}{_us(t - self._base)},"args":{{"{COUNTER_ARG}":{live}}}}},')
+        return out
+
     def _metadata_event(self, meta: dict[str, Any]) -> str:
         """Run metadata (clock calibrations, counts) as a global instant event; readers keep the last."""
         return json.dumps({"ph": "i", "s": "g", "name": "cltrace.metadata", "pid": self._host_pid,

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..export.chrome import OWN_ARGS
 from ..errors import TraceFileError
+from ..record.memory import COUNTER_ARG, COUNTER_PREFIX
 from ..timeline.spans import Span
 from . import checks
 from .tree import fill_paths
@@ -90,6 +91,7 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
     device: dict[int, tuple[int, dict[str, Any]]] = {}
     meta: dict[str, Any] = {}
     dropped = 0
+    memory: dict[str, list[tuple[int, int]]] = {}  # context label -> (ns, live bytes)
     threads: dict[Any, str] = {}  # tid -> track name
     processes: dict[Any, str] = {}  # pid -> process name
     track_pid: dict[Any, Any] = {}
@@ -120,7 +122,14 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
         elif ph == "C" and ev.get("name") == "cltrace.dropped_spans":
             args = checks.mapping(ev.get("args"), f"{where}: 'args'")
             dropped = max(dropped, checks.integer(args.get("dropped", 0), f"{where}: 'args.dropped'"))
+        elif ph == "C" and str(ev.get("name", "")).startswith(COUNTER_PREFIX):
+            args = checks.mapping(ev.get("args"), f"{where}: 'args'")
+            memory.setdefault(ev["name"][len(COUNTER_PREFIX):], []).append(
+                (checks.micros_to_ns(ev.get("ts"), f"{where}: 'ts'"),
+                 checks.integer(args.get(COUNTER_ARG), f"{where}: 'args.{COUNTER_ARG}'")))
     meta.setdefault("dropped_spans", dropped)
+    if memory:
+        meta["memory_samples"] = {k: sorted(v) for k, v in memory.items()}
     spans: dict[int, Span] = {}
     for sid, (i, ev) in host.items():
         where = f"event {i + 1}"

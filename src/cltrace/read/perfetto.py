@@ -22,6 +22,7 @@ from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ..errors import TraceFileError
+from ..record.memory import COUNTER_PREFIX
 from . import checks
 from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
                                     DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET, uv)
@@ -133,6 +134,7 @@ class _Reader:
         self.track_names: dict[int, tuple[str, int]] = {}  # uuid -> (name, parent uuid)
         self.meta: dict[str, Any] = {}
         self.dropped = 0
+        self.memory: dict[str, list[tuple[int, int]]] = {}  # context label -> (ns, live bytes)
         self.closed = False  # the final metadata, written when the run closed the file, was read
 
     def packet(self, p: Any, index: int) -> None:
@@ -195,6 +197,9 @@ class _Reader:
             self.events.setdefault(uuid, []).append((ts, index, BEGIN, (sid, name, cat, ann)))
         elif te.type == COUNTER and self.counter_names.get(uuid) == DROPPED_TRACK:
             self.dropped = max(self.dropped, te.counter_value)
+        elif te.type == COUNTER and self.counter_names.get(uuid, "").startswith(COUNTER_PREFIX):
+            label = self.counter_names[uuid][len(COUNTER_PREFIX):]
+            self.memory.setdefault(label, []).append((ts, te.counter_value))
         elif te.type == INSTANT and te.name == METADATA_EVENT:
             for a in te.debug_annotations:
                 if a.name == "json":
@@ -270,6 +275,8 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
     spans = reader.spans()
     meta = reader.meta
     meta["dropped_spans"] = max(reader.dropped, meta.get("dropped_spans", 0))
+    if reader.memory:
+        meta["memory_samples"] = {k: sorted(v) for k, v in reader.memory.items()}
     meta.setdefault("recorded_spans", len(spans))
     names = reader.track_names
     meta.setdefault("tracks", {str(u): {"name": n, "process": names.get(parent, ("", 0))[0]}

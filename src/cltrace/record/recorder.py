@@ -37,6 +37,7 @@ from ..timeline.spans import Span
 from ..timeline.stats import Stats
 from ..timeline.steps import StepTable
 from ..timeline.tracks import TrackRegistry
+from .memory import Ledger
 
 log = logging.getLogger("cltrace")
 
@@ -68,6 +69,7 @@ class Recorder:
         self.tables = Tables()
         self.stats = Stats()
         self.resolver = Resolver(self.tracks, self.clocks, self.tables)
+        self.memory = Ledger()  # device memory allocations: a side channel, see memory.py
         self.pending: collections.deque = collections.deque()
         self._store: collections.deque[SpanBatch] = collections.deque()
         self._stored = 0
@@ -303,10 +305,12 @@ class Recorder:
             self.lost = 0
             self.recorded = 0
             self.device_waits = 0
+            self.memory.clear()
 
     def metadata(self) -> dict[str, Any]:
         """What every output records about the run. ``dropped_spans`` counts spans missing from a
         streamed file (lost before any sink saw them); ``memory_dropped_spans`` those not kept in memory."""
+        memory = self.memory.metadata()
         return {
             "cltrace.version": version(),
             "start_ns": self.start_ns,
@@ -319,6 +323,7 @@ class Recorder:
             "overflow": self.overflow,
             "clocks": self.clocks.metadata(),
             "devices": {k: vars(v) for k, v in self.tracks.devices.items()},
+            **({"memory": memory} if memory else {}),
             **self.meta,
         }
 
@@ -341,7 +346,8 @@ class Recorder:
         """Write the spans kept in memory to a sink in one go and close it. Its metadata counts
         the spans memory did not keep as missing from it."""
         batch = self.batch()
-        sink.start(self)
+        with self.memory.replay():
+            sink.start(self)
         sink.write(batch)
         meta = self.metadata()
         meta["dropped_spans"] = self.dropped

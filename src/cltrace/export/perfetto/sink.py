@@ -2,8 +2,9 @@
 
 The file is a ``perfetto.protos.Trace``: a run of ``Trace.packet`` entries appended write by
 write, so a run cut off after a flush still loads up to its last complete packet. Sequence 1 (see
-``wire.META_SEQ``) carries the track descriptors, the dropped-spans counter and the metadata, with
-absolute MONOTONIC timestamps.
+``wire.META_SEQ``) carries the track descriptors, the dropped-spans counter, the live device-memory
+counter of each context (samples from ``recorder.memory``, written at each flush) and the metadata,
+with absolute MONOTONIC timestamps.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import IO, Any, Sequence
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from ...record.memory import counter_name
 from ...timeline.batch import as_batch
 from ...timeline.spans import Span
 from ..base import open_trace_file
@@ -38,6 +40,10 @@ class PerfettoTraceSink:
         self._hold = HoldBack()
         self._dropped_uuid = 0
         self._dropped_written = -1
+        self._memory: Any = None
+        self._memory_at = (-1, 0)  # position in the recorder's memory samples
+        self._memory_first: list[tuple[int, int, int]] = []  # live bytes when the sink started
+        self._memory_tracks: dict[int, int] = {}  # context key -> counter track uuid
         self._since_flush = 0
         self._clocks_written = ""
         self.bytes_written = 0
@@ -47,6 +53,9 @@ class PerfettoTraceSink:
         if self._fh is not None:
             return
         self._tables = recorder.tables
+        self._memory = getattr(recorder, "memory", None)
+        if self._memory is not None:
+            self._memory_at, self._memory_first = self._memory.open()
         tracks = self._tracks = Tracks(recorder.tracks, _mono_offset())
         self._fh = open_trace_file(self.path)
         snap = pb.ClockSnapshot(primary_trace_clock=MONOTONIC)
@@ -90,7 +99,7 @@ class PerfettoTraceSink:
     def flush(self, meta: dict[str, Any]) -> None:
         if self._fh is None:
             return
-        out = self._dropped(int(meta.get("dropped_spans", 0)))
+        out = self._dropped(int(meta.get("dropped_spans", 0))) + self._memory_packets()
         clocks = json.dumps([meta.get("clocks"), meta.get("devices")], default=str, sort_keys=True)
         if clocks != self._clocks_written:  # a trace cut off later still carries the calibration
             self._clocks_written = clocks
@@ -106,7 +115,8 @@ class PerfettoTraceSink:
         held = self._hold.drain()
         if held is not None:
             self._emit(self._encode(*held))
-        self._emit(self._dropped(int(meta.get("dropped_spans", 0))) + self._metadata_packet(meta))
+        self._emit(self._dropped(int(meta.get("dropped_spans", 0))) + self._memory_packets()
+                   + self._metadata_packet(meta))
         fh.flush()
         try:
             os.fsync(fh.fileno())
@@ -130,6 +140,29 @@ class PerfettoTraceSink:
         return proto_packet(pb.TracePacket(
             timestamp=self._now(), trusted_packet_sequence_id=META_SEQ,
             track_event=pb.TrackEvent(type=COUNTER, track_uuid=self._dropped_uuid, counter_value=n)))
+
+    def _memory_packets(self) -> bytes:
+        """Live device-memory samples not written yet, on a counter track per context."""
+        ledger = self._memory
+        if ledger is None:
+            return b""
+        samples, self._memory_at = ledger.since(self._memory_at)
+        if self._memory_first:
+            samples, self._memory_first = self._memory_first + samples, []
+        out = []
+        tracks = self._memory_tracks
+        mono = self._tracks.mono
+        for t, key, live in samples:
+            uuid = tracks.get(key)
+            if uuid is None:
+                uuid = tracks[key] = self._tracks.new_uuid()
+                out.append(self._tracks.descriptor(pb.TrackDescriptor(
+                    uuid=uuid, parent_uuid=self._tracks.process_uuid, name=counter_name(ledger.label(key)),
+                    counter=pb.CounterDescriptor(unit=pb.CounterDescriptor.UNIT_SIZE_BYTES))))
+            out.append(proto_packet(pb.TracePacket(
+                timestamp=t + mono, trusted_packet_sequence_id=META_SEQ,
+                track_event=pb.TrackEvent(type=COUNTER, track_uuid=uuid, counter_value=live))))
+        return b"".join(out)
 
     def _metadata_packet(self, meta: dict[str, Any]) -> bytes:
         text = json.dumps(meta, default=str, ensure_ascii=False)

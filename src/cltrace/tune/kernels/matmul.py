@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 import pyopencl as cl
 
+from ...record.allocations import Buffer
 from .. import Config, DeviceLimits, KernelTemplate
 
 TILE_K = 16  # depth of the k-slices staged in local memory (must match SOURCE)
@@ -243,9 +244,9 @@ class MatmulProblem:
         self.b = rng.integers(-4, 5, size=(k, n)).astype(np.float32)
         mf = cl.mem_flags
         ctx = queue.context
-        self.a_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=self.a)
-        self.b_buf = cl.Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=self.b)
-        self.c = cl.Buffer(ctx, mf.READ_WRITE, 4 * m * n)
+        self.a_buf = Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=self.a)
+        self.b_buf = Buffer(ctx, mf.READ_ONLY | mf.COPY_HOST_PTR, hostbuf=self.b)
+        self.c = Buffer(ctx, mf.READ_WRITE, 4 * m * n)
         self._reference: np.ndarray | None = None
 
     @property
