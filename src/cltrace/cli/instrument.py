@@ -42,6 +42,7 @@ import pyopencl._cl as _cl
 from .. import _state
 from ..programs.compiler import kernel_names
 from ..record.queues import PROFILING
+from ..record.callsite import capture as _site
 from ..record.recorder import RECORDER, new_id
 from ..record.failures import sizes as _sizes
 from ..record.regions import current_parent, failed_launch, record_failure, record_launch
@@ -222,7 +223,8 @@ def program_build(self: Any, options: Any = None, devices: Any = None, cache_dir
         he = _perf()
         attrs["build_log"] = str(exc)
         RECORDER.push((BUILD, name, new_id(), parent, path, COMPILE_THREAD, hb, he, None, None, None,
-                       attrs, STATUS_ERROR, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+                       attrs, STATUS_ERROR, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                       _site(2)))
         raise
     he = _perf()
     info = getattr(self, "_build_duration_info", None)
@@ -241,7 +243,7 @@ def program_build(self: Any, options: Any = None, devices: Any = None, cache_dir
         pass
     attrs["duration_ns"] = he - hb
     RECORDER.push((BUILD, name, new_id(), parent, path, COMPILE_THREAD, hb, he, None, None, None,
-                   attrs, None, None))
+                   attrs, None, None, _site(2)))
     return result
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from . import stamps
 from .batch import NAMES, SpanBatch, Tables
+from .sites import SiteTable
 from .tracks import COMPILE_THREAD
 
 log = logging.getLogger("cltrace")
@@ -39,6 +40,7 @@ class Resolver:
         self.tracks = tracks
         self.clocks = clocks
         self.tables = tables or Tables()
+        self.sites = SiteTable(self.tables.sites)  # raw call-site captures -> site ids (lines looked up here)
         self.waiting: list[tuple] = []
         self._queues: dict[tuple[int, int, int, int], tuple[int, Any, Any]] = {}
         # (queue, thread) of an out-of-order queue -> end time of the last command on each lane
@@ -116,12 +118,12 @@ class Resolver:
 
     def _columns(self, cols: list[tuple], n: int, dev: np.ndarray, status: np.ndarray,
                  raw: np.ndarray) -> SpanBatch:
-        (cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus, error) = cols
+        (cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus, error, site) = cols
         t = self.tables
         out: dict[str, np.ndarray] = {
             "id": np.fromiter(sid, np.int64, n), "parent": np.fromiter(parent, np.int64, n),
             "host_begin": np.fromiter(hb, np.int64, n), "host_end": np.fromiter(he, np.int64, n),
-            "name": t.names.many(name), "cat": t.cats.many(cat),
+            "name": t.names.many(name), "cat": t.cats.many(cat), "site": self.sites.column(site),
         }
         tracks = self.tracks
         tmap = {k: tracks.compile_track() if k == COMPILE_THREAD else tracks.host_thread(k) for k in set(thread)}
