@@ -73,20 +73,21 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
 
 
 def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[bytes], np.ndarray | int]:
-    """Annotation bytes for status, error and attributes, and each row's index into them (-1: none).
+    """Annotation bytes for status, error, attributes and call site, and each row's index into them (-1: none).
 
     Launches repeat their attributes: each run of equal ones on a thread is encoded once.
     """
     n = batch.n
     attrs = batch.attrs
     bad = batch.status.astype(bool)
+    site = batch.site
     plain = attrs.count(None) == n
-    need = bad if plain else np.fromiter(map(bool, attrs), bool, n) | bad
+    need = (bad if plain else np.fromiter(map(bool, attrs), bool, n) | bad) | (site >= 0)
     if not need.any():
         return [], -1
     changed = np.ones(n, bool)
     if n > 1:
-        changed[1:] = (thr[1:] != thr[:-1]) | (bad[1:] != bad[:-1])
+        changed[1:] = (thr[1:] != thr[:-1]) | (bad[1:] != bad[:-1]) | (site[1:] != site[:-1])
         if not plain:
             changed[1:] |= _differs(attrs)
         if batch.errors:
@@ -94,8 +95,10 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     new = need & changed
     seqs = tracks.seqs
     errors = batch.errors
-    extras = [seqs[t].extra(attrs[i], b, errors.get(i))
-              for i, t, b in zip(np.flatnonzero(new).tolist(), thr[new].tolist(), bad[new].tolist())]
+    sites = batch.tables.sites.values
+    extras = [seqs[t].extra(attrs[i], b, errors.get(i), sites[s] if s >= 0 else None)
+              for i, t, b, s in zip(np.flatnonzero(new).tolist(), thr[new].tolist(), bad[new].tolist(),
+                                    site[new].tolist())]
     return extras, np.where(need, np.cumsum(new) - 1, -1)
 
 

@@ -23,9 +23,11 @@ from ...timeline.spans import STATUS_ERROR
 from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
 from ..processes import device_pid
 from .layout import Pool
+from ...timeline.sites import STACK
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID, DNAMES,
-                   HOST_CLOCK, META_SEQ, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS, SEQ_CLEARED, SYNTHETIC_UUID,
-                   TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_UUID, proto_packet, uv, value)
+                   HOST_CLOCK, I_SITES, META_SEQ, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS, SEQ_CLEARED, SL_FILE,
+                   SL_FUNCTION, SL_IID, SL_LINE, SYNTHETIC_UUID, TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_SITE, TE_UUID,
+                   proto_packet, uv, value)
 
 # Int annotations with a pooled header per value length, in the order the encoder writes them.
 STANDARD_ANNS = (A_SPAN, A_PARENT, A_DEV_START, A_DEV_END)
@@ -35,7 +37,7 @@ class Seq:
     """One packet sequence (one track): interning tables, incremental clock, row templates."""
 
     __slots__ = ("id", "uuid", "device", "last", "offset", "iids", "pending", "tail", "anns", "counter",
-                 "counter_prefix", "moved", "extras")
+                 "counter_prefix", "moved", "extras", "sites")
 
     def __init__(self, seq_id: int, uuid: int, device: bool = False) -> None:
         self.id = seq_id
@@ -51,6 +53,18 @@ class Seq:
         self.counter_prefix = -1
         self.moved = 0  # bytes transferred so far
         self.extras: dict[Any, bytes] = {}
+        self.sites: dict[Any, int] = {}  # CallSite -> its interned source location iid
+
+    def site(self, site: Any) -> int:
+        """The iid of a call site as an interned SourceLocation (file, function, line)."""
+        iid = self.sites.get(site)
+        if iid is None:
+            iid = self.sites[site] = len(self.sites) + 1
+            f, fn = site.file.encode("utf-8", "replace"), site.function.encode("utf-8", "replace")
+            entry = (SL_IID + uv(iid) + SL_FILE + uv(len(f)) + f + SL_FUNCTION + uv(len(fn)) + fn
+                     + SL_LINE + uv(max(int(site.line), 0)))
+            self.pending += I_SITES + uv(len(entry)) + entry
+        return iid
 
     def intern(self, table: int, text: str) -> int:
         ids = self.iids[table]
@@ -70,10 +84,12 @@ class Seq:
         inner = self.dname(name) + v
         return TE_DEBUG + uv(len(inner)) + inner
 
-    def extra(self, a: dict[str, Any] | None, failed: bool, error: str | None) -> bytes:
-        """Annotations for status, error and attributes (cached when the values are hashable)."""
+    def extra(self, a: dict[str, Any] | None, failed: bool, error: str | None, site: Any = None) -> bytes:
+        """Annotations for status, error and attributes, and the call site as the event's interned
+        source location (its callers, with ``stack_depth`` > 1, as a "code.stacktrace" annotation);
+        cached when the values are hashable."""
         try:
-            key = (failed, error, tuple(a.items()) if a else ())
+            key = (failed, error, tuple(a.items()) if a else (), site)
             hit = self.extras.get(key)
         except TypeError:
             key, hit = None, None
@@ -86,6 +102,10 @@ class Seq:
         for k, v in (a or {}).items():
             if v is not None:
                 parts.append(self.annotation(str(k), value(v)))
+        if site is not None:
+            parts.append(TE_SITE + uv(self.site(site)))
+            if site.callers:
+                parts.append(self.annotation(STACK, value(site.stacktrace())))
         out = b"".join(parts)
         if key is not None and len(self.extras) < 4096:
             self.extras[key] = out
