@@ -126,14 +126,20 @@ def _reset() -> None:
 def set_library_modules(modules: Iterable[str]) -> None:
     """Treat these modules (by import name, packages included) as library code, not call sites.
 
-    Raises ``ImportError`` naming a module that does not import."""
+    Raises ``ValueError`` naming a module that does not import (nothing changes then)."""
     global _prefixes, _modules
     extra = []
     names = tuple(modules)
     for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"library_modules: {name!r} is not a module name (give import names, e.g. 'mypkg.ops')")
         mod = sys.modules.get(name)
         if mod is None:
-            mod = __import__(name, fromlist=["_"])
+            try:
+                mod = __import__(name, fromlist=["_"])
+            except Exception as exc:
+                raise ValueError(f"library_modules: cannot import {name!r} ({type(exc).__name__}: {exc}); "
+                                 f"give the import name of an installed module") from None
         f = getattr(mod, "__file__", None)
         if not f:
             continue

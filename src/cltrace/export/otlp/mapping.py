@@ -3,7 +3,9 @@
 Span ids are ``(run salt << 32) XOR cltrace span id``; the ``cltrace.run`` root is cltrace
 id 0, which is what ``Span.parent == 0`` means. Times are Unix-epoch ns: host
 ``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
-host call that issued the work to the later of the host return and the device END.
+host call that issued the work to the later of the host return and the device END. The call
+site goes under the semantic-convention keys ``code.file.path``, ``code.line.number`` and
+``code.function.name`` (``code.stacktrace`` with ``stack_depth`` > 1).
 """
 from __future__ import annotations
 
@@ -162,6 +164,9 @@ class Mapper:
                 v = attr_value(v)
                 if v is not None:
                     attrs[attr_key(k)] = v
+        site = s.site
+        if site is not None:  # semantic conventions: code.file.path, code.line.number, code.function.name
+            attrs.update(site.attrs())
         key = self.key
         if s.status == STATUS_ERROR:
             return (s.name, s.id ^ key, s.parent ^ key, start, end, attrs, events, 2, s.error or "error")
