@@ -1,7 +1,8 @@
 """Call sites: where in the user's code a launch, transfer, region or allocation came from.
 
 The site is the first frame outside cltrace, pyopencl (with pytools, whose generated code its
-invokers are) and any module the user lists as a library (``configure(library_modules=...)``);
+invokers are), ``contextlib`` (``ExitStack.enter_context`` enters a region for its caller) and any
+module the user lists as a library (``configure(library_modules=...)``);
 ``stack_depth=N`` records N such frames. Capture is split so the hot path stays cheap:
 ``capture()`` walks frames and returns a raw tuple ``(code, offset, ...)`` (no line lookup); the
 resolver's worker turns it into a ``CallSite`` later (``timeline.sites``).
@@ -15,6 +16,7 @@ by the code object's identity (hashing a code object hashes its contents: too sl
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from types import CodeType
@@ -37,6 +39,7 @@ def _package_dir(module: Any) -> str:
 
 _CLTRACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _BUILTIN: tuple[str, ...] = (_CLTRACE_DIR, _package_dir(pyopencl), _package_dir(pytools),
+                             os.path.abspath(contextlib.__file__),
                              "<frozen ", "<generated: ", "<cltrace ")  # frozen stdlib, generated code
 _prefixes: tuple[str, ...] = _BUILTIN
 _modules: tuple[str, ...] = ()
