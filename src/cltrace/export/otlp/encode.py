@@ -65,6 +65,7 @@ class WireEncoder:
         self._kv_cache: dict[tuple[str, Any], bytes] = {}
         self._rec_cache: dict[tuple[Any, Any], bytes] = {}
         self._static: dict[tuple, tuple[bytes, bytes]] = {}
+        self._sites: dict[Any, bytes] = {}  # CallSite -> its code.* attributes, encoded
         self._keys: dict[str, bytes] = {}
         self._host_dur = self._key("cltrace.host.duration_ns")
         self._dev_dur = self._key("cltrace.device.duration_ns")
@@ -148,6 +149,14 @@ class WireEncoder:
         if s.attrs:
             rec = self._record_attribute
             ints += b"".join([rec(k, v) for k, v in s.attrs.items()])
+        site = s.site
+        if site is not None:
+            sb = self._sites.get(site)
+            if sb is None:
+                sb = b"".join([self.attribute(k, v) for k, v in site.attrs().items()])
+                if len(self._sites) < CACHE_MAX:
+                    self._sites[site] = sb
+            ints += sb
         status = _status(2, s.error or "error") if s.status == STATUS_ERROR else _STATUS_UNSET
         body = b"".join((self._trace, _pack_ids(b"\x12\x08", s.id ^ key, b"\x22\x08", s.parent ^ key),
                          cached[0], _pack_times(0x30, 1, 0x39, hb + off, 0x41, end), cached[1],
