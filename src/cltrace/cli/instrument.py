@@ -89,11 +89,12 @@ def _profiled(queue: Any) -> bool:
 
 
 def _record(name: str, cat: str, queue: Any, ev: Any, hb: int, he: int, attrs: dict[str, Any]) -> None:
+    site = _site(3)  # the hook's caller and up: pyopencl's frames are skipped as library code
     if _profiled(queue):
-        record_launch(name, queue, ev, hb, he, cat, attrs)
+        record_launch(name, queue, ev, hb, he, cat, attrs, site)
     else:
         attrs["cltrace.device_time"] = NO_PROFILING
-        record_launch(name, None, None, hb, he, cat, attrs)
+        record_launch(name, None, None, hb, he, cat, attrs, site)
 
 
 _record_failure = record_failure

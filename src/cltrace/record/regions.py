@@ -229,18 +229,23 @@ def _open(name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> "_Re
 region = timing_region
 
 
+_CALLER: Any = object()  # record_launch's default site: its caller's (found by walking up)
+
+
 def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: int,
-                  cat: str = KERNEL, attrs: dict[str, Any] | None = None) -> int:
+                  cat: str = KERNEL, attrs: dict[str, Any] | None = None, site: Any = _CALLER) -> int:
     """Record one enqueued command (kernel, copy, fill...) and return its span id.
 
     The event is resolved later in a batch; nothing waits here. Pass ``queue=None``
-    (or ``event=None``) for an explicitly host-only span.
+    (or ``event=None``) for an explicitly host-only span. ``site`` is the call site
+    (``callsite.capture()``), by default the caller's; a cltrace helper that has it passes
+    it, saving the walk through its own frame.
     """
     st = _tls.stack
     parent, path = st[-1] if st else _ROOT
     sid = new_id()
     _push((cat, name, sid, parent, path, st.key, host_begin, host_end,
-           queue, event, None, attrs, None, None, _site(2)))
+           queue, event, None, attrs, None, None, _site(2) if site is _CALLER else site))
     return sid
 
 
@@ -281,7 +286,8 @@ def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: An
         raise failed_launch(exc, name or _kernel_name(kernel), global_size, local_size, hb,
                             kernel, queue) from None
     he = _perf()
-    record_launch(name or _kernel_name(kernel), queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size))
+    record_launch(name or _kernel_name(kernel), queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size),
+                  _site(2))
     return ev
 
 
@@ -329,5 +335,5 @@ def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any
     hb = _perf()
     ev = cl.enqueue_copy(queue, dest, src, **kwargs)
     he = _perf()
-    record_launch(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes})
+    record_launch(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes}, _site(2))
     return ev
