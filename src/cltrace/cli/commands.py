@@ -61,10 +61,10 @@ def _native_parts() -> dict[str, str]:
     """Which implementation each native part of the pipeline runs: "native (C extension)" or "python (...)"."""
     from ..export import chrome_lines
     from ..export.perfetto import encoder
-    from ..record import regions
+    from ..record import callsite, regions
     from ..timeline import stamps
 
-    return {"event stamps": stamps.DETAIL, "regions": regions.REGION_DETAIL,
+    return {"event stamps": stamps.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
             "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL}
 
 

@@ -113,6 +113,7 @@ def _load_native() -> Any:
 
 _CHOICE = choose("call sites", _load_native)
 CAPTURE_PATH: str = _CHOICE.path  # "native" or "python"
+CAPTURE_DETAIL: str = _CHOICE.detail
 capture: Any = _CHOICE.native or _py_capture
 
 
