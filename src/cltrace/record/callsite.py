@@ -117,14 +117,20 @@ CAPTURE_DETAIL: str = _CHOICE.detail
 capture: Any = _CHOICE.native or _py_capture
 
 
+def _share() -> None:
+    """Hand the settings to the C capture."""
+    if _CHOICE.native is not None:
+        from . import _region
+        _region.site_config(_classify, _gen, _depth)
+
+
 def _reset() -> None:
+    """The library set changed: every code object's cached flag is stale."""
     global _gen
     _gen += 1
     _lib.clear()
     _kept.clear()
-    if _CHOICE.native is not None:
-        from . import _region
-        _region.site_config(_classify, _gen, _depth)
+    _share()
 
 
 def set_library_modules(modules: Iterable[str]) -> None:
@@ -158,16 +164,14 @@ def configure(library_modules: Iterable[str] | None = None, stack_depth: int | N
     """Set the library modules skipped when looking for a call site, and how many user frames a
     site records (``stack_depth``: 1 by default, 0 records none). None leaves a setting as it is."""
     global _depth
+    if stack_depth is not None and (isinstance(stack_depth, bool) or not isinstance(stack_depth, int)
+                                    or not 0 <= stack_depth <= 64):
+        raise ValueError(f"stack_depth must be an int from 0 to 64, not {stack_depth!r}")
+    if library_modules is not None:  # first: a module that does not import changes nothing
+        set_library_modules([library_modules] if isinstance(library_modules, str) else library_modules)
     if stack_depth is not None:
-        if isinstance(stack_depth, bool) or not isinstance(stack_depth, int) or not 0 <= stack_depth <= 64:
-            raise ValueError(f"stack_depth must be an int from 0 to 64, not {stack_depth!r}")
         _depth = stack_depth
-    if library_modules is not None:
-        if isinstance(library_modules, str):
-            library_modules = [library_modules]
-        set_library_modules(library_modules)
-    else:
-        _reset()
+        _share()
 
 
 def settings() -> dict[str, Any]:
