@@ -64,29 +64,19 @@ def _remember(code: CodeType) -> bool:
     return lib
 
 
-def _py_capture(skip: int = 1) -> tuple | None:
+def _py_capture(skip: int = 1, _getframe: Any = _getframe, _get: Any = _lib.get, _id: Any = id) -> tuple | None:
     """(code, offset[, code, offset ...]) of the first user frames above the caller's ``skip - 1``."""
-    if not _depth:
-        return None
     try:
         f = _getframe(skip)
     except ValueError:
         return None
-    get = _lib.get
-    while f is not None:
-        code = f.f_code
-        lib = get(id(code))
-        if lib is None:
-            lib = _remember(code)
-        if not lib:
-            if _depth == 1:
-                return (code, f.f_lasti)
-            return _py_more(f)
-        f = f.f_back
-    return None
+    code = f.f_code
+    if _get(_id(code)) is False and _depth == 1:  # the usual case: the caller is user code
+        return (code, f.f_lasti)
+    return _py_walk(f)
 
 
-def _py_more(f: Any) -> tuple:
+def _py_walk(f: Any) -> tuple | None:
     out: list[Any] = []
     get = _lib.get
     while f is not None and len(out) < 2 * _depth:
@@ -97,7 +87,7 @@ def _py_more(f: Any) -> tuple:
         if not lib:
             out += (code, f.f_lasti)
         f = f.f_back
-    return tuple(out)
+    return tuple(out) if out else None
 
 
 def _load_native() -> Any:
