@@ -66,6 +66,8 @@ def _remember(code: CodeType) -> bool:
 
 def _py_capture(skip: int = 1, _getframe: Any = _getframe, _get: Any = _lib.get, _id: Any = id) -> tuple | None:
     """(code, offset[, code, offset ...]) of the first user frames above the caller's ``skip - 1``."""
+    if not _depth:
+        return None
     try:
         f = _getframe(skip)
     except ValueError:
