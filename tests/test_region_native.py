@@ -21,7 +21,8 @@ import pytest
 import cltrace
 from cltrace.record import regions
 from cltrace.record.recorder import (R_ATTRS, R_CAT, R_ERROR, R_EV0, R_EV1, R_HB, R_HE, R_ID, R_NAME, R_PARENT,
-                                     R_PATH, R_QUEUE, R_STATUS, R_THREAD, RECORDER, new_id)
+                                     R_PATH, R_QUEUE, R_SITE, R_STATUS, R_THREAD, RECORDER, new_id)
+from cltrace.timeline.sites import describe
 
 DISABLED = os.environ.get("CLTRACE_NATIVE", "").strip() == "0"
 
@@ -62,18 +63,21 @@ def recorded(scenario: Callable[[], Any]) -> list[tuple]:
 
 
 def normal(recs: list[tuple], threads: dict[int, str] | None = None) -> list[tuple]:
-    """Records with ids ranked (0 is the root), thread keys named, clocks checked and dropped."""
+    """Records with ids ranked (0 is the root), thread keys named, clocks checked and dropped; each
+    call site checked to be test code (the lines themselves: test_callsite.py)."""
     rank = {0: 0}
     for rec in sorted(recs, key=lambda r: r[R_ID]):
         rank[rec[R_ID]] = len(rank)
     names = {regions.thread_key(): "main", **(threads or {})}
     out = []
     for rec in recs:
-        assert len(rec) == 14
+        assert len(rec) == 15
         assert isinstance(rec[R_HB], int) and isinstance(rec[R_HE], int) and rec[R_HB] <= rec[R_HE]
         out.append((rec[R_CAT], rec[R_NAME], rank[rec[R_ID]], rank[rec[R_PARENT]], rec[R_PATH],
                     names[rec[R_THREAD]], rec[R_QUEUE] is not None, type(rec[R_EV0]).__name__,
                     type(rec[R_EV1]).__name__, rec[R_ATTRS], rec[R_STATUS], rec[R_ERROR]))
+        site = describe(rec[R_SITE])
+        assert site is not None and os.path.dirname(site.file) == os.path.dirname(__file__), (rec[R_NAME], site)
     return out
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from .errors import CltraceError, EventTimerError, OutputError, ProfilingNotEnabledError, TraceFileError
 from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
+from .record import callsite as _callsite
 from .record.recorder import RECORDER
 from .record.allocations import Buffer, Image, SVMAllocation
 from .record.regions import copy, launch, record_launch, region, timing_region
@@ -32,7 +33,17 @@ __all__ = [
     "EventTimer", "timing",
     "compile", "Program", "Kernel", "LaunchProfile", "instrument", "uninstrument", "ProgramCache", "BuildError",
     "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial", "analyze", "Analysis",
+    "configure", "CallSite",
 ]
+CallSite = _callsite.CallSite
+
+
+def configure(*, library_modules: Any = None, stack_depth: int | None = None) -> None:
+    """Call-site settings. ``library_modules``: import names of modules (packages included) whose
+    frames are not call sites, like cltrace's and pyopencl's own: a span then points at the line
+    that called into them. ``stack_depth``: user frames a site records (1 by default; 0: none).
+    None leaves a setting as it is. A module that does not import is a ``ValueError`` naming it."""
+    _callsite.configure(library_modules=library_modules, stack_depth=stack_depth)
 
 
 def __getattr__(name: str) -> object:
@@ -49,16 +60,18 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def analyze(spans_or_path: Any = None, meta: dict[str, Any] | None = None, by_shape: bool = False) -> Any:
+def analyze(spans_or_path: Any = None, meta: dict[str, Any] | None = None, by_shape: bool = False,
+            by: str | None = None) -> Any:
     """Where the time went: an ``Analysis`` of a trace file (``.json``/``.pftrace``), a list of
-    spans, or (None) the recorder's spans. See ``cltrace.analyze.analysis.analyze``.
+    spans, or (None) the recorder's spans; ``by="callsite"`` (or ``"shape"``) splits the kernel
+    table by the launching line (or launch shape). See ``cltrace.analyze.analysis.analyze``.
 
     (This function takes the name of the ``cltrace.analyze`` package as an attribute of ``cltrace``;
     ``import cltrace.analyze.<module>`` still reaches the package.)
     """
     from .analyze.analysis import analyze as _analyze
 
-    return _analyze(spans_or_path, meta=meta, by_shape=by_shape)
+    return _analyze(spans_or_path, meta=meta, by_shape=by_shape, by=by)
 
 
 def _init_from_env() -> None:

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from ..timeline.spans import Span
 from . import findings as _findings
-from .kernels import kernel_table, self_time
+from .kernels import GROUPS, kernel_table, self_time
 from .launches import launches
 from .memory import memory
 from .model import TraceData, distinct, queues_from_registry
@@ -90,21 +90,25 @@ def _with_samples(meta: dict[str, Any], recorder: Any) -> dict[str, Any]:
 
 
 def analyze(spans_or_path: str | os.PathLike[str] | Iterable[Span] | None = None,
-            meta: dict[str, Any] | None = None, by_shape: bool = False) -> Analysis:
+            meta: dict[str, Any] | None = None, by_shape: bool = False, by: str | None = None) -> Analysis:
     """Analyse a trace file (``.json``/``.pftrace``), a list of spans, or (None) the recorder's spans.
 
-    ``by_shape`` groups the kernel table by launch shape as well as name. Raises
-    ``TraceFileError`` for a file that cannot be read.
+    ``by`` groups the kernel table by name and also ``"shape"`` (launch shape; ``by_shape=True`` is
+    the same) or ``"callsite"`` (the user's line that launched it). Raises ``TraceFileError`` for a
+    file that cannot be read, ``ValueError`` for an unknown ``by``.
     """
+    if by is not None and by not in GROUPS:
+        raise ValueError(f"by must be one of {', '.join(GROUPS)}, not {by!r}")
     spans, m, source, registry = _load(spans_or_path, meta)
     td = TraceData(spans, m)
     if registry is not None and not m.get("tracks"):
         named = queues_from_registry(registry, distinct(td.track[td.on_device]).tolist())
         td.queues.update(named)
-    return analyse_columns(td, source, by_shape=by_shape)
+    return analyse_columns(td, source, by_shape=by_shape, by=by)
 
 
-def analyse_columns(td: TraceData, source: str = "memory", by_shape: bool = False) -> Analysis:
+def analyse_columns(td: TraceData, source: str = "memory", by_shape: bool = False,
+                    by: str | None = None) -> Analysis:
     devices, queues = utilisation(td)
     selfs = self_time(td)
     la = launches(td)
@@ -115,6 +119,6 @@ def analyse_columns(td: TraceData, source: str = "memory", by_shape: bool = Fals
     return Analysis(
         source=source, wall={"t0_ns": td.t0, "t1_ns": td.t1, "wall_ns": td.wall_ns}, spans=len(td.spans),
         devices=[u.as_dict() for u in devices], queues=[u.as_dict() for u in queues],
-        kernels=[r.as_dict() for r in kernel_table(td, selfs, by_shape=by_shape)], launches=la.as_dict(),
+        kernels=[r.as_dict() for r in kernel_table(td, selfs, by_shape=by_shape, by=by)], launches=la.as_dict(),
         findings=[f.as_dict() for f in found], regions=region_rows(region_tree(td)), timeline=timeline(td),
         clocks=clocks, memory=memory(td))

@@ -1,6 +1,6 @@
 """The kernel table: which kernels take the device's time, from device stamps only.
 
-Per kernel name (and launch shape, on request): count and total device time; ``self``, the
+Per kernel name (and, on request, launch shape or the user's call site that launched it): count and total device time; ``self``, the
 kernel's share of device busy time when commands overlap (equal to total on an in-order queue),
 so ``% device`` adds up to 100 over all commands; the first launch (driver JIT, cold caches)
 apart from the steady-state mean, p50 and p99 of the launches after it.
@@ -16,6 +16,7 @@ from ..timeline.spans import KERNEL
 from .model import TraceData, dense, distinct
 
 SORT_KEYS = ("total", "mean", "count", "p99")
+GROUPS = ("name", "shape", "callsite")  # what the table's rows are: per name, name and shape, name and call site
 
 
 @dataclass
@@ -31,6 +32,7 @@ class KernelRow:
     p50_ns: float
     p99_ns: float
     first_at_s: float  # where the first launch was enqueued: seconds since the trace's first span
+    site: str | None = None  # "file:line (function)" when grouped by call site ("-": none recorded)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +67,11 @@ def _shape(td: TraceData, i: int) -> str:
     return f"global {fmt(g)} local {fmt(loc)}"
 
 
+def _site(td: TraceData, i: int) -> str:
+    site = td.spans[i].site
+    return "-" if site is None else str(site)
+
+
 def sort_within(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     """The order that sorts by group, then value: one argsort of a packed int64 key where the
     values are non-negative integers below 2**40 (18 minutes in ns), else a lexsort."""
@@ -91,19 +98,24 @@ def percentiles(values: np.ndarray, group: np.ndarray, ngroups: int, qs: tuple[f
 
 
 def kernel_table(td: TraceData, self_ns: np.ndarray | None = None, by_shape: bool = False,
-                 sort: str = "total", top: int | None = None) -> list[KernelRow]:
-    """Rows of the kernel table, sorted by ``sort`` (one of ``SORT_KEYS``), the first ``top``."""
+                 sort: str = "total", top: int | None = None, by: str | None = None) -> list[KernelRow]:
+    """Rows of the kernel table, sorted by ``sort`` (one of ``SORT_KEYS``), the first ``top``; one row
+    per kernel name, or per name and ``by`` (one of ``GROUPS``; ``by_shape`` is ``by="shape"``)."""
     if sort not in SORT_KEYS:
         raise ValueError(f"sort must be one of {', '.join(SORT_KEYS)}, not {sort!r}")
+    by = by or ("shape" if by_shape else "name")
+    if by not in GROUPS:
+        raise ValueError(f"by must be one of {', '.join(GROUPS)}, not {by!r}")
     idx = np.flatnonzero(td.cat_mask(KERNEL) & td.on_device)
     if not len(idx):
         return []
     if self_ns is None:
         self_ns = self_time(td)
     busy = self_ns[td.work].sum()
-    if by_shape:
+    if by != "name":
+        label = _shape if by == "shape" else _site
         keys: dict[tuple[int, str], int] = {}
-        group = np.fromiter((keys.setdefault((int(td.name[i]), _shape(td, i)), len(keys)) for i in idx),
+        group = np.fromiter((keys.setdefault((int(td.name[i]), label(td, i)), len(keys)) for i in idx),
                             np.int64, len(idx))
         labels = list(keys)
     else:
@@ -123,9 +135,12 @@ def kernel_table(td: TraceData, self_ns: np.ndarray | None = None, by_shape: boo
     sg, sd = group[steady], dur[steady]
     mean = np.bincount(sg, weights=sd, minlength=ng) / np.maximum(np.bincount(sg, minlength=ng), 1)
     p50, p99 = percentiles(sd.astype(np.float64), sg, ng, (0.5, 0.99))
-    rows = [KernelRow(td.names[labels[k][0]], labels[k][1], int(counts[k]), int(total[k]), int(round(selfs[k])),
-                      round(float(100.0 * selfs[k] / busy), 3) if busy else 0.0, int(dur[first_pos[k]]),
-                      float(mean[k]), float(p50[k]), float(p99[k]), round(td.at(int(td.host_begin[idx[first_pos[k]]])), 6))
+    shape = by == "shape"
+    rows = [KernelRow(td.names[labels[k][0]], labels[k][1] if shape else None, int(counts[k]), int(total[k]),
+                      int(round(selfs[k])), round(float(100.0 * selfs[k] / busy), 3) if busy else 0.0,
+                      int(dur[first_pos[k]]), float(mean[k]), float(p50[k]), float(p99[k]),
+                      round(td.at(int(td.host_begin[idx[first_pos[k]]])), 6),
+                      labels[k][1] if by == "callsite" else None)
             for k in range(ng)]
     key = {"total": lambda r: r.total_ns, "mean": lambda r: r.mean_ns, "count": lambda r: r.count,
            "p99": lambda r: r.p99_ns}[sort]

@@ -1,6 +1,7 @@
 """The analysis as text, one screen: utilisation, findings, top kernels, launches, top regions."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from .text import Column, fmt_bytes, fmt_ns, plural, table, terminal_width
@@ -71,6 +72,17 @@ def finding_lines(a: Analysis, width: int) -> list[str]:
     return out
 
 
+def _short_site(site: str | None) -> str:
+    """A call site with its path relative to the working directory where that is shorter."""
+    if not site or site == "-":
+        return "-"
+    try:
+        rel = os.path.relpath(site)
+    except ValueError:  # another drive (Windows)
+        return site
+    return rel if len(rel) < len(site) else site
+
+
 def kernel_lines(a: Analysis, width: int, sort: str = "total", top: int | None = 10) -> list[str]:
     if not a.kernels:
         return ["Kernels: none with device times."]
@@ -78,11 +90,13 @@ def kernel_lines(a: Analysis, width: int, sort: str = "total", top: int | None =
     rows = sorted(a.kernels, key=lambda r: (-r[key], r["name"]))
     shown = rows[:top] if top else rows
     by_shape = any(r.get("shape") for r in rows)
-    cols = [Column("kernel", keep=9)] + ([Column("launch shape", keep=8, left=True)] if by_shape else []) + [
+    by_site = any(r.get("site") for r in rows)
+    cols = [Column("kernel", keep=9)] + ([Column("launch shape", keep=8, left=True)] if by_shape else []) + (
+        [Column("call site", keep=12, left=True)] if by_site else []) + [
         Column("count", keep=8), Column("total", time=True, keep=9), Column("self", time=True, keep=4),
         Column("% device", keep=8), Column("first", time=True, keep=6), Column("mean", time=True, keep=7),
         Column("p50", time=True, keep=5), Column("p99", time=True, keep=5)]
-    data = [(r["name"],) + ((r["shape"],) if by_shape else ()) +
+    data = [(r["name"],) + ((r["shape"],) if by_shape else ()) + ((_short_site(r["site"]),) if by_site else ()) +
             (r["count"], r["total_ns"], r["self_ns"], f"{r['device_pct']:.1f}", r["first_ns"], r["mean_ns"],
              r["p50_ns"], r["p99_ns"]) for r in shown]
     more = f", {len(rows) - len(shown)} more" if len(rows) > len(shown) else ""

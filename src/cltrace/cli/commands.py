@@ -70,10 +70,10 @@ def _native_parts() -> dict[str, str]:
     """Which implementation each native part of the pipeline runs: "native (C extension)" or "python (...)"."""
     from ..export import chrome_lines
     from ..export.perfetto import encoder
-    from ..record import regions
+    from ..record import callsite, regions
     from ..timeline import stamps
 
-    return {"event stamps": stamps.DETAIL, "regions": regions.REGION_DETAIL,
+    return {"event stamps": stamps.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
             "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL}
 
 
@@ -177,7 +177,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     from ..analyze.analysis import analyze
     from ..analyze.render import render_analysis
 
-    a = analyze(args.file, by_shape=args.by_shape)
+    a = analyze(args.file, by_shape=args.by_shape, by=args.by)
     if args.json:
         print(a.to_json())
     else:
@@ -221,7 +221,7 @@ def _png(value: str) -> str:
 
 def add_analysis_commands(sub: Any) -> None:
     """``cltrace analyze`` and ``cltrace diff``."""
-    from ..analyze.kernels import SORT_KEYS
+    from ..analyze.kernels import GROUPS, SORT_KEYS
 
     a = sub.add_parser("analyze", help="where the time went: utilisation, idle causes, kernels, launches, findings")
     a.add_argument("file", help="trace file (.json or .pftrace)")
@@ -230,6 +230,8 @@ def add_analysis_commands(sub: Any) -> None:
     a.add_argument("--sort", choices=SORT_KEYS, default="total", help="order of the kernel table (default: total)")
     a.add_argument("--top", type=int, default=10, metavar="N", help="kernels to list (default 10; 0: all)")
     a.add_argument("--by-shape", action="store_true", help="group kernels by name and launch shape")
+    a.add_argument("--by", choices=GROUPS, default=None,
+                   help="group kernels by name and also launch shape or call site (the user's launching line)")
     a.set_defaults(fn=cmd_analyze)
 
     d = sub.add_parser("diff", help="compare two traces per region and kernel; gate CI with --fail-above")

@@ -46,6 +46,7 @@ import pyopencl.tools as cl_tools
 from .. import _state
 from ..programs.compiler import kernel_names
 from ..record.queues import PROFILING
+from ..record.callsite import capture as _site
 from ..record.recorder import RECORDER, new_id
 from ..record.allocations import classes as _memory_classes, pool_classes as _pool_classes
 from ..record.failures import sizes as _sizes
@@ -93,11 +94,12 @@ def _profiled(queue: Any) -> bool:
 
 
 def _record(name: str, cat: str, queue: Any, ev: Any, hb: int, he: int, attrs: dict[str, Any]) -> None:
+    site = _site(3)  # the hook's caller and up: pyopencl's frames are skipped as library code
     if _profiled(queue):
-        record_launch(name, queue, ev, hb, he, cat, attrs)
+        record_launch(name, queue, ev, hb, he, cat, attrs, site)
     else:
         attrs["cltrace.device_time"] = NO_PROFILING
-        record_launch(name, None, None, hb, he, cat, attrs)
+        record_launch(name, None, None, hb, he, cat, attrs, site)
 
 
 _record_failure = record_failure
@@ -227,7 +229,8 @@ def program_build(self: Any, options: Any = None, devices: Any = None, cache_dir
         he = _perf()
         attrs["build_log"] = str(exc)
         RECORDER.push((BUILD, name, new_id(), parent, path, COMPILE_THREAD, hb, he, None, None, None,
-                       attrs, STATUS_ERROR, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"))
+                       attrs, STATUS_ERROR, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                       _site(2)))
         raise
     he = _perf()
     info = getattr(self, "_build_duration_info", None)
@@ -246,7 +249,7 @@ def program_build(self: Any, options: Any = None, devices: Any = None, cache_dir
         pass
     attrs["duration_ns"] = he - hb
     RECORDER.push((BUILD, name, new_id(), parent, path, COMPILE_THREAD, hb, he, None, None, None,
-                   attrs, None, None))
+                   attrs, None, None, _site(2)))
     return result
 
 

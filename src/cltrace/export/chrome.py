@@ -144,6 +144,7 @@ class ChromeTraceSink:
         self._x_heads: dict[tuple[int, int], tuple[bytes, bytes, bytes]] = {}
         # id(attrs) -> (attrs, encoded): the dict is held, so its id cannot be reused meanwhile.
         self._attrs_json: dict[int, tuple[Any, bytes]] = {}
+        self._site_json: dict[int, bytes] = {}  # site id -> its args text
         self._region_lut = np.zeros(0, np.int32)
         self._tables: Any = None  # the interning tables the head cache and region flags belong to
         self._base = 0
@@ -226,6 +227,7 @@ class ChromeTraceSink:
         if t is not self._tables:  # heads and region flags are cached by this batch's interned ids
             self._tables = t
             self._x_heads.clear()
+            self._site_json.clear()
             self._region_lut = np.zeros(0, np.int32)
         ncat = max(len(t.cats.values), 1)
         keys, idx[0] = _distinct(b.name.astype(np.int64) * ncat + b.cat)  # dense: (name, category) pairs
@@ -235,6 +237,10 @@ class ChromeTraceSink:
         attrs = b.attrs
         ids, idx[3] = _distinct(np.fromiter(map(id, attrs), np.int64, n))
         attrs_text = [self._attrs_text(attrs[i]) for i in _first_rows(idx[3], len(ids)).tolist()]
+        if (b.site >= 0).any():  # the call site's args follow the attributes: one text per (attrs, site)
+            m = len(t.sites.values) + 1
+            keys, idx[3] = _distinct(idx[3].astype(np.int64) * m + b.site + 1)
+            attrs_text = [attrs_text[a] + self._site_text(s - 1) for a, s in (divmod(k, m) for k in keys.tolist())]
         errors = [b""]
         bad = np.flatnonzero(b.status)
         if len(bad):
@@ -352,6 +358,21 @@ class ChromeTraceSink:
         except UnicodeEncodeError:  # a lone surrogate: \\u-escaped
             text = ("," + json.dumps(attrs, default=str)[1:-1]).encode()
         self._attrs_json[id(key)] = (key, text)
+        return text
+
+    def _site_text(self, site_id: int) -> bytes:
+        """A call site's args (``code.file.path``, ``code.line.number``, ``code.function.name``, and
+        ``code.stacktrace`` with ``stack_depth`` > 1) after a comma; b"" for none."""
+        if site_id < 0:
+            return b""
+        text = self._site_json.get(site_id)
+        if text is None:
+            a = _encode_attrs(self._tables.sites.values[site_id].attrs())
+            try:
+                text = ("," + a[1:-1]).encode()
+            except UnicodeEncodeError:  # a lone surrogate in a path: \\u-escaped
+                text = ("," + json.dumps(self._tables.sites.values[site_id].attrs())[1:-1]).encode()
+            self._site_json[site_id] = text
         return text
 
     def _head(self, name_id: int, cat_id: int) -> tuple[bytes, bytes, bytes]:

@@ -16,6 +16,7 @@ import pyopencl._cl as _cl
 from .. import _state
 from ..errors import CltraceError
 from .cache import CACHE_DISK, CACHE_MEMORY, CACHE_MISS, ProgramCache
+from ..record.callsite import capture
 from ..record.recorder import RECORDER, new_id
 from ..record.regions import current_parent
 from ..timeline.spans import BUILD, COMPILE, STATUS_ERROR
@@ -40,7 +41,7 @@ class BuildError(CltraceError):
 class CompileSpans:
     """Compile-track spans of one ``compile`` call, pushed when it ends (only while tracing)."""
 
-    __slots__ = ("on", "name", "sid", "parent", "path", "children")
+    __slots__ = ("on", "name", "sid", "parent", "path", "children", "site")
 
     def __init__(self, name: str) -> None:
         self.on = _state.ENABLED
@@ -50,12 +51,13 @@ class CompileSpans:
             self.parent, ppath = current_parent()
             self.path = ppath + (name,)
             self.children: list[tuple] = []
+            self.site = capture(2)
 
     def child(self, cat: str, name: str, hb: int, he: int, attrs: dict[str, Any],
               status: str | None = None, error: str | None = None) -> None:
         if self.on:
             self.children.append((cat, name, new_id(), self.sid, self.path, COMPILE_THREAD, hb, he,
-                                  None, None, None, attrs, status, error))
+                                  None, None, None, attrs, status, error, self.site))
 
     def close(self, hb: int, he: int, attrs: dict[str, Any],
               status: str | None = None, error: str | None = None) -> None:
@@ -64,7 +66,7 @@ class CompileSpans:
         for rec in self.children:
             _push(rec)
         _push((COMPILE, self.name, self.sid, self.parent, self.path[:-1], COMPILE_THREAD, hb, he,
-               None, None, None, attrs, status, error))
+               None, None, None, attrs, status, error, self.site))
 
 
 def _build_log(prg: Any, device: Any) -> str:

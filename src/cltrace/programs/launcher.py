@@ -19,6 +19,7 @@ import pyopencl._cl as _cl
 
 from .. import _state
 from ..errors import ProfilingNotEnabledError
+from ..record.callsite import capture
 from ..record.queues import has_profiling
 from ..record.recorder import RECORDER, new_id
 from ..record.regions import _ROOT, _tls, failed_launch
@@ -75,7 +76,7 @@ def _invoker(knl: Any, nargs: int, arg_types: Sequence[Any] | None) -> tuple[Any
 # Tracing off and no profile: bind the arguments (``_set_arg_multi`` as pyopencl's generic
 # invoker does, or pyopencl's typed invoker) and enqueue, in one frame. Otherwise the
 # measured launch: arguments bound first (skipped when unchanged), then two clock reads
-# around the enqueue alone, then the span record and/or the profile. The record is what
+# around the enqueue alone, then the span record (with the caller's call site) and/or the profile. The record is what
 # ``regions.record_launch`` pushes, appended here without its two calls (the floor of a
 # traced launch); the globals it uses are ``_RECORD_GLOBALS``. A pyopencl error from the
 # enqueue leaves through ``_failed`` (the try costs nothing until something is raised).
@@ -107,10 +108,10 @@ def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profi
             parent, path = st[-1] if st else root
             if m.profiled:
                 append(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
-                        queue, ev, None, m.attrs, None, None))
+                        queue, ev, None, m.attrs, None, None, site(2)))
             else:
                 append(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
-                        None, None, None, m.attrs, None, None))
+                        None, None, None, m.attrs, None, None, site(2)))
             if len(pending) >= recorder._room:
                 recorder._drain_backpressure()
         if profile is not None:
@@ -129,7 +130,7 @@ def _failed(exc: Exception, m: "_LaunchMeta", queue: Any, hb: int | None) -> Exc
 # back-pressure check (as ``RECORDER.push``), and this thread's innermost open region.
 _RECORD_GLOBALS = {"tls": _tls, "root": _ROOT, "new_id": new_id,
                    "pending": RECORDER.pending, "append": RECORDER.pending.append, "recorder": RECORDER,
-                   "cl_error": cl.Error, "failed": _failed}
+                   "cl_error": cl.Error, "failed": _failed, "site": capture}
 _FACTORIES: dict[tuple[int, bool], Any] = {}
 
 
@@ -144,7 +145,8 @@ def _factory(nargs: int, typed: bool) -> Any:
             setargs = f"setm(({pairs}))\n                " if nargs else ""
             fast = f"{setargs}return enqueue(queue, knl, gs, ls, None, wait_for, False, False)"
         ns: dict[str, Any] = dict(_RECORD_GLOBALS)
-        exec(_TEMPLATE.format(params=params, fast=fast, cat=KERNEL), ns)  # fixed template: only the arity varies
+        # A fixed template (only the arity varies), under a name callsite takes for cltrace's own code.
+        exec(compile(_TEMPLATE.format(params=params, fast=fast, cat=KERNEL), "<cltrace launcher>", "exec"), ns)
         make = _FACTORIES[(nargs, typed)] = ns["make"]
     return make
 

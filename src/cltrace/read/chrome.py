@@ -13,6 +13,7 @@ from typing import Any
 from ..export.chrome import OWN_ARGS
 from ..errors import TraceFileError
 from ..record.memory import COUNTER_ARG, COUNTER_PREFIX
+from ..timeline import sites
 from ..timeline.spans import Span
 from . import checks
 from .tree import fill_paths
@@ -141,9 +142,10 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
                   checks.text(ev.get("name", "?"), f"{where}: 'name'"), checks.text(ev.get("cat", "?"), f"{where}: 'cat'"),
                   checks.integer(ev.get("tid", 0), f"{where}: 'tid'"),
                   hb, hb + checks.micros_to_ns(ev.get("dur", 0), f"{where}: 'dur'"),
-                  attrs={k: v for k, v in a.items() if k not in _RESERVED} or None,
+                  attrs={k: v for k, v in a.items() if k not in _RESERVED and k not in sites.KEYS} or None,
                   status="error" if status == "error" else "ok",
-                  error=None if error is None else checks.text(error, f"{where}: 'args.error'"))
+                  error=None if error is None else checks.text(error, f"{where}: 'args.error'"),
+                  site=sites.from_attrs(a))
         d = device.get(sid)
         if d is not None:
             j, dev = d

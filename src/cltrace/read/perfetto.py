@@ -26,10 +26,11 @@ from ..record.memory import COUNTER_PREFIX
 from . import checks
 from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
                                     DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET, uv)
+from ..timeline import sites
 from ..timeline.spans import STATUS_ERROR, STATUS_OK, Span
 from .tree import fill_paths
 
-_RESERVED = {A_SPAN, A_PARENT, A_STATUS, A_ERROR, A_DEV_START, A_DEV_END}
+_RESERVED = {A_SPAN, A_PARENT, A_STATUS, A_ERROR, A_DEV_START, A_DEV_END, sites.STACK}
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
@@ -86,6 +87,11 @@ def _annotation_value(a: Any) -> Any:
     return _str(getattr(a, kind))
 
 
+def _site(loc: Any) -> sites.CallSite:
+    """A SourceLocation as a ``CallSite``."""
+    return sites.CallSite(_str(loc.file_name), int(loc.line_number), _str(loc.function_name))
+
+
 def _str(v: Any) -> Any:
     """A proto2 string field holding invalid UTF-8 reads back as bytes: text with replacements."""
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
@@ -94,7 +100,7 @@ def _str(v: Any) -> Any:
 class _Sequence:
     """What a packet sequence has set up: defaults, clocks and interned strings."""
 
-    __slots__ = ("clock", "uuid", "incremental", "mono_minus_host", "names", "cats", "dnames", "dev_offset")
+    __slots__ = ("clock", "uuid", "incremental", "mono_minus_host", "names", "cats", "dnames", "dev_offset", "sites")
 
     def __init__(self) -> None:
         self.clock = 0
@@ -105,12 +111,14 @@ class _Sequence:
         self.cats: dict[int, str] = {}
         self.dnames: dict[int, str] = {}
         self.dev_offset: int | None = None  # raw - mapped start of the last "device.start" on the sequence
+        self.sites: dict[int, sites.CallSite] = {}  # interned source locations
 
     def clear(self) -> None:
         self.clock = self.uuid = 0
         self.names.clear()
         self.cats.clear()
         self.dnames.clear()
+        self.sites.clear()
 
     def timestamp(self, p: Any) -> int:
         """Host ``perf_counter_ns`` time of a packet: incremental clocks add up; MONOTONIC goes back
@@ -151,6 +159,7 @@ class _Reader:
             st.names.update((e.iid, _str(e.name)) for e in i.event_names)
             st.cats.update((e.iid, _str(e.name)) for e in i.event_categories)
             st.dnames.update((e.iid, _str(e.name)) for e in i.debug_annotation_names)
+            st.sites.update((e.iid, _site(e)) for e in i.source_locations)
         if p.HasField("clock_snapshot"):
             clocks = {c.clock_id: c for c in p.clock_snapshot.clocks}
             for cid, c in clocks.items():
@@ -194,7 +203,14 @@ class _Reader:
             if sid is None:
                 ids = te.flow_ids or te.terminating_flow_ids or te.flow_ids_old or te.terminating_flow_ids_old
                 sid = ids[0] if ids else None
-            self.events.setdefault(uuid, []).append((ts, index, BEGIN, (sid, name, cat, ann)))
+            if te.HasField("source_location_iid"):
+                site = st.sites.get(te.source_location_iid)
+            else:
+                site = _site(te.source_location) if te.HasField("source_location") else None
+            stack = ann.get(sites.STACK)
+            if site is not None and isinstance(stack, str):
+                site = sites.from_attrs({**site.attrs(), sites.STACK: stack})
+            self.events.setdefault(uuid, []).append((ts, index, BEGIN, (sid, name, cat, ann, site)))
         elif te.type == COUNTER and self.counter_names.get(uuid) == DROPPED_TRACK:
             self.dropped = max(self.dropped, te.counter_value)
         elif te.type == COUNTER and self.counter_names.get(uuid, "").startswith(COUNTER_PREFIX):
@@ -212,7 +228,7 @@ class _Reader:
 
     def spans(self) -> list[Span]:
         """Pair BEGIN/END per track and join each span's host and device slices."""
-        host: dict[int, tuple[int, int, int, str, str, dict[str, Any]]] = {}
+        host: dict[int, tuple[int, int, int, str, str, dict[str, Any], Any]] = {}
         device: dict[int, tuple[int, int, int, dict[str, Any]]] = {}
         for uuid, evs in self.events.items():
             evs.sort(key=lambda e: (e[0], e[1]))
@@ -221,23 +237,23 @@ class _Reader:
                 if kind == BEGIN:
                     stack.append((ts, payload))
                 elif stack:  # an END whose BEGIN never reached the file (run cut off) is skipped
-                    begin, (sid, name, cat, ann) = stack.pop()
+                    begin, (sid, name, cat, ann, site) = stack.pop()
                     if sid is None:
                         continue
                     sid = checks.integer(sid, f"span id {sid!r:.20} of {name!r:.40}")
                     if A_DEV_START in ann:
                         device[sid] = (uuid, begin, ts, ann)
                     else:
-                        host[sid] = (uuid, begin, ts, name, cat, ann)
+                        host[sid] = (uuid, begin, ts, name, cat, ann, site)
         spans: dict[int, Span] = {}
-        for sid, (uuid, hb, he, name, cat, ann) in host.items():
+        for sid, (uuid, hb, he, name, cat, ann, site) in host.items():
             where = f"span {sid} ({name!r:.40})"
             failed = ann.get(A_STATUS) == STATUS_ERROR
             error = ann.get(A_ERROR) if failed else None
             sp = Span(sid, checks.integer(ann.get(A_PARENT, 0), f"{where}: parent"), name, cat, uuid, hb, he,
                       attrs={k: v for k, v in ann.items() if k not in _RESERVED} or None,
                       status=STATUS_ERROR if failed else STATUS_OK,
-                      error=None if error is None else checks.text(error, f"{where}: error"))
+                      error=None if error is None else checks.text(error, f"{where}: error"), site=site)
             d = device.get(sid)
             if d is not None:  # a device slice whose END was cut off leaves the span host-only
                 sp.device_track, sp.dev_start, sp.dev_end, dann = d

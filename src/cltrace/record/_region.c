@@ -8,8 +8,11 @@
  *   init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread)
  *   Region(name, queue=None, attrs=None, cat=region_cat)
  *   now()   the host clock as time.perf_counter_ns() reads it (for tests)
+ *   site(skip=1)   callsite.capture in C: the raw call site above the caller's skip - 1 frames
+ *   site_config(classify, generation, depth)   share callsite's library test and settings
  *
- * The record is the 14-field tuple documented in recorder.py.
+ * The record is the 15-field tuple documented in recorder.py; a region's call site is captured
+ * at __enter__ (the frame running the ``with``).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,6 +25,173 @@ static PyObject *g_status_error, *g_region_cat;
 static PyObject *s_stack, *s_key, *s_room, *s_drain, *s_name, *s_empty, *s_colon;
 static PyObject *g_zero, *g_empty_tuple;
 static int g_cache_stack; /* tls is a plain threading.local: one stack per OS thread, cacheable */
+
+/* ---- call sites (record/callsite.py) -----------------------------------------------------------
+ * A code object's "library?" flag lives in its extra slot (PEP 523's co_extra) as
+ * (generation << 2 | library << 1 | 1); a flag of an older generation (the library set changed) is
+ * recomputed by callsite._classify. The raw site of a line, the tuple (code, offset), is cached in
+ * a small direct-mapped table: a launch from a line seen before allocates nothing. The cached
+ * tuple holds its code object, so a table entry's code pointer stays valid. */
+static PyObject *g_classify;
+static Py_ssize_t g_extra = -1;
+static uintptr_t g_site_gen = 1;
+static int g_site_depth = 1;
+#define SITE_SLOTS 1024
+static struct { PyObject *code; int lasti; PyObject *raw; } g_sites[SITE_SLOTS];
+
+static int
+code_is_library(PyCodeObject *code)
+{
+    void *v = NULL;
+    if (_PyCode_GetExtra((PyObject *)code, g_extra, &v) < 0)
+        return -1;
+    uintptr_t u = (uintptr_t)v;
+    if ((u & 1) && (u >> 2) == g_site_gen)
+        return (int)((u >> 1) & 1);
+    PyObject *r = PyObject_CallOneArg(g_classify, (PyObject *)code);
+    if (r == NULL)
+        return -1;
+    int lib = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (lib < 0)
+        return -1;
+    if (_PyCode_SetExtra((PyObject *)code, g_extra, (void *)((g_site_gen << 2) | ((uintptr_t)lib << 1) | 1)) < 0)
+        return -1;
+    return lib;
+}
+
+/* (code, offset) as a new reference, from the cache where it is there. */
+static PyObject *
+site_pair(PyCodeObject *code, int lasti)
+{
+    size_t h = (((uintptr_t)code >> 4) ^ ((size_t)lasti * 2654435761u)) & (SITE_SLOTS - 1);
+    if (g_sites[h].code == (PyObject *)code && g_sites[h].lasti == lasti) {
+        Py_INCREF(g_sites[h].raw);
+        return g_sites[h].raw;
+    }
+    PyObject *off = PyLong_FromLong(lasti);
+    if (off == NULL)
+        return NULL;
+    PyObject *raw = PyTuple_Pack(2, (PyObject *)code, off);
+    Py_DECREF(off);
+    if (raw == NULL)
+        return NULL;
+    if (!PyObject_IS_GC((PyObject *)code) || !PyObject_GC_IsTracked((PyObject *)code))
+        PyObject_GC_UnTrack(raw);
+    Py_INCREF(raw);
+    PyObject *old = g_sites[h].raw;
+    g_sites[h].code = (PyObject *)code;
+    g_sites[h].lasti = lasti;
+    g_sites[h].raw = raw;
+    Py_XDECREF(old);
+    return raw;
+}
+
+/* The raw site starting at frame f (borrowed, may be NULL): the first g_site_depth frames whose code
+ * is not library code, as (code, offset[, code, offset ...]); None where there is none. */
+static PyObject *
+capture_from(PyFrameObject *f)
+{
+    if (g_site_depth <= 0 || f == NULL || g_classify == NULL)
+        Py_RETURN_NONE;
+    PyObject *many = NULL;
+    Py_INCREF(f);
+    while (f != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(f);
+        int lib = code_is_library(code);
+        if (lib < 0) {
+            Py_DECREF(code);
+            Py_DECREF(f);
+            Py_XDECREF(many);
+            return NULL;
+        }
+        if (!lib) {
+            PyObject *pair = site_pair(code, PyFrame_GetLasti(f));
+            Py_DECREF(code);
+            if (pair == NULL) {
+                Py_DECREF(f);
+                Py_XDECREF(many);
+                return NULL;
+            }
+            if (g_site_depth == 1) {
+                Py_DECREF(f);
+                return pair;
+            }
+            if (many == NULL && (many = PyList_New(0)) == NULL) {
+                Py_DECREF(pair);
+                Py_DECREF(f);
+                return NULL;
+            }
+            int rc = PyList_Append(many, PyTuple_GET_ITEM(pair, 0)) < 0 ||
+                     PyList_Append(many, PyTuple_GET_ITEM(pair, 1)) < 0;
+            Py_DECREF(pair);
+            if (rc) {
+                Py_DECREF(f);
+                Py_DECREF(many);
+                return NULL;
+            }
+            if (PyList_GET_SIZE(many) >= 2 * (Py_ssize_t)g_site_depth) {
+                Py_DECREF(f);
+                break;
+            }
+        } else {
+            Py_DECREF(code);
+        }
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    if (many == NULL)
+        Py_RETURN_NONE;
+    PyObject *out = PyList_AsTuple(many);
+    Py_DECREF(many);
+    return out;
+}
+
+static PyObject *
+mod_site(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    long skip = 1;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "site() takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1 && (skip = PyLong_AsLong(args[0])) == -1 && PyErr_Occurred())
+        return NULL;
+    if (g_site_depth <= 0)
+        Py_RETURN_NONE;
+    PyFrameObject *f = PyEval_GetFrame();
+    if (f == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(f);
+    for (; skip > 1 && f != NULL; skip--) {
+        PyFrameObject *back = PyFrame_GetBack(f);
+        Py_DECREF(f);
+        f = back;
+    }
+    PyObject *out = capture_from(f);
+    Py_XDECREF(f);
+    return out;
+}
+
+static PyObject *
+mod_site_config(PyObject *mod, PyObject *args)
+{
+    PyObject *classify;
+    unsigned long long gen;
+    int depth;
+    if (!PyArg_ParseTuple(args, "OKi:site_config", &classify, &gen, &depth))
+        return NULL;
+    if (g_extra < 0 && (g_extra = _PyEval_RequestCodeExtraIndex(NULL)) < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "cltrace: no code-object extra slot left for call sites");
+        return NULL;
+    }
+    Py_INCREF(classify);
+    Py_XSETREF(g_classify, classify);
+    g_site_gen = (uintptr_t)gen;
+    g_site_depth = depth;
+    Py_RETURN_NONE;
+}
 
 /* time.perf_counter_ns(): CLOCK_MONOTONIC on Linux and the BSDs (CPython's _PyTime_GetPerfCounter);
  * elsewhere the Python function itself is called. */
@@ -94,7 +264,7 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *name, *queue, *attrs, *cat;
-    PyObject *st, *id, *parent, *path, *ev0; /* set by __enter__ */
+    PyObject *st, *id, *parent, *path, *ev0, *site; /* set by __enter__ */
     int64_t hb;
 } Region;
 
@@ -126,7 +296,7 @@ region_make(PyTypeObject *type, PyObject *name, PyObject *queue, PyObject *attrs
     Py_INCREF(cat);
     r->cat = cat;
     r->vectorcall = region_dispatch;
-    r->st = r->id = r->parent = r->path = r->ev0 = NULL;
+    r->st = r->id = r->parent = r->path = r->ev0 = r->site = NULL;
     r->hb = 0;
     PyObject_GC_Track(r);
     return (PyObject *)r;
@@ -194,6 +364,7 @@ region_traverse(Region *r, visitproc visit, void *arg)
     Py_VISIT(r->parent);
     Py_VISIT(r->path);
     Py_VISIT(r->ev0);
+    Py_VISIT(r->site);
     return 0;
 }
 
@@ -209,6 +380,7 @@ region_clear(Region *r)
     Py_CLEAR(r->parent);
     Py_CLEAR(r->path);
     Py_CLEAR(r->ev0);
+    Py_CLEAR(r->site);
     return 0;
 }
 
@@ -287,6 +459,10 @@ region_enter(Region *self, PyObject *unused)
     Py_XSETREF(self->id, sid);
     Py_XSETREF(self->parent, parent);
     Py_XSETREF(self->path, path);
+    PyObject *site = capture_from(PyEval_GetFrame());
+    if (site == NULL)
+        return NULL;
+    Py_XSETREF(self->site, site);
     if (host_now(&self->hb) < 0)
         return NULL;
     if (self->queue == Py_None) {
@@ -413,7 +589,7 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
     key = PyObject_GetAttr(st, s_key);
     if (key == NULL)
         goto fail;
-    rec = PyTuple_New(14);
+    rec = PyTuple_New(15);
     if (rec == NULL)
         goto fail;
     PyObject *status = Py_None, *error;
@@ -453,6 +629,7 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
     PUT(11, attrs);
     PUT(12, status);
     PyTuple_SET_ITEM(rec, 13, error);
+    PUT(14, self->site ? self->site : Py_None);
 #undef PUT
     untrack_if_atomic(rec);
     PyObject *res = PyObject_CallOneArg(g_append, rec);
@@ -673,6 +850,10 @@ static PyMethodDef methods[] = {
      "init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread): "
      "share the Python state (per_os_thread: tls is a plain threading.local)."},
     {"now", mod_now, METH_NOARGS, "The host clock in ns, read as time.perf_counter_ns() reads it."},
+    {"site", (PyCFunction)(void (*)(void))mod_site, METH_FASTCALL,
+     "site(skip=1): the raw call site (code, offset, ...) of the first user frames above the caller's skip - 1."},
+    {"site_config", mod_site_config, METH_VARARGS,
+     "site_config(classify, generation, depth): callsite's library test, its generation and stack depth."},
     {NULL, NULL, 0, NULL},
 };
 

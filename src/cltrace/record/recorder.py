@@ -43,8 +43,11 @@ log = logging.getLogger("cltrace")
 
 # Raw record layout (a plain tuple; the hot path builds nothing else):
 # (cat, name, span_id, parent_id, path, thread_key, host_begin, host_end,
-#  queue, ev0, ev1, attrs, status, error)
-R_CAT, R_NAME, R_ID, R_PARENT, R_PATH, R_THREAD, R_HB, R_HE, R_QUEUE, R_EV0, R_EV1, R_ATTRS, R_STATUS, R_ERROR = range(14)
+#  queue, ev0, ev1, attrs, status, error, site)
+# ``site`` is the raw call-site capture (record/callsite.py: code objects and offsets, or None); the
+# resolver looks its lines up.
+(R_CAT, R_NAME, R_ID, R_PARENT, R_PATH, R_THREAD, R_HB, R_HE, R_QUEUE, R_EV0, R_EV1, R_ATTRS, R_STATUS, R_ERROR,
+ R_SITE) = range(15)
 
 _ids = itertools.count(1)
 new_id: Callable[[], int] = _ids.__next__  # atomic under the GIL

@@ -2,8 +2,9 @@
 
 Off: ``timing_region`` is one flag read and returns a shared no-op whose
 ``__enter__``/``__exit__`` are C callables (no frame, no allocation).
-On: a region takes two host clock reads and, with a queue, two markers;
-its record is a tuple pushed onto the recorder's deque at exit. Its
+On: a region takes two host clock reads, its call site (``callsite.capture``)
+and, with a queue, two markers; its record is a tuple pushed onto the
+recorder's deque at exit. A launch or transfer recorded here carries its call site too. Its
 ``__enter__``/``__exit__`` run in C (``_region``) where the extension is built,
 else in ``_Region`` below: same records, same shared stack, ids and deque.
 ``REGION_PATH`` says which ("native" or "python"); ``CLTRACE_NATIVE=0`` forces Python.
@@ -25,6 +26,7 @@ from .._native import choose
 from ..errors import ProfilingNotEnabledError
 from .failures import named_error, sizes
 from . import queues as _queues
+from .callsite import capture as _site
 from .queues import active_queue, has_profiling
 from .recorder import RECORDER, new_id
 from ..timeline.spans import KERNEL, REGION, REGION_CATS, STATUS_ERROR, TRANSFER
@@ -71,7 +73,7 @@ def current_parent() -> tuple[int, tuple[str, ...]]:
 
 
 class _Region:
-    __slots__ = ("name", "queue", "attrs", "cat", "_st", "_id", "_parent", "_path", "_hb", "_ev0")
+    __slots__ = ("name", "queue", "attrs", "cat", "_st", "_id", "_parent", "_path", "_hb", "_ev0", "_site")
 
     def __init__(self, name: str, queue: Any, attrs: dict[str, Any] | None, cat: str = REGION) -> None:
         self.name = name
@@ -86,6 +88,7 @@ class _Region:
         self._parent = parent
         self._path = path = ppath + (self.name,)
         st.append((sid, path))
+        self._site = _site(2)
         q = self.queue
         self._hb = _perf()  # host bracket encloses the markers' QUEUED stamps
         self._ev0 = None if q is None else _marker(q)
@@ -103,10 +106,10 @@ class _Region:
             st[:] = [e for e in st if e[0] != sid]
         if et is None:
             _pending_append((self.cat, self.name, sid, self._parent, self._path, st.key, self._hb, he,
-                             q, self._ev0, ev1, self.attrs, None, None))
+                             q, self._ev0, ev1, self.attrs, None, None, self._site))
         else:
             _pending_append((self.cat, self.name, sid, self._parent, self._path, st.key, self._hb, he,
-                             q, self._ev0, ev1, self.attrs, STATUS_ERROR, f"{et.__name__}: {ev}"))
+                             q, self._ev0, ev1, self.attrs, STATUS_ERROR, f"{et.__name__}: {ev}", self._site))
         if len(_pending) >= RECORDER._room:
             RECORDER._drain_backpressure()
 
@@ -237,18 +240,23 @@ def _open(name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> "_Re
 region = timing_region
 
 
+_CALLER: Any = object()  # record_launch's default site: its caller's (found by walking up)
+
+
 def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: int,
-                  cat: str = KERNEL, attrs: dict[str, Any] | None = None) -> int:
+                  cat: str = KERNEL, attrs: dict[str, Any] | None = None, site: Any = _CALLER) -> int:
     """Record one enqueued command (kernel, copy, fill...) and return its span id.
 
     The event is resolved later in a batch; nothing waits here. Pass ``queue=None``
-    (or ``event=None``) for an explicitly host-only span.
+    (or ``event=None``) for an explicitly host-only span. ``site`` is the call site
+    (``callsite.capture()``), by default the caller's; a cltrace helper that has it passes
+    it, saving the walk through its own frame.
     """
     st = _tls.stack
     parent, path = st[-1] if st else _ROOT
     sid = new_id()
     _push((cat, name, sid, parent, path, st.key, host_begin, host_end,
-           queue, event, None, attrs, None, None))
+           queue, event, None, attrs, None, None, _site(2) if site is _CALLER else site))
     return sid
 
 
@@ -257,7 +265,7 @@ def record_failure(name: str, cat: str, host_begin: int, exc: BaseException,
     """Record a command that failed to enqueue: a host-only span with status error."""
     parent, path = current_parent()
     _push((cat, name, new_id(), parent, path, thread_key(), host_begin, _perf(),
-           None, None, None, attrs, STATUS_ERROR, f"{type(exc).__name__}: {exc}"))
+           None, None, None, attrs, STATUS_ERROR, f"{type(exc).__name__}: {exc}", _site(2)))
 
 
 def failed_launch(exc: Exception, name: str, global_size: Any, local_size: Any, host_begin: int | None,
@@ -289,7 +297,8 @@ def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: An
         raise failed_launch(exc, name or _kernel_name(kernel), global_size, local_size, hb,
                             kernel, queue) from None
     he = _perf()
-    record_launch(name or _kernel_name(kernel), queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size))
+    record_launch(name or _kernel_name(kernel), queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size),
+                  _site(2))
     return ev
 
 
@@ -337,5 +346,5 @@ def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any
     hb = _perf()
     ev = cl.enqueue_copy(queue, dest, src, **kwargs)
     he = _perf()
-    record_launch(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes})
+    record_launch(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes}, _site(2))
     return ev

@@ -13,6 +13,7 @@ from typing import Any
 
 import pyopencl as cl
 
+from .callsite import capture
 from ..errors import ProfilingNotEnabledError
 from . import queues as _queues
 from .queues import has_profiling
@@ -55,5 +56,5 @@ class OpenStep:
         else:  # a region opened before the step is still open beneath it, or the step outlived one
             st[:] = [e for e in st if e[0] != sid]
         RECORDER.push((STEP, self.name, sid, 0, PATH, st.key, self.begin_ns, end, q, self._ev0, ev1,
-                       self.attrs, None, None))
+                       self.attrs, None, None, capture()))
         return end

@@ -288,11 +288,11 @@ static PyObject *stamps_transpose(PyObject *self, PyObject *records) {
 
 /* columns(records, ints, handles, names, cats): the resolver's first pass over a batch of raw records
  * (tuples laid out as record/recorder.py says: cat, name, id, parent, path, thread, host_begin, host_end,
- * queue, ev0, ev1, attrs, status, error, ...). Fills ints, int64[COLS, N] (rows below), and handles,
+ * queue, ev0, ev1, attrs, status, error, site). Fills ints, int64[COLS, N] (rows below), and handles,
  * uint64[2, N]: the int_ptr of ev0 and ev1 where the record has device work, else 0. A name or category
  * missing from the dicts ``names``/``cats`` (value -> interned id) gets -1, for the caller to intern; a
  * thread key beyond int64 gets 0 and the flag F_BIG_THREAD, for the caller to read from the record. */
-enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, N_COLS };
+enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, C_SITE, N_COLS };
 enum { F_DEV = 1, F_TWO = 2, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16 };
 
 static int
@@ -350,8 +350,8 @@ stamps_columns(PyObject *self, PyObject *args)
     uint64_t *h0 = (uint64_t *)hb.buf, *h1 = h0 + n;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *r = PyList_GET_ITEM(records, i);
-        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 14) {
-            PyErr_SetString(PyExc_TypeError, "columns: records must be tuples of at least 14 fields");
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 15) {
+            PyErr_SetString(PyExc_TypeError, "columns: records must be tuples of at least 15 fields");
             goto fail;
         }
         PyObject **f = &PyTuple_GET_ITEM(r, 0);
@@ -371,6 +371,7 @@ stamps_columns(PyObject *self, PyObject *args)
         c[C_THREAD * n + i] = (int64_t)key;
         c[C_QUEUE * n + i] = f[8] == Py_None ? 0 : (int64_t)(uintptr_t)f[8];
         c[C_PATH * n + i] = (int64_t)(uintptr_t)f[4];
+        c[C_SITE * n + i] = (int64_t)(uintptr_t)f[14];
         h0[i] = h1[i] = 0;
         if (f[8] != Py_None && f[9] != Py_None) {
             flags |= F_DEV;

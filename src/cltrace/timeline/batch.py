@@ -16,14 +16,17 @@ from .spans import REGION_CATS, STATUS_ERROR, STATUS_OK, Span
 
 I64 = np.int64
 # Integer columns: (name, dtype). "track" is the device track id, 0 for host-only spans; the
-# device columns of such rows are 0. "status" is 0 for ok, 1 for error.
+# device columns of such rows are 0. "status" is 0 for ok, 1 for error. "site" is the call site's
+# id in ``Tables.sites`` (-1: none).
 COLUMNS: tuple[tuple[str, Any], ...] = (
     ("id", I64), ("parent", I64), ("name", np.int32), ("cat", np.int16), ("thread", I64),
     ("host_begin", I64), ("host_end", I64), ("track", I64),
     ("dev_queued", I64), ("dev_submit", I64), ("dev_start", I64), ("dev_end", I64),
     ("raw_start", I64), ("raw_end", I64), ("status", np.int8), ("path", np.int32),
+    ("site", np.int32),
 )
 NAMES = tuple(c for c, _ in COLUMNS)
+_FILL = {"site": -1}  # a column's value where a batch is built without it (else 0)
 
 
 class Interner:
@@ -57,12 +60,13 @@ class Interner:
 class Tables:
     """The interning tables a recorder's batches share."""
 
-    __slots__ = ("names", "cats", "paths", "region_cats")
+    __slots__ = ("names", "cats", "paths", "sites", "region_cats")
 
     def __init__(self) -> None:
         self.names = Interner()
         self.cats = Interner()
         self.paths = Interner()
+        self.sites = Interner()  # CallSite values
         self.region_cats: set[int] = {self.cats.id(c) for c in sorted(REGION_CATS)}
 
 
@@ -78,7 +82,7 @@ class SpanBatch:
         self.n = n
         for name, dtype in COLUMNS:
             col = columns.get(name)
-            setattr(self, name, np.zeros(n, dtype) if col is None else np.asarray(col, dtype))
+            setattr(self, name, np.full(n, _FILL.get(name, 0), dtype) if col is None else np.asarray(col, dtype))
         self.attrs = attrs if attrs is not None else [None] * n  # dict or None per row
         self.errors = errors or {}  # row -> error message, for rows with status 1
 
@@ -105,6 +109,9 @@ class SpanBatch:
                  t.cats.values[int(self.cat[i])], int(self.thread[i]), int(self.host_begin[i]),
                  int(self.host_end[i]), attrs=self.attrs[i],
                  status=STATUS_ERROR if self.status[i] else STATUS_OK, error=self.errors.get(i), path=path)
+        si = int(self.site[i])
+        if si >= 0:
+            s.site = t.sites.values[si]
         if dt:
             s.device_track = dt
             s.dev_queued, s.dev_submit = int(self.dev_queued[i]), int(self.dev_submit[i])
@@ -115,14 +122,16 @@ class SpanBatch:
     def spans(self) -> list[Span]:
         """Every row as a ``Span`` object."""
         t = self.tables
-        names, cats, paths = t.names.values, t.cats.values, t.paths.values
+        names, cats, paths, sites = t.names.values, t.cats.values, t.paths.values, t.sites.values
         errors = self.errors
         out = []
         app = out.append
         cols = [getattr(self, c).tolist() for c in NAMES]
-        for i, (sid, par, nm, cat, th, hb, he, dt, dq, dsu, dst, den, rs, re_, st, pa) in enumerate(zip(*cols)):
+        for i, (sid, par, nm, cat, th, hb, he, dt, dq, dsu, dst, den, rs, re_, st, pa, si) in enumerate(zip(*cols)):
             s = Span(sid, par, names[nm], cats[cat], th, hb, he, attrs=self.attrs[i],
                      status=STATUS_ERROR if st else STATUS_OK, error=errors.get(i) if st else None, path=paths[pa])
+            if si >= 0:
+                s.site = sites[si]
             if dt:
                 s.device_track = dt
                 s.dev_queued = dq
@@ -135,6 +144,11 @@ class SpanBatch:
         return out
 
     # -- column views -------------------------------------------------------------------
+    def site_list(self) -> list[Any]:
+        """Each row's ``CallSite`` (None where none was recorded)."""
+        values = self.tables.sites.values
+        return [values[i] if i >= 0 else None for i in self.site.tolist()]
+
     def name_list(self) -> list[str]:
         return list(map(self.tables.names.values.__getitem__, self.name.tolist()))
 
@@ -193,7 +207,7 @@ class SpanBatch:
     def from_spans(cls, tables: Tables, spans: Iterable[Span]) -> "SpanBatch":
         """Columns of existing ``Span`` objects (tests, readers, sinks fed by hand)."""
         spans = list(spans)
-        names, cats, paths = tables.names, tables.cats, tables.paths
+        names, cats, paths, sites = tables.names, tables.cats, tables.paths, tables.sites
         cols: dict[str, list[int]] = {c: [] for c in NAMES}
         errors = {}
         for i, s in enumerate(spans):
@@ -205,7 +219,8 @@ class SpanBatch:
                    s.dev_start if dev else 0, s.dev_end if dev else 0,
                    s.raw_start if dev and s.raw_start is not None else (s.dev_start if dev else 0),
                    s.raw_end if dev and s.raw_end is not None else (s.dev_end if dev else 0),
-                   0 if s.status == STATUS_OK else 1, paths.id(tuple(s.path) or (s.name,)))
+                   0 if s.status == STATUS_OK else 1, paths.id(tuple(s.path) or (s.name,)),
+                   -1 if s.site is None else sites.id(s.site))
             for c, v in zip(NAMES, row):
                 cols[c].append(v)
             if s.status != STATUS_OK and s.error is not None:

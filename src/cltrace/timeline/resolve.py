@@ -18,6 +18,7 @@ import numpy as np
 
 from . import stamps
 from .batch import NAMES, SpanBatch, Tables
+from .sites import SiteTable
 from .tracks import COMPILE_THREAD
 
 log = logging.getLogger("cltrace")
@@ -34,6 +35,7 @@ class Resolver:
         self.tracks = tracks
         self.clocks = clocks
         self.tables = tables or Tables()
+        self.sites = SiteTable(self.tables.sites)  # raw call-site captures -> site ids (lines looked up here)
         self.waiting: list[tuple] = []
         self._queues: dict[tuple[int, int, int, int], tuple[int, Any, Any]] = {}
         # (queue, thread) of an out-of-order queue -> end time of the last command on each lane
@@ -107,6 +109,12 @@ class Resolver:
             ints, dev, status, raw = ints[:, keep], dev[keep], status[keep], raw[keep]
         return self._columns(todo, ints, dev, status, raw)
 
+    def _sites(self, todo: list[tuple], obj: np.ndarray) -> np.ndarray:
+        """Site ids of the rows: captures are shared objects, so each distinct one is looked up once."""
+        uniq, first, inverse = np.unique(obj, return_index=True, return_inverse=True)
+        ids = np.array([self.sites.site_id(todo[i][14]) for i in first.tolist()], np.int32)
+        return ids[inverse]
+
     def _interned(self, ids: np.ndarray, todo: list[tuple], field: int, table: Any) -> np.ndarray:
         """``ids`` with the values ``stamps.columns`` did not find (-1) interned now."""
         for i in np.flatnonzero(ids < 0).tolist():
@@ -123,6 +131,7 @@ class Resolver:
             "id": ints[C.C_ID], "parent": ints[C.C_PARENT], "host_begin": ints[C.C_HB], "host_end": ints[C.C_HE],
             "name": self._interned(ints[C.C_NAME], todo, 1, t.names).astype(np.int32),
             "cat": self._interned(ints[C.C_CAT], todo, 0, t.cats).astype(np.int16),
+            "site": self._sites(todo, ints[C.C_SITE]),
         }
         thr = ints[C.C_THREAD]
         big = np.flatnonzero(flags & C.F_BIG_THREAD).tolist()

@@ -40,7 +40,7 @@ class Span:
     __slots__ = (
         "id", "parent", "name", "cat", "thread", "host_begin", "host_end",
         "device_track", "dev_queued", "dev_submit", "dev_start", "dev_end",
-        "raw_start", "raw_end", "attrs", "status", "error", "path",
+        "raw_start", "raw_end", "attrs", "status", "error", "path", "site",
     )
 
     def __init__(
@@ -63,6 +63,7 @@ class Span:
         status: str = STATUS_OK,
         error: str | None = None,
         path: tuple[str, ...] = (),
+        site: Any = None,
     ) -> None:
         self.id = id
         self.parent = parent
@@ -82,6 +83,7 @@ class Span:
         self.status = status
         self.error = error
         self.path = path  # region names from the root down to (and including) this span
+        self.site = site  # the user's code location that caused it (timeline.sites.CallSite), or None
 
     @property
     def source(self) -> str:

@@ -124,7 +124,7 @@ def _python_transpose(records: list) -> list:
 
 
 # Rows of ``columns``' int64 output, and the bits of its FLAGS row (the C extension's layout).
-C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, N_COLS = range(11)
+C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, C_SITE, N_COLS = range(12)
 F_DEV, F_TWO, F_ERROR, F_ATTRS, F_BIG_THREAD = 1, 2, 4, 8, 16
 
 
@@ -135,13 +135,14 @@ def _python_columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray,
     if not n:
         return ints, hs
     cols = list(zip(*records))
-    cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus = cols[:13]
+    cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus, _, site = cols[:15]
     for row, col in ((C_ID, sid), (C_PARENT, parent), (C_HB, hb), (C_HE, he)):
         ints[row] = np.fromiter(col, np.int64, n)
     big = [k >= 1 << 63 for k in thread]
     ints[C_THREAD] = [0 if b else k for k, b in zip(thread, big)]
     ints[C_QUEUE] = [0 if q is None else id(q) for q in queue]
     ints[C_PATH] = np.fromiter(map(id, path), np.int64, n)
+    ints[C_SITE] = np.fromiter(map(id, site), np.int64, n)
     ints[C_NAME] = [names.get(v, -1) for v in name]
     ints[C_CAT] = [cats.get(v, -1) for v in cat]
     dev = [q is not None and e is not None for q, e in zip(queue, ev0)]
@@ -253,7 +254,7 @@ def transpose(records: list) -> list:
 
 
 def columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The resolver's first pass: int64[N_COLS, N] (rows C_ID... C_FLAGS; NAME/CAT -1 where the value is
+    """The resolver's first pass: int64[N_COLS, N] (rows C_ID... C_SITE, identities of path and site objects; NAME/CAT -1 where the value is
     not yet in ``names``/``cats``, dicts value -> id; THREAD 0 and flag F_BIG_THREAD where the key does
     not fit int64) and uint64[2, N] handles of ev0 and ev1 (0: none)."""
     return _active.columns(records, names, cats)

@@ -66,6 +66,7 @@ class WireEncoder:
         self._kv_cache: dict[tuple[str, Any], bytes] = {}
         self._rec_cache: dict[tuple[Any, Any], bytes] = {}
         self._static: dict[tuple, tuple[bytes, bytes]] = {}
+        self._sites: dict[Any, bytes] = {}  # CallSite -> its code.* attributes, encoded
         self._keys: dict[str, bytes] = {}
         self._host_dur = self._key("cltrace.host.duration_ns")
         self._dev_dur = self._key("cltrace.device.duration_ns")
@@ -149,6 +150,14 @@ class WireEncoder:
         if s.attrs:
             rec = self._record_attribute
             ints += b"".join([rec(k, v) for k, v in s.attrs.items()])
+        site = s.site
+        if site is not None:
+            sb = self._sites.get(site)
+            if sb is None:
+                sb = b"".join([self.attribute(k, v) for k, v in site.attrs().items()])
+                if len(self._sites) < CACHE_MAX:
+                    self._sites[site] = sb
+            ints += sb
         status = _status(2, s.error or "error") if s.status == STATUS_ERROR else _STATUS_UNSET
         trace, parent, flags = self._trace, s.parent ^ key, _FLAGS
         if m.parents or (m.steps is not None and m.steps.n):  # other OTel parents, or a step's own trace

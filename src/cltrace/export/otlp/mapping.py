@@ -8,7 +8,9 @@ in a scheduled session each step is a trace of its own: a span that began inside
 interval (``recorder.steps``) goes to that step's trace, under the step span (its root) unless its
 parent began inside the step too (``Mapper.place``). Times are Unix-epoch ns: host
 ``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
-host call that issued the work to the later of the host return and the device END.
+host call that issued the work to the later of the host return and the device END. The call
+site goes under the semantic-convention keys ``code.file.path``, ``code.line.number`` and
+``code.function.name`` (``code.stacktrace`` with ``stack_depth`` > 1).
 """
 from __future__ import annotations
 
@@ -204,6 +206,9 @@ class Mapper:
                 v = attr_value(v)
                 if v is not None:
                     attrs[attr_key(k)] = v
+        site = s.site
+        if site is not None:  # semantic conventions: code.file.path, code.line.number, code.function.name
+            attrs.update(site.attrs())
         key = self.key
         parent = self.place(s)[1] if self.parents or (self.steps is not None and self.steps.n) else s.parent ^ key
         if s.status == STATUS_ERROR:

@@ -49,7 +49,7 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
     rows = np.zeros((NCOLS, 2 * n + 2 * m), np.int64)
     h0, h1 = rows[:, :n], rows[:, n:2 * n]
     _pair(h0, h1, thr, batch.host_begin, batch.host_end, ids, md, group)
-    h0[C_PRE] = tracks.prefix_ids(tables, thr, batch.cat, batch.name)
+    h0[C_PRE] = tracks.prefix_ids(tables, thr, batch.cat, batch.name, batch.site)
     h0[C_FLOW] = flows * FLOW_OUT
     h0[C_SPANANN] = ~flows
     h0[C_PARENT] = par
@@ -73,7 +73,8 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
 
 
 def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[bytes], np.ndarray | int]:
-    """Annotation bytes for status, error and attributes, and each row's index into them (-1: none).
+    """Annotation bytes for status, error, attributes and a call site's callers, and each row's index
+    into them (-1: none). (The call site itself is in the row's name template: see ``Tracks.prefix_ids``.)
 
     Launches repeat their attributes: each run of equal ones on a thread is encoded once.
     """
@@ -82,6 +83,13 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     bad = batch.status.astype(bool)
     plain = attrs.count(None) == n
     need = bad if plain else np.fromiter(map(bool, attrs), bool, n) | bad
+    site = batch.site
+    values = batch.tables.sites.values
+    deep = None
+    if values and any(v.callers for v in values):  # stack_depth > 1: the callers are an annotation
+        has = np.fromiter((bool(v.callers) for v in values), bool, len(values))
+        deep = np.where(site >= 0, has[site], False)
+        need = need | deep
     if not need.any():
         return [], -1
     changed = np.ones(n, bool)
@@ -91,11 +99,15 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
             changed[1:] |= _differs(attrs)
         if batch.errors:
             changed[1:] |= _differs(batch.error_list())
+        if deep is not None:
+            changed[1:] |= site[1:] != site[:-1]
     new = need & changed
     seqs = tracks.seqs
     errors = batch.errors
-    extras = [seqs[t].extra(attrs[i], b, errors.get(i))
-              for i, t, b in zip(np.flatnonzero(new).tolist(), thr[new].tolist(), bad[new].tolist())]
+    extras = [seqs[t].extra(attrs[i], b, errors.get(i),
+                            values[s].stacktrace() if deep is not None and deep[i] else None)
+              for i, t, b, s in zip(np.flatnonzero(new).tolist(), thr[new].tolist(), bad[new].tolist(),
+                                    site[new].tolist())]
     return extras, np.where(need, np.cumsum(new) - 1, -1)
 
 

@@ -23,9 +23,11 @@ from ...timeline.spans import STATUS_ERROR
 from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
 from ..processes import device_pid
 from .layout import Pool
+from ...timeline.sites import STACK
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID, DNAMES,
-                   HOST_CLOCK, META_SEQ, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS, SEQ_CLEARED, SYNTHETIC_UUID,
-                   TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_UUID, proto_packet, uv, value)
+                   HOST_CLOCK, I_SITES, META_SEQ, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS, SEQ_CLEARED, SL_FILE,
+                   SL_FUNCTION, SL_IID, SL_LINE, SYNTHETIC_UUID, TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_SITE, TE_UUID,
+                   proto_packet, uv, value)
 
 # Int annotations with a pooled header per value length, in the order the encoder writes them.
 STANDARD_ANNS = (A_SPAN, A_PARENT, A_DEV_START, A_DEV_END)
@@ -35,7 +37,7 @@ class Seq:
     """One packet sequence (one track): interning tables, incremental clock, row templates."""
 
     __slots__ = ("id", "uuid", "device", "last", "offset", "iids", "pending", "tail", "anns", "counter",
-                 "counter_prefix", "moved", "extras")
+                 "counter_prefix", "moved", "extras", "sites")
 
     def __init__(self, seq_id: int, uuid: int, device: bool = False) -> None:
         self.id = seq_id
@@ -51,6 +53,18 @@ class Seq:
         self.counter_prefix = -1
         self.moved = 0  # bytes transferred so far
         self.extras: dict[Any, bytes] = {}
+        self.sites: dict[Any, int] = {}  # CallSite -> its interned source location iid
+
+    def site(self, site: Any) -> int:
+        """The iid of a call site as an interned SourceLocation (file, function, line)."""
+        iid = self.sites.get(site)
+        if iid is None:
+            iid = self.sites[site] = len(self.sites) + 1
+            f, fn = site.file.encode("utf-8", "replace"), site.function.encode("utf-8", "replace")
+            entry = (SL_IID + uv(iid) + SL_FILE + uv(len(f)) + f + SL_FUNCTION + uv(len(fn)) + fn
+                     + SL_LINE + uv(max(int(site.line), 0)))
+            self.pending += I_SITES + uv(len(entry)) + entry
+        return iid
 
     def intern(self, table: int, text: str) -> int:
         ids = self.iids[table]
@@ -70,10 +84,11 @@ class Seq:
         inner = self.dname(name) + v
         return TE_DEBUG + uv(len(inner)) + inner
 
-    def extra(self, a: dict[str, Any] | None, failed: bool, error: str | None) -> bytes:
-        """Annotations for status, error and attributes (cached when the values are hashable)."""
+    def extra(self, a: dict[str, Any] | None, failed: bool, error: str | None, stack: str | None = None) -> bytes:
+        """Annotations for status, error and attributes, and a call site's callers ("code.stacktrace",
+        with ``stack_depth`` > 1); cached when the values are hashable."""
         try:
-            key = (failed, error, tuple(a.items()) if a else ())
+            key = (failed, error, tuple(a.items()) if a else (), stack)
             hit = self.extras.get(key)
         except TypeError:
             key, hit = None, None
@@ -86,6 +101,8 @@ class Seq:
         for k, v in (a or {}).items():
             if v is not None:
                 parts.append(self.annotation(str(k), value(v)))
+        if stack is not None:
+            parts.append(self.annotation(STACK, value(stack)))
         out = b"".join(parts)
         if key is not None and len(self.extras) < 4096:
             self.extras[key] = out
@@ -105,6 +122,7 @@ class Tracks:
         self._next_uuid = SYNTHETIC_UUID + 1
         self._device_uuids: dict[str, int] = {}
         self._prefixes: dict[int, int] = {}  # prefix key (track, cat id, name id) -> pool id
+        self._site_prefixes: dict[tuple[int, int], int] = {}  # (prefix key, site id) -> pool id
 
     def new_uuid(self) -> int:
         u = self._next_uuid
@@ -158,12 +176,16 @@ class Tracks:
                 timestamp_clock_id=HOST_CLOCK, track_event_defaults=pb.TrackEventDefaults(track_uuid=seq.uuid)),
             clock_snapshot=snap))
 
-    def prefix_ids(self, tables: Any, tracks: np.ndarray, cats: np.ndarray, names: np.ndarray) -> np.ndarray:
-        """Pool ids of the BEGIN templates (category and name iids) of rows on the given tracks, from the
-        tracks' and the ``tables``' interned category and name ids; each distinct one is looked up once."""
+    def prefix_ids(self, tables: Any, tracks: np.ndarray, cats: np.ndarray, names: np.ndarray,
+                   sites: np.ndarray | None = None) -> np.ndarray:
+        """Pool ids of the BEGIN templates (category and name iids, and with ``sites`` the call site's
+        interned source location) of rows on the given tracks, from the tracks' and the ``tables``'
+        interned ids; each distinct one is looked up once."""
         if not len(tracks):
             return np.zeros(0, np.int64)
         key = (tracks.astype(np.int64) << 44) | (cats.astype(np.int64) << 28) | names.astype(np.int64)
+        if sites is not None and (sites >= 0).any():
+            return self._site_prefix_ids(tables, key, sites)
         first = key[0]
         if (key == first).all():
             uniq, inverse = [int(first)], None
@@ -177,6 +199,27 @@ class Tracks:
             ids = [self._prefix(tables, k) if i is None else i for k, i in zip(uniq, ids)]
         out = np.array(ids, np.int64)
         return np.full(len(key), ids[0], np.int64) if inverse is None else out[inverse]
+
+    def _site_prefix_ids(self, tables: Any, key: np.ndarray, sites: np.ndarray) -> np.ndarray:
+        """``prefix_ids`` of rows with call sites: one template per distinct (prefix key, site)."""
+        u, inverse = np.unique(key, return_inverse=True)
+        m = len(tables.sites.values) + 1
+        u2, inv2 = np.unique(inverse.astype(np.int64) * m + sites + 1, return_inverse=True)
+        get = self._prefixes.get
+        ids = []
+        for k2 in u2.tolist():
+            base, site = int(u[k2 // m]), k2 % m - 1
+            if site < 0:
+                ids.append(get(base) or self._prefix(tables, base))
+                continue
+            pid = self._site_prefixes.get((base, site))
+            if pid is None:
+                pool = get(base) or self._prefix(tables, base)
+                seq = self.seqs[base >> 44]
+                body = self.pool.items[pool] + TE_SITE + uv(seq.site(tables.sites.values[site]))
+                pid = self._site_prefixes[base, site] = self.pool.add(body)
+            ids.append(pid)
+        return np.array(ids, np.int64)[inv2]
 
     def _prefix(self, tables: Any, key: int) -> int:
         track, cat, name = key >> 44, (key >> 28) & 0xFFFF, key & 0xFFFFFFF

@@ -47,6 +47,10 @@ DA_DOUBLE = _tag(pb.DebugAnnotation, "double_value", FIXED64)
 DA_STRING = _tag(pb.DebugAnnotation, "string_value", LEN)
 DA_DICT = _tag(pb.DebugAnnotation, "dict_entries", LEN)
 DA_ARRAY = _tag(pb.DebugAnnotation, "array_values", LEN)
+TE_SITE = _tag(pb.TrackEvent, "source_location_iid", VARINT)
+I_SITES = _tag(pb.InternedData, "source_locations", LEN)
+SL_IID, SL_FILE, SL_FUNCTION, SL_LINE = (_tag(pb.SourceLocation, f, w) for f, w in (
+    ("iid", VARINT), ("file_name", LEN), ("function_name", LEN), ("line_number", VARINT)))
 TABLES = tuple(  # interned tables: (InternedData field tag, iid tag, name tag)
     (_tag(pb.InternedData, table, LEN), _tag(entry, "iid", VARINT), _tag(entry, "name", LEN))
     for table, entry in (("event_categories", pb.EventCategory), ("event_names", pb.EventName),
