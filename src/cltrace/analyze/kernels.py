@@ -65,6 +65,23 @@ def _shape(td: TraceData, i: int) -> str:
     return f"global {fmt(g)} local {fmt(loc)}"
 
 
+def _shape_groups(td: TraceData, idx: np.ndarray) -> tuple[np.ndarray, list[tuple[int, str | None]]]:
+    """Each row's (name, launch shape) group and the groups' labels; a shape is worked out once per
+    distinct attrs dict (launches of one configuration share theirs)."""
+    attrs = td.attrs
+    ident = np.fromiter((id(attrs[i]) for i in idx.tolist()), np.int64, len(idx))
+    pairs, inverse = np.unique(np.stack([td.name[idx].astype(np.int64), ident]), axis=1, return_inverse=True)
+    first = np.full(pairs.shape[1], len(idx))
+    np.minimum.at(first, inverse.ravel(), np.arange(len(idx)))
+    keys: dict[tuple[int, str], int] = {}
+    code = np.array([keys.setdefault((int(td.name[idx[k]]), _shape(td, int(idx[k]))), len(keys))
+                     for k in np.sort(first).tolist()], np.int64)
+    # groups numbered in order of first launch, as the rows are met
+    at = np.empty(pairs.shape[1], np.int64)
+    at[np.argsort(first, kind="stable")] = np.arange(pairs.shape[1])
+    return code[at[inverse.ravel()]], list(keys)
+
+
 def sort_within(values: np.ndarray, group: np.ndarray) -> np.ndarray:
     """The order that sorts by group, then value: one argsort of a packed int64 key where the
     values are non-negative integers below 2**40 (18 minutes in ns), else a lexsort."""
@@ -102,10 +119,7 @@ def kernel_table(td: TraceData, self_ns: np.ndarray | None = None, by_shape: boo
         self_ns = self_time(td)
     busy = self_ns[td.work].sum()
     if by_shape:
-        keys: dict[tuple[int, str], int] = {}
-        group = np.fromiter((keys.setdefault((int(td.name[i]), _shape(td, i)), len(keys)) for i in idx),
-                            np.int64, len(idx))
-        labels = list(keys)
+        group, labels = _shape_groups(td, idx)
     else:
         codes, group = dense(td.name[idx])
         labels = [(int(c), None) for c in codes]
