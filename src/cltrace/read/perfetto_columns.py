@@ -96,6 +96,11 @@ def _pairs(uuid: np.ndarray, ts: np.ndarray, index: np.ndarray, begin: np.ndarra
     return np.concatenate(bs), np.concatenate(es)
 
 
+def _repeats(v: np.ndarray) -> bool:
+    s = np.sort(v)
+    return bool((s[1:] == s[:-1]).any())
+
+
 def load_pftrace_columns(path: str, scanner: Any) -> tuple[SpanBatch, dict[str, Any]] | None:
     """The spans and metadata of a cltrace ``.pftrace``, as ``perfetto.load_pftrace`` reads them, or None
     where the file is not in cltrace's layout."""
@@ -167,7 +172,7 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
     for col in (hsid, dsid, r["parent"][hrows], r["raw_start"][drows], r["raw_end"][drows]):
         if len(col) and np.abs(col).max() >= _LIMIT:
             return None  # the general reader names the out-of-range value
-    if len(np.unique(hsid)) != len(hsid) or len(np.unique(dsid)) != len(dsid):
+    if _repeats(hsid) or _repeats(dsid):
         return None  # a span id twice: which one counts depends on the general reader's order
     if (r["uuid"][hrows] < 0).any() or (r["uuid"][drows] <= 0).any():
         return None  # track uuids beyond int64, or a device slice on track 0
