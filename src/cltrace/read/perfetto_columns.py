@@ -170,7 +170,7 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
     hrows, drows = b_rows[~is_dev], b_rows[is_dev]
     hsid, dsid = r["sid"][hrows], r["sid"][drows]
     for col in (hsid, dsid, r["parent"][hrows], r["raw_start"][drows], r["raw_end"][drows]):
-        if len(col) and np.abs(col).max() >= _LIMIT:
+        if ((col >= _LIMIT) | (col <= -_LIMIT)).any():
             return None  # the general reader names the out-of-range value
     if _repeats(hsid) or _repeats(dsid):
         return None  # a span id twice: which one counts depends on the general reader's order
