@@ -24,5 +24,6 @@ setup(
         _ext("cltrace.record._region", "src/cltrace/record/_region.c"),
         _ext("cltrace.export._chrome", "src/cltrace/export/_chrome.c"),
         _ext("cltrace.export.perfetto._packets", "src/cltrace/export/perfetto/_packets.c"),
+        _ext("cltrace.read._scan", "src/cltrace/read/_scan.c"),
     ],
 )

@@ -3,15 +3,19 @@
 The trace is synthesised (a busy in-order queue: ``step`` regions of ten kernels each, with
 launch-shape attributes, plus a program rebuilt every 1000 steps and a blocking read every
 100 steps so the rules have work) and written with the real ``.pftrace`` and Chrome JSON sinks.
-The timed block is what ``cltrace analyze FILE`` does: ``read.load`` (read), then the columns
-and every analysis, findings included (analyse). Best of ``--repeat`` rounds.
+The timed block is what ``cltrace analyze FILE`` does: ``read.load_columns`` (read), then the columns
+and every analysis, findings included (analyse). Best of ``--repeat`` rounds. Each file is read on
+both paths: ``native`` (the C scanner ``read/_scan.c`` into a SpanBatch, what runs by default) and
+``fallback`` (the general readers, a ``Span`` per event: what runs without the C extension or with
+``CLTRACE_NATIVE=0``).
 
-Target (issue 8): read + analysis <= 10 s for 1M spans on this machine.
+Target (issue 8): read + analysis <= 10 s for 1M spans on this machine (the native path).
 
-The ``memory`` row analyses the spans as the recorder would hand them over (no file): what
-``cltrace.analyze()`` costs without reading.
+The ``memory`` row analyses a list of ``Span`` (the library API ``cltrace.analyze(spans)``): what the
+analysis costs without reading.
 
-    python benchmarks/bench_analyze.py [--spans 1000000] [--formats memory,pftrace,json] [--repeat 1]
+    python benchmarks/bench_analyze.py [--spans 1000000] [--formats memory,pftrace,json]
+                                       [--paths native,fallback] [--repeat 1]
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ from cltrace.analyze.analysis import analyse_columns
 from cltrace.analyze.model import TraceData
 from cltrace.export.chrome import ChromeTraceSink
 from cltrace.export.perfetto import PerfettoTraceSink
-from cltrace.read import load
+from cltrace.read import load_columns, scan
 from cltrace.read.tree import fill_paths
 from cltrace.record.recorder import Recorder
 from cltrace.timeline.spans import Span
@@ -100,32 +104,42 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spans", type=int, default=1_000_000)
     ap.add_argument("--formats", default="memory,pftrace,json")
+    ap.add_argument("--paths", default="native,fallback")
     ap.add_argument("--repeat", type=int, default=1)
     args = ap.parse_args()
     queue = cltrace.profiling_queue(cl.Context([cltrace.default_device()]))
     rec, spans = workload(args.spans, queue)
     fill_paths({s.id: s for s in spans})  # as a reader or the recorder gives them
-    print(f"{len(spans)} spans synthesised; target: read + analyse <= {TARGET_S:.0f} s")
-    print(f"{'format':<8} {'file MB':>8} {'read s':>8} {'analyse s':>10} {'total s':>8} {'ok':>4}  findings")
+    print(f"{len(spans)} spans synthesised; target: read + analyse <= {TARGET_S:.0f} s (native path); "
+          f"scanner: {scan.DETAIL}")
+    head = f"| {'format':<8} | {'path':<8} | {'file MB':>8} | {'read s':>7} | {'analyse s':>9} | {'total s':>7} | " \
+           f"{'target s':>8} | {'met':>3} | findings"
+    print(head)
+    print("|" + "|".join("-" * len(c) for c in head.split("|")[1:]))
+    paths = {"native": scan.NATIVE, "fallback": None}
     with tempfile.TemporaryDirectory() as tmp:
         for fmt in args.formats.split(","):
             path = os.path.join(tmp, f"big.{fmt}")
             size = write(fmt, rec, spans, path) if fmt != "memory" else 0
-            best = None
-            for _ in range(args.repeat):
-                gc.collect()
-                t0 = time.perf_counter()
-                got, meta = load(path) if fmt != "memory" else (spans, rec.metadata())
-                t1 = time.perf_counter()
-                a = analyse_columns(TraceData(got, meta), path)
-                t2 = time.perf_counter()
-                del got
-                if best is None or t2 - t0 < best[0] + best[1]:
-                    best = (t1 - t0, t2 - t1, a)
-            r, an, a = best
-            ok = "yes" if r + an <= TARGET_S else "NO"
-            print(f"{fmt:<8} {size / 1e6:>8.1f} {r:>8.2f} {an:>10.2f} {r + an:>8.2f} {ok:>4}  "
-                  f"{','.join(f['rule'] for f in a.findings) or '-'}")
+            for how in (args.paths.split(",") if fmt != "memory" else ["-"]):
+                if how == "native" and scan.NATIVE is None:
+                    print(f"| {fmt:<8} | {how:<8} | (C scanner not built: {scan.WHY})")
+                    continue
+                best = None
+                for _ in range(args.repeat):
+                    gc.collect()
+                    t0 = time.perf_counter()
+                    got, meta = load_columns(path, scanner=paths[how]) if fmt != "memory" else (spans, rec.metadata())
+                    t1 = time.perf_counter()
+                    a = analyse_columns(TraceData(got, meta), path)
+                    t2 = time.perf_counter()
+                    del got
+                    if best is None or t2 - t0 < best[0] + best[1]:
+                        best = (t1 - t0, t2 - t1, a)
+                r, an, a = best
+                ok = "yes" if r + an <= TARGET_S else "no"
+                print(f"| {fmt:<8} | {how:<8} | {size / 1e6:>8.1f} | {r:>7.2f} | {an:>9.2f} | {r + an:>7.2f} | "
+                      f"{TARGET_S:>8.0f} | {ok:>3} | {','.join(f['rule'] for f in a.findings) or '-'}", flush=True)
             if fmt != "memory":
                 os.remove(path)
     return 0

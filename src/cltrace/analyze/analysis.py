@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from ..timeline.batch import SpanBatch
 from ..timeline.spans import Span
 from . import findings as _findings
 from .kernels import GROUPS, kernel_table, self_time
@@ -66,20 +67,22 @@ class Analysis:
         return render_analysis(self, width=width)
 
 
-def _load(spans_or_path: Any, meta: dict[str, Any] | None) -> tuple[list[Span], dict[str, Any], str, Any]:
+def _load(spans_or_path: Any, meta: dict[str, Any] | None) -> tuple[SpanBatch | list[Span], dict[str, Any], str, Any]:
     if spans_or_path is None:
         from ..record.recorder import RECORDER
 
         RECORDER.flush(block=True)
-        return RECORDER.spans(), _with_samples(RECORDER.metadata(), RECORDER), "memory", RECORDER.tracks
+        return RECORDER.batch(), _with_samples(RECORDER.metadata(), RECORDER), "memory", RECORDER.tracks
     if isinstance(spans_or_path, (str, os.PathLike)):
-        from ..read import load
+        from ..read import load_columns
 
-        spans, m = load(spans_or_path)
+        spans, m = load_columns(spans_or_path)
         return spans, {**m, **(meta or {})}, os.fspath(spans_or_path), None
     from ..record.recorder import RECORDER
 
-    return (list(spans_or_path), meta if meta is not None else _with_samples(RECORDER.metadata(), RECORDER),
+    if not isinstance(spans_or_path, SpanBatch):
+        spans_or_path = list(spans_or_path)
+    return (spans_or_path, meta if meta is not None else _with_samples(RECORDER.metadata(), RECORDER),
             "memory", RECORDER.tracks)
 
 
@@ -89,9 +92,10 @@ def _with_samples(meta: dict[str, Any], recorder: Any) -> dict[str, Any]:
     return {**meta, "memory_samples": samples} if samples else meta
 
 
-def analyze(spans_or_path: str | os.PathLike[str] | Iterable[Span] | None = None,
+def analyze(spans_or_path: str | os.PathLike[str] | Iterable[Span] | SpanBatch | None = None,
             meta: dict[str, Any] | None = None, by_shape: bool = False, by: str | None = None) -> Analysis:
-    """Analyse a trace file (``.json``/``.pftrace``), a list of spans, or (None) the recorder's spans.
+    """Analyse a trace file (``.json``/``.pftrace``), spans (a list of ``Span`` or a ``SpanBatch``),
+    or (None) the recorder's spans.
 
     ``by`` groups the kernel table by name and also ``"shape"`` (launch shape; ``by_shape=True`` is
     the same) or ``"callsite"`` (the user's line that launched it). Raises ``TraceFileError`` for a
@@ -117,7 +121,7 @@ def analyse_columns(td: TraceData, source: str = "memory", by_shape: bool = Fals
     clocks = [{"device": device_name(k, td.meta), **v} for k, v in (td.meta.get("clocks") or {}).items()
               if isinstance(v, dict)]
     return Analysis(
-        source=source, wall={"t0_ns": td.t0, "t1_ns": td.t1, "wall_ns": td.wall_ns}, spans=len(td.spans),
+        source=source, wall={"t0_ns": td.t0, "t1_ns": td.t1, "wall_ns": td.wall_ns}, spans=td.n,
         devices=[u.as_dict() for u in devices], queues=[u.as_dict() for u in queues],
         kernels=[r.as_dict() for r in kernel_table(td, selfs, by_shape=by_shape, by=by)], launches=la.as_dict(),
         findings=[f.as_dict() for f in found], regions=region_rows(region_tree(td)), timeline=timeline(td),

@@ -56,14 +56,21 @@ def _regions(a: Analysis) -> dict[tuple[str, str, str], dict[str, Any]]:
     return {k: v for k, v in out.items() if k[2] == "device" or k[1] not in paths_with_device}
 
 
-def _kernels(a: Analysis) -> dict[tuple[str, str, str], dict[str, Any]]:
-    return {("kernel", r["name"] + (f" [{r['shape']}]" if r.get("shape") else ""), "device"): r for r in a.kernels}
+def _kernels(a: Analysis, per_device: bool = False) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Kernel rows by name (and shape; and device where either run has more than one)."""
+    return {("kernel", r["name"] + (f" [{r['shape']}]" if r.get("shape") else "") +
+             (f" on {r.get('device', '')}" if per_device else ""), "device"): r for r in a.kernels}
+
+
+def _devices(a: Analysis) -> int:
+    return len({r.get("device", "") for r in a.kernels})
 
 
 def diff(a: Analysis, b: Analysis, min_share: float = MIN_SHARE) -> list[DiffRow]:
     """Rows for every region and kernel of either run, largest absolute change first."""
     rows = []
-    for pick in (_regions, _kernels):
+    per_device = max(_devices(a), _devices(b)) > 1
+    for pick in (_regions, lambda x: _kernels(x, per_device)):
         ra, rb = pick(a), pick(b)
         totals = {src: max(sum(r["total_ns"] for k, r in side.items() if k[2] == src) for side in (ra, rb)) or 1
                   for src in ("device", "host")}

@@ -1,9 +1,10 @@
 """The kernel table: which kernels take the device's time, from device stamps only.
 
-Per kernel name (and, on request, launch shape or the user's call site that launched it): count and total device time; ``self``, the
-kernel's share of device busy time when commands overlap (equal to total on an in-order queue),
-so ``% device`` adds up to 100 over all commands; the first launch (driver JIT, cold caches)
-apart from the steady-state mean, p50 and p99 of the launches after it.
+Per device and kernel name (and, on request, launch shape or the user's call site that launched it):
+count and total device time; ``self``, the kernel's share of its device's busy time when commands
+overlap (equal to total on an in-order queue), so ``% device`` adds up to 100 over all commands of each
+device; the first launch (driver JIT, cold caches) apart from the steady-state mean, p50 and p99 of the
+launches after it.
 """
 from __future__ import annotations
 
@@ -26,16 +27,30 @@ class KernelRow:
     count: int
     total_ns: int
     self_ns: int
-    device_pct: float  # self time as a share of all device busy time
+    device_pct: float  # self time as a share of its device's busy time
     first_ns: int  # the first launch
     mean_ns: float  # steady state: launches after the first (the only one when count == 1)
     p50_ns: float
     p99_ns: float
     first_at_s: float  # where the first launch was enqueued: seconds since the trace's first span
+    device: str = ""  # the device it ran on (its queue's device)
     site: str | None = None  # "file:line (function)" when grouped by call site ("-": none recorded)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def device_codes(td: TraceData, rows: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """(device names, each row's index among them) of rows on a queue, devices in name order."""
+    names = sorted({q.device for q in td.queues.values()})
+    tracks = np.array(sorted(td.queues), np.int64)
+    code = np.array([names.index(td.queues[t].device) for t in tracks.tolist()] or [0], np.int64)
+    at = np.minimum(np.searchsorted(tracks, td.track[rows]), max(len(tracks) - 1, 0))
+    known = tracks[at] == td.track[rows] if len(tracks) else np.zeros(len(rows), bool)
+    if not known.all():  # a track without a name: a device of its own
+        names = names + ["?"]
+        return names, np.where(known, code[at], len(names) - 1)
+    return names, code[at]
 
 
 def self_time(td: TraceData) -> np.ndarray:
@@ -68,8 +83,25 @@ def _shape(td: TraceData, i: int) -> str:
 
 
 def _site(td: TraceData, i: int) -> str:
-    site = td.spans[i].site
+    site = td.span(i).site
     return "-" if site is None else str(site)
+
+
+def _shape_groups(td: TraceData, idx: np.ndarray) -> tuple[np.ndarray, list[tuple[int, str | None]]]:
+    """Each row's (name, launch shape) group and the groups' labels; a shape is worked out once per
+    distinct attrs dict (launches of one configuration share theirs)."""
+    attrs = td.attrs
+    ident = np.fromiter((id(attrs[i]) for i in idx.tolist()), np.int64, len(idx))
+    pairs, inverse = np.unique(np.stack([td.name[idx].astype(np.int64), ident]), axis=1, return_inverse=True)
+    first = np.full(pairs.shape[1], len(idx))
+    np.minimum.at(first, inverse.ravel(), np.arange(len(idx)))
+    keys: dict[tuple[int, str], int] = {}
+    code = np.array([keys.setdefault((int(td.name[idx[k]]), _shape(td, int(idx[k]))), len(keys))
+                     for k in np.sort(first).tolist()], np.int64)
+    # groups numbered in order of first launch, as the rows are met
+    at = np.empty(pairs.shape[1], np.int64)
+    at[np.argsort(first, kind="stable")] = np.arange(pairs.shape[1])
+    return code[at[inverse.ravel()]], list(keys)
 
 
 def sort_within(values: np.ndarray, group: np.ndarray) -> np.ndarray:
@@ -111,17 +143,25 @@ def kernel_table(td: TraceData, self_ns: np.ndarray | None = None, by_shape: boo
         return []
     if self_ns is None:
         self_ns = self_time(td)
-    busy = self_ns[td.work].sum()
-    if by != "name":
-        label = _shape if by == "shape" else _site
+    work = np.flatnonzero(td.work)
+    devices, work_dev = device_codes(td, work)
+    busy = np.bincount(work_dev, weights=self_ns[work], minlength=len(devices))
+    _, dev = device_codes(td, idx)
+    if by == "shape":
+        group, labels = _shape_groups(td, idx)
+    elif by == "callsite":
         keys: dict[tuple[int, str], int] = {}
-        group = np.fromiter((keys.setdefault((int(td.name[i]), label(td, i)), len(keys)) for i in idx),
+        group = np.fromiter((keys.setdefault((int(td.name[i]), _site(td, i)), len(keys)) for i in idx.tolist()),
                             np.int64, len(idx))
         labels = list(keys)
     else:
         codes, group = dense(td.name[idx])
         labels = [(int(c), None) for c in codes]
-    ng = len(labels)
+    # groups per (device, name[, shape])
+    pair, group = dense(group * len(devices) + dev)
+    ng = len(pair)
+    gdev = pair % len(devices)
+    labels = [labels[int(k)] for k in (pair // len(devices)).tolist()]
     dur = (td.dev_end[idx] - td.dev_start[idx]).astype(np.int64)
     start = td.dev_start[idx]
     counts = np.bincount(group, minlength=ng)
@@ -137,12 +177,13 @@ def kernel_table(td: TraceData, self_ns: np.ndarray | None = None, by_shape: boo
     p50, p99 = percentiles(sd.astype(np.float64), sg, ng, (0.5, 0.99))
     shape = by == "shape"
     rows = [KernelRow(td.names[labels[k][0]], labels[k][1] if shape else None, int(counts[k]), int(total[k]),
-                      int(round(selfs[k])), round(float(100.0 * selfs[k] / busy), 3) if busy else 0.0,
+                      int(round(selfs[k])),
+                      round(float(100.0 * selfs[k] / busy[gdev[k]]), 3) if busy[gdev[k]] else 0.0,
                       int(dur[first_pos[k]]), float(mean[k]), float(p50[k]), float(p99[k]),
-                      round(td.at(int(td.host_begin[idx[first_pos[k]]])), 6),
+                      round(td.at(int(td.host_begin[idx[first_pos[k]]])), 6), devices[gdev[k]],
                       labels[k][1] if by == "callsite" else None)
             for k in range(ng)]
     key = {"total": lambda r: r.total_ns, "mean": lambda r: r.mean_ns, "count": lambda r: r.count,
            "p99": lambda r: r.p99_ns}[sort]
-    rows.sort(key=lambda r: (-key(r), r.name))
+    rows.sort(key=lambda r: (-key(r), r.name, r.device))
     return rows[:top] if top else rows

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..timeline.batch import SpanBatch
 from ..timeline.spans import BUILD, COMPILE, FILL, KERNEL, REGION_CATS, SYNC, TRANSFER, Span
 
 NONE = -1
@@ -38,17 +39,36 @@ def _device_of(name: str, process: str) -> str:
 
 
 class TraceData:
-    """Columns of a trace and its track names. ``spans`` keeps the objects for evidence."""
+    """Columns of a trace and its track names; ``span(i)`` builds one ``Span`` for evidence.
 
-    def __init__(self, spans: Sequence[Span], meta: dict[str, Any] | None = None,
+    Built from a ``SpanBatch`` (what the readers and the recorder hold: no object per span) or
+    from a sequence of ``Span`` (the library API). ``paths`` and ``attrs`` are per row: an index
+    into ``path_values`` (region path tuples) and a dict or None (shared between rows alike).
+    """
+
+    def __init__(self, spans: Sequence[Span] | SpanBatch, meta: dict[str, Any] | None = None,
                  tracks: dict[int, Queue] | None = None) -> None:
-        self.spans = list(spans)
         self.meta = meta or {}
-        n = len(self.spans)
-        sp = self.spans
+        if isinstance(spans, SpanBatch):
+            self._from_batch(spans)
+        else:
+            self._from_spans(list(spans))
+        n = self.n = len(self.id)
+        self.on_device = self.dev_start != NONE
+        self.queues = tracks if tracks is not None else _queues_from_meta(self.meta, distinct(self.track[self.on_device]))
+        if n:
+            ends = np.maximum(self.host_end.max(), self.dev_end.max())
+            starts = np.where(self.on_device, np.minimum(self.host_begin, self.dev_start), self.host_begin)
+            self.t0, self.t1 = int(starts.min()), int(ends)
+        else:
+            self.t0 = self.t1 = 0
+
+    def _from_spans(self, sp: list[Span]) -> None:
+        n = len(sp)
         names: dict[str, int] = {}
         cats: dict[str, int] = {}
-        name_code, cat_code = names.setdefault, cats.setdefault
+        paths: dict[tuple[str, ...], int] = {}
+        name_code, cat_code, path_code = names.setdefault, cats.setdefault, paths.setdefault
 
         def col(attr: str) -> np.ndarray:
             return np.fromiter(map(attrgetter(attr), sp), np.int64, n)
@@ -58,20 +78,45 @@ class TraceData:
 
         self.name = np.array([name_code(v, len(names)) for v in map(attrgetter("name"), sp)], np.int32).reshape(n)
         self.cat = np.array([cat_code(v, len(cats)) for v in map(attrgetter("cat"), sp)], np.int32).reshape(n)
-        self.names = list(names)
-        self.cats = list(cats)
+        self.path = np.array([path_code(tuple(v), len(paths)) for v in map(attrgetter("path"), sp)],
+                             np.int32).reshape(n)
+        self.names, self.cats, self.path_values = list(names), list(cats), list(paths)
         self.id, self.parent, self.thread = col("id"), col("parent"), col("thread")
         self.host_begin, self.host_end = col("host_begin"), col("host_end")
         self.dev_start, self.dev_end, self.track = opt("dev_start"), opt("dev_end"), opt("device_track")
         self.error = np.array([v != "ok" for v in map(attrgetter("status"), sp)], bool).reshape(n)
-        self.on_device = self.dev_start != NONE
-        self.queues = tracks if tracks is not None else _queues_from_meta(self.meta, distinct(self.track[self.on_device]))
-        if n:
-            ends = np.maximum(self.host_end.max(), self.dev_end.max())
-            starts = np.where(self.on_device, np.minimum(self.host_begin, self.dev_start), self.host_begin)
-            self.t0, self.t1 = int(starts.min()), int(ends)
-        else:
-            self.t0 = self.t1 = 0
+        self.attrs: list[Any] = [s.attrs for s in sp]
+        self._spans: list[Span] | None = sp
+        self._batch: SpanBatch | None = None
+
+    def _from_batch(self, b: SpanBatch) -> None:
+        t = b.tables
+        self.name, self.cat, self.path = b.name, b.cat.astype(np.int32), b.path
+        self.names, self.cats, self.path_values = t.names.values, t.cats.values, t.paths.values
+        self.id, self.parent, self.thread = b.id, b.parent, b.thread
+        self.host_begin, self.host_end = b.host_begin, b.host_end
+        dev = b.track != 0
+        self.track = np.where(dev, b.track, NONE)
+        self.dev_start, self.dev_end = np.where(dev, b.dev_start, NONE), np.where(dev, b.dev_end, NONE)
+        self.error = b.status != 0
+        self.attrs = b.attrs
+        self._spans = None
+        self._batch = b
+
+    # ---- rows as objects (evidence only) ---------------------------------------------------
+    def span(self, i: int) -> Span:
+        """Row ``i`` as a ``Span``."""
+        return self._spans[i] if self._spans is not None else self._batch[int(i)]  # type: ignore[index]
+
+    @property
+    def spans(self) -> list[Span]:
+        """Every row as a ``Span`` (built on first use where the trace came as columns)."""
+        if self._spans is None:
+            self._spans = self._batch.spans()  # type: ignore[union-attr]
+        return self._spans
+
+    def path_of(self, i: int) -> tuple[str, ...]:
+        return self.path_values[self.path[i]]
 
     # ---- selections ---------------------------------------------------------------------
     def cat_mask(self, *cats: str) -> np.ndarray:
@@ -94,14 +139,15 @@ class TraceData:
     def blocking(self) -> np.ndarray:
         """Host calls that block until the device is done: sync spans and blocking transfers."""
         mask = self.cat_mask(SYNC)
-        for i in np.flatnonzero(self.cat_mask(TRANSFER)):
-            a = self.spans[i].attrs
+        attrs = self.attrs
+        for i in np.flatnonzero(self.cat_mask(TRANSFER)).tolist():
+            a = attrs[i]
             if a and a.get("blocking"):
                 mask[i] = True
         return mask
 
     def attr(self, i: int, key: str, default: Any = None) -> Any:
-        a = self.spans[i].attrs
+        a = self.attrs[i]
         return a.get(key, default) if a else default
 
     @property

@@ -50,7 +50,9 @@ def plot(a: "Analysis", path: str | os.PathLike[str], top: int = 10) -> str:
     kernels = sorted(a.kernels, key=lambda r: -r["total_ns"])[:top]
     ax = axes[-1]
     if kernels:
-        names = [k["name"] + (f" [{k['shape']}]" if k.get("shape") else "") for k in kernels][::-1]
+        several = len({k.get("device", "") for k in a.kernels}) > 1
+        names = [k["name"] + (f" [{k['shape']}]" if k.get("shape") else "") +
+                 (f" ({k.get('device', '')})" if several else "") for k in kernels][::-1]
         totals = [k["total_ns"] / 1e6 for k in kernels][::-1]
         ax.barh(names, totals, color="tab:green")
         for y, k in enumerate(kernels[::-1]):

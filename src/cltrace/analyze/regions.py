@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from .kernels import percentiles, sort_within
-from .model import TraceData
+from .model import TraceData, dense
 
 
 def _series(count: np.ndarray, vals: np.ndarray, group: np.ndarray, ng: int) -> list[dict[str, Any] | None]:
@@ -30,14 +30,27 @@ def _series(count: np.ndarray, vals: np.ndarray, group: np.ndarray, ng: int) -> 
     return out
 
 
+def path_groups(td: TraceData) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    """(distinct region paths, each row's index among them); a span without a path is its name alone."""
+    vals = td.path_values
+    labels = list(vals) + [(nm,) for nm in td.names]
+    code = td.path.astype(np.int64)
+    empty = [k for k, v in enumerate(vals) if not v]
+    if empty:
+        code = np.where(np.isin(code, empty), len(vals) + td.name.astype(np.int64), code)
+    present, group = dense(code)
+    canon: dict[tuple[str, ...], int] = {}
+    lut = np.array([canon.setdefault(labels[c], len(canon)) for c in present.tolist()], np.int64)
+    return list(canon), lut[group] if len(group) else group
+
+
 def region_tree(td: TraceData) -> dict[str, Any]:
     """``{"a/b": {"name", "cat", "depth", "host", "device", "errors"}}`` over every span's path."""
-    paths: dict[tuple[str, ...], int] = {}
-    sp = td.spans
-    group = np.fromiter((paths.setdefault(s.path or (s.name,), len(paths)) for s in sp), np.int64, len(sp))
+    paths, group = path_groups(td)
     ng = len(paths)
     if not ng:
         return {}
+    n = len(group)
     host = (td.host_end - td.host_begin).astype(np.float64)
     hcount = np.bincount(group, minlength=ng)
     hs = _series(hcount, host, group, ng)
@@ -47,10 +60,11 @@ def region_tree(td: TraceData) -> dict[str, Any]:
     errors = np.bincount(group, td.error.astype(np.float64), ng)
     first = np.full(ng, np.iinfo(np.int64).max)
     np.minimum.at(first, group, td.host_begin)
-    first_idx = np.full(ng, len(sp))
-    np.minimum.at(first_idx, group, np.arange(len(sp)))
+    first_idx = np.full(ng, n)
+    np.minimum.at(first_idx, group, np.arange(n))
     out: dict[str, Any] = {}
-    for path, k in sorted(paths.items(), key=lambda kv: (len(kv[0]), first[kv[1]])):
-        out["/".join(path)] = {"name": path[-1], "cat": sp[first_idx[k]].cat, "depth": len(path) - 1,
+    for k in sorted(range(ng), key=lambda k: (len(paths[k]), first[k], first_idx[k])):
+        path = paths[k]
+        out["/".join(path)] = {"name": path[-1], "cat": td.cats[td.cat[first_idx[k]]], "depth": len(path) - 1,
                                "host": hs[k], "device": ds[k], "errors": int(errors[k])}
     return out

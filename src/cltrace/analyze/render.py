@@ -46,7 +46,7 @@ def headline(a: Analysis) -> list[str]:
               "other_ns": "queued work not yet started"}
     for d in a.devices:
         line = f"{d['name']}: busy {d['busy_pct']:.0f}% of the wall time"
-        ks = [k for k in a.kernels]
+        ks = [k for k in a.kernels if k.get("device", d["name"]) == d["name"]]
         if ks:
             top = max(ks, key=lambda k: k["total_ns"])
             line += f"; {top['name']} takes {top['device_pct']:.0f}% of the device time"
@@ -84,10 +84,21 @@ def _short_site(site: str | None) -> str:
 
 
 def kernel_lines(a: Analysis, width: int, sort: str = "total", top: int | None = 10) -> list[str]:
+    """The kernel table; one per device where the trace has more than one (``% device`` is of that device)."""
     if not a.kernels:
         return ["Kernels: none with device times."]
+    devices = sorted({r.get("device", "") for r in a.kernels})
+    if len(devices) == 1:
+        return _kernel_table(a.kernels, width, sort, top, "")
+    out: list[str] = []
+    for d in devices:
+        out += _kernel_table([r for r in a.kernels if r.get("device", "") == d], width, sort, top, f" on {d}")
+    return out
+
+
+def _kernel_table(kernels: list[dict], width: int, sort: str, top: int | None, where: str) -> list[str]:
     key = KERNEL_SORT[sort]
-    rows = sorted(a.kernels, key=lambda r: (-r[key], r["name"]))
+    rows = sorted(kernels, key=lambda r: (-r[key], r["name"]))
     shown = rows[:top] if top else rows
     by_shape = any(r.get("shape") for r in rows)
     by_site = any(r.get("site") for r in rows)
@@ -100,7 +111,7 @@ def kernel_lines(a: Analysis, width: int, sort: str = "total", top: int | None =
             (r["count"], r["total_ns"], r["self_ns"], f"{r['device_pct']:.1f}", r["first_ns"], r["mean_ns"],
              r["p50_ns"], r["p99_ns"]) for r in shown]
     more = f", {len(rows) - len(shown)} more" if len(rows) > len(shown) else ""
-    return [f"Kernels by {sort} (device time; first launch apart, mean/p50/p99 after it{more}):",
+    return [f"Kernels{where} by {sort} (device time; first launch apart, mean/p50/p99 after it{more}):",
             *table(cols, data, width=width, indent="  ")]
 
 

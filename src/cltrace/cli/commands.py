@@ -70,11 +70,12 @@ def _native_parts() -> dict[str, str]:
     """Which implementation each native part of the pipeline runs: "native (C extension)" or "python (...)"."""
     from ..export import chrome_lines
     from ..export.perfetto import encoder
+    from ..read import scan
     from ..record import callsite, regions
     from ..timeline import stamps
 
     return {"event stamps": stamps.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
-            "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL}
+            "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL, "trace scanner": scan.DETAIL}
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

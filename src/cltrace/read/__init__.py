@@ -4,6 +4,6 @@ May import ``export`` (for the format definitions it reads), ``timeline`` and ``
 """
 from __future__ import annotations
 
-from .load import detect, load
+from .load import detect, load, load_columns
 
-__all__ = ["detect", "load"]
+__all__ = ["detect", "load", "load_columns"]

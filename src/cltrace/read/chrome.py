@@ -81,21 +81,66 @@ def _events(text: str) -> tuple[list[Any], tuple[int, int] | None]:
     return events, (read, skipped)
 
 
-def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
+def read_text(path: str) -> str:
     with open(path, encoding="utf-8", errors="strict") as fh:
         try:
-            text = fh.read()
+            return fh.read()
         except UnicodeDecodeError:
             raise TraceFileError("not a Chrome trace (binary data)") from None
+
+
+class Others:
+    """What the events other than span slices say: metadata, dropped spans, device memory, track and
+    process names."""
+
+    def __init__(self) -> None:
+        self.meta: dict[str, Any] = {}
+        self.dropped = 0
+        self.memory: dict[str, list[tuple[int, int]]] = {}  # context label -> (ns, live bytes)
+        self.threads: dict[Any, str] = {}  # tid -> track name
+        self.processes: dict[Any, str] = {}  # pid -> process name
+        self.track_pid: dict[Any, Any] = {}
+
+    def event(self, ev: dict[str, Any], ph: Any, where: str) -> None:
+        if ph == "M":
+            name = ev.get("name")
+            margs = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+            if not all(isinstance(ev.get(k), (int, str)) for k in ("pid", "tid")):
+                return  # names of tracks only; a malformed one names nothing
+            if name == "thread_name":
+                self.threads[ev.get("tid")] = str(margs.get("name", ""))
+                self.track_pid[ev.get("tid")] = ev.get("pid")
+            elif name == "process_name":
+                self.processes[ev.get("pid")] = str(margs.get("name", ""))
+        elif ph == "i" and ev.get("name") == "cltrace.metadata":
+            self.meta = checks.metadata(ev.get("args"))
+        elif ph == "C" and ev.get("name") == "cltrace.dropped_spans":
+            args = checks.mapping(ev.get("args"), f"{where}: 'args'")
+            self.dropped = max(self.dropped, checks.integer(args.get("dropped", 0), f"{where}: 'args.dropped'"))
+        elif ph == "C" and str(ev.get("name", "")).startswith(COUNTER_PREFIX):
+            args = checks.mapping(ev.get("args"), f"{where}: 'args'")
+            self.memory.setdefault(ev["name"][len(COUNTER_PREFIX):], []).append(
+                (checks.micros_to_ns(ev.get("ts"), f"{where}: 'ts'"),
+                 checks.integer(args.get(COUNTER_ARG), f"{where}: 'args.{COUNTER_ARG}'")))
+
+    def finish(self, spans: int) -> dict[str, Any]:
+        """The trace's metadata, with what the file itself shows filled in where the run did not say it."""
+        meta = self.meta
+        meta.setdefault("dropped_spans", self.dropped)
+        if self.memory:
+            meta["memory_samples"] = {k: sorted(v) for k, v in self.memory.items()}
+        meta.setdefault("recorded_spans", spans)
+        meta.setdefault("tracks", {str(t): {"name": n, "process": self.processes.get(self.track_pid.get(t), "")}
+                                   for t, n in self.threads.items()})
+        return meta
+
+
+def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
+    text = read_text(path)
     events, cut = _events(text)
     host: dict[int, tuple[int, dict[str, Any]]] = {}
     device: dict[int, tuple[int, dict[str, Any]]] = {}
-    meta: dict[str, Any] = {}
-    dropped = 0
-    memory: dict[str, list[tuple[int, int]]] = {}  # context label -> (ns, live bytes)
-    threads: dict[Any, str] = {}  # tid -> track name
-    processes: dict[Any, str] = {}  # pid -> process name
-    track_pid: dict[Any, Any] = {}
+    others = Others()
     for i, ev in enumerate(events):
         where = f"event {i + 1}"
         if not isinstance(ev, dict):
@@ -108,29 +153,8 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
             sid = checks.integer(checks.mapping(args, f"{where}: 'args'").get("span"), f"{where}: 'args.span'")
             target = host if sid not in host else device
             target[sid] = (i, ev)
-        elif ph == "M":
-            name = ev.get("name")
-            margs = ev.get("args") if isinstance(ev.get("args"), dict) else {}
-            if not all(isinstance(ev.get(k), (int, str)) for k in ("pid", "tid")):
-                continue  # names of tracks only; a malformed one names nothing
-            if name == "thread_name":
-                threads[ev.get("tid")] = str(margs.get("name", ""))
-                track_pid[ev.get("tid")] = ev.get("pid")
-            elif name == "process_name":
-                processes[ev.get("pid")] = str(margs.get("name", ""))
-        elif ph == "i" and ev.get("name") == "cltrace.metadata":
-            meta = checks.metadata(ev.get("args"))
-        elif ph == "C" and ev.get("name") == "cltrace.dropped_spans":
-            args = checks.mapping(ev.get("args"), f"{where}: 'args'")
-            dropped = max(dropped, checks.integer(args.get("dropped", 0), f"{where}: 'args.dropped'"))
-        elif ph == "C" and str(ev.get("name", "")).startswith(COUNTER_PREFIX):
-            args = checks.mapping(ev.get("args"), f"{where}: 'args'")
-            memory.setdefault(ev["name"][len(COUNTER_PREFIX):], []).append(
-                (checks.micros_to_ns(ev.get("ts"), f"{where}: 'ts'"),
-                 checks.integer(args.get(COUNTER_ARG), f"{where}: 'args.{COUNTER_ARG}'")))
-    meta.setdefault("dropped_spans", dropped)
-    if memory:
-        meta["memory_samples"] = {k: sorted(v) for k, v in memory.items()}
+        else:
+            others.event(ev, ph, where)
     spans: dict[int, Span] = {}
     for sid, (i, ev) in host.items():
         where = f"event {i + 1}"
@@ -159,9 +183,7 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
             sp.dev_submit = checks.optional_integer(a.get("submit_host_ns"), f"{where}: 'args.submit_host_ns'")
         spans[sid] = sp
     fill_paths(spans)
-    meta.setdefault("recorded_spans", len(spans))
-    meta.setdefault("tracks", {str(t): {"name": n, "process": processes.get(track_pid.get(t), "")}
-                               for t, n in threads.items()})
+    meta = others.finish(len(spans))
     if cut is not None:
         read, skipped = cut
         checks.cut_off(meta, len(text[:read].encode()), os.path.getsize(path), len(events), skipped, "events")

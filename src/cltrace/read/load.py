@@ -5,6 +5,7 @@ import os
 from typing import Any
 
 from ..errors import TraceFileError
+from ..timeline.batch import SpanBatch
 from ..timeline.spans import Span
 from .chrome import load_chrome
 
@@ -22,14 +23,57 @@ def detect(path: str) -> str:
     raise TraceFileError("not a trace file (neither Chrome JSON nor Perfetto protobuf)")
 
 
-def load(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, Any]]:
-    """Spans and metadata of a ``.json`` or ``.pftrace`` file. Raises TraceFileError with a one-line reason."""
+def _check(path: str | os.PathLike[str]) -> tuple[str, str]:
     p = os.fspath(path)
     if not os.path.exists(p):
         raise TraceFileError(f"no such file: {p}")
     if os.path.isdir(p):
         raise TraceFileError(f"is a directory: {p}")
-    kind = detect(p)
+    return p, detect(p)
+
+
+# Formats the scanner reads into columns. The .pftrace scanner (perfetto_columns) predates call sites
+# (interned source locations) and device-memory counter tracks and would drop them, so .pftrace files go
+# to the general reader until it learns both.
+COLUMNAR = ("json",)
+
+
+def load_columns(path: str | os.PathLike[str], scanner: Any = "default") -> tuple[SpanBatch | list[Span], dict[str, Any]]:
+    """Spans and metadata of a trace file, as columns (a ``SpanBatch``) where the scanner reads the file
+    (cltrace's own layout), else as the ``Span`` objects ``load`` gives. Same spans either way.
+
+    ``scanner``: the native scanner (``scan.NATIVE``, the default; None where not built or
+    ``CLTRACE_NATIVE=0``), or None for the general readers. Raises TraceFileError with a one-line reason.
+    """
+    p, kind = _check(path)
+    if scanner == "default":
+        from .scan import NATIVE as scanner
+    if scanner is not None and kind in COLUMNAR:
+        try:
+            if kind == "json":
+                from .chrome_columns import load_chrome_columns as fast
+            else:
+                from .perfetto_columns import load_pftrace_columns as fast
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("perfetto"):
+                raise
+        else:
+            try:
+                got = fast(p, scanner)
+            except OSError as exc:
+                raise TraceFileError(f"cannot read {p}: {exc.strerror}") from None
+            if got is not None:
+                return got
+    return _load(p, kind)
+
+
+def load(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, Any]]:
+    """Spans and metadata of a ``.json`` or ``.pftrace`` file, as ``Span`` objects. Raises TraceFileError
+    with a one-line reason."""
+    return _load(*_check(path))
+
+
+def _load(p: str, kind: str) -> tuple[list[Span], dict[str, Any]]:
     if kind == "json":
         return load_chrome(p)
     try:

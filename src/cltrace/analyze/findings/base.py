@@ -46,9 +46,10 @@ class Finding:
 
 def instance(td: TraceData, i: int, dur_ns: int | None = None, **extra: Any) -> dict[str, Any]:
     """One span as evidence: name, region path, where it starts and how long it took."""
-    s = td.spans[i]
-    return {"name": s.name, "path": "/".join(s.path), "span": s.id, "at_s": round(td.at(s.host_begin), 6),
-            "ts_ns": s.host_begin, "dur_ns": int(s.host_end - s.host_begin if dur_ns is None else dur_ns), **extra}
+    hb = int(td.host_begin[i])
+    return {"name": td.names[td.name[i]], "path": "/".join(td.path_of(i)), "span": int(td.id[i]),
+            "at_s": round(td.at(hb), 6), "ts_ns": hb,
+            "dur_ns": int(td.host_end[i] - hb if dur_ns is None else dur_ns), **extra}
 
 
 def worst(values: np.ndarray, n: int = WORST) -> np.ndarray:

@@ -21,9 +21,9 @@ def _builds(ctx: Context) -> np.ndarray:
     idx = np.flatnonzero(td.builds)
     keep = []
     build_ids = set(td.id[idx].tolist())
-    for i in idx:
-        s = td.spans[i]
-        if s.parent not in build_ids and not (s.cat == COMPILE and (s.attrs or {}).get("cache") == "memory"):
+    compile_cat = td.cats.index(COMPILE) if COMPILE in td.cats else -1
+    for i in idx.tolist():
+        if int(td.parent[i]) not in build_ids and not (td.cat[i] == compile_cat and td.attr(i, "cache") == "memory"):
             keep.append(i)
     return np.array(keep, np.int64)
 
@@ -62,16 +62,18 @@ def rebuilt_programs(ctx: Context) -> Finding | None:
 def compile_in_timed_region(ctx: Context) -> Finding | None:
     """Builds inside a region that runs repeatedly: that run's time includes compiling."""
     td = ctx.td
-    region_runs = Counter(td.spans[i].path for i in np.flatnonzero(td.regions))
-    by_id = {int(td.id[i]): int(i) for i in np.flatnonzero(td.regions)}
-    hits = [int(i) for i in _builds(ctx) if td.spans[i].parent in by_id
-            and region_runs[td.spans[by_id[td.spans[i].parent]].path] >= TIMED_REGION_RUNS]
+    regions = np.flatnonzero(td.regions)
+    region_runs = Counter(td.path[regions].tolist())
+    by_id = dict(zip(td.id[regions].tolist(), regions.tolist()))
+    parent = td.parent
+    hits = [i for i in _builds(ctx).tolist() if int(parent[i]) in by_id
+            and region_runs[int(td.path[by_id[int(parent[i])]])] >= TIMED_REGION_RUNS]
     if not hits:
         return None
     durs = np.array([td.host_end[i] - td.host_begin[i] for i in hits])
     if durs.sum() < TIMED_BUILD_NS:
         return None
-    paths = Counter("/".join(td.spans[by_id[td.spans[i].parent]].path) for i in hits)
+    paths = Counter("/".join(td.path_of(by_id[int(parent[i])])) for i in hits)
     where, n = paths.most_common(1)[0]
     return Finding(
         "compile-in-timed-region", "Program builds inside a timed region", int(durs.sum()),

@@ -62,8 +62,8 @@ def idle_regions(ctx: Context) -> Finding | None:
         busy[m] = Coverage(s, e).within(td.dev_start[reg[m]], td.dev_end[reg[m]])
     bracket = td.dev_end[reg] - td.dev_start[reg]
     by_path: dict[tuple, list[int]] = defaultdict(list)
-    for k, i in enumerate(reg):
-        by_path[td.spans[i].path].append(k)
+    for k, i in enumerate(reg.tolist()):
+        by_path[td.path_of(i)].append(k)
     rows = []
     for path, ks in by_path.items():
         b, u = int(bracket[ks].sum()), int(busy[ks].sum())

@@ -20,9 +20,8 @@ def blocking_in_loop(ctx: Context) -> Finding | None:
     host = (td.host_end[idx] - td.host_begin[idx]).astype(np.int64)
     dev = np.where(td.on_device[idx], td.dev_end[idx] - td.dev_start[idx], 0)
     groups: dict[tuple, list[int]] = {}
-    for k, i in enumerate(idx):
-        s = td.spans[i]
-        groups.setdefault((s.path[:-1], s.name), []).append(k)
+    for k, i in enumerate(idx.tolist()):
+        groups.setdefault((td.path_of(i)[:-1], td.names[td.name[i]]), []).append(k)
     hot = []
     for (where, name), ks in groups.items():
         h, d = host[ks].sum(), dev[ks].sum()
