@@ -57,12 +57,12 @@ def same_spans(path: Path) -> SpanBatch:
     return batch
 
 
-@needs_scanner
 def test_pftrace_goes_to_the_general_reader_until_the_scanner_reads_sites_and_memory(demo: dict[str, Path]) -> None:
     got, meta = load_columns(demo[".pftrace"])
     assert isinstance(got, list) and any(s.site for s in got) and meta.get("memory_samples")
 
 
+@needs_scanner
 @pytest.mark.parametrize("ext", [".json"])
 def test_columns_hold_the_same_spans_as_the_objects(demo: dict[str, Path], ext: str) -> None:
     batch = same_spans(demo[ext])
