@@ -87,6 +87,15 @@ def _annotation_value(a: Any) -> Any:
     return _str(getattr(a, kind))
 
 
+def note_track(td: Any, counter_names: dict[int, str], track_names: dict[int, tuple[str, int]]) -> None:
+    """A TrackDescriptor's name: a counter track's, or (name, parent uuid) of any other track."""
+    if td.HasField("counter"):
+        counter_names[td.uuid] = td.name
+    else:
+        name = td.thread.thread_name if td.HasField("thread") and not td.name else td.name
+        track_names[td.uuid] = (name or (td.process.process_name if td.HasField("process") else ""), td.parent_uuid)
+
+
 def _site(loc: Any) -> sites.CallSite:
     """A SourceLocation as a ``CallSite``."""
     return sites.CallSite(_str(loc.file_name), int(loc.line_number), _str(loc.function_name))
@@ -168,13 +177,7 @@ class _Reader:
                     if MONOTONIC in clocks:
                         st.mono_minus_host = clocks[MONOTONIC].timestamp - c.timestamp
         elif p.HasField("track_descriptor"):
-            td = p.track_descriptor
-            if td.HasField("counter"):
-                self.counter_names[td.uuid] = td.name
-            else:
-                name = td.thread.thread_name if td.HasField("thread") and not td.name else td.name
-                self.track_names[td.uuid] = (name or (td.process.process_name if td.HasField("process") else ""),
-                                             td.parent_uuid)
+            note_track(p.track_descriptor, self.counter_names, self.track_names)
         elif p.HasField("track_event"):
             self.track_event(p, st, index)
 

@@ -24,7 +24,7 @@ from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.spans import STATUS_ERROR
 from . import checks
-from .perfetto import _annotation_value, _str
+from .perfetto import _annotation_value, _str, note_track
 from .scan import P_COLS
 from .tree import path_ids
 
@@ -45,13 +45,7 @@ class _Rest:
 
     def packet(self, p: Any, uuid: int) -> None:
         if p.HasField("track_descriptor"):
-            td = p.track_descriptor
-            if td.HasField("counter"):
-                self.counter_names[td.uuid] = td.name
-            else:
-                name = td.thread.thread_name if td.HasField("thread") and not td.name else td.name
-                self.track_names[td.uuid] = (name or (td.process.process_name if td.HasField("process") else ""),
-                                             td.parent_uuid)
+            note_track(p.track_descriptor, self.counter_names, self.track_names)
             return
         te = p.track_event
         if te.type == COUNTER and self.counter_names.get(uuid) == DROPPED_TRACK:
