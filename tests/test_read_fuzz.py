@@ -26,7 +26,7 @@ from cltrace.read import load
 from cltrace.read.perfetto import iter_packets
 from cltrace.export.protowire import varint
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=int(os.environ.get("CLTRACE_FUZZ_EXAMPLES", "150")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -165,6 +165,17 @@ def test_fuzz_pftrace(originals: dict[str, bytes], tmp_path: Any) -> None:
         summary_of(path)
 
     check()
+
+
+def test_track_names_with_invalid_utf8_are_read(originals: dict[str, bytes], tmp_path: Any) -> None:
+    """A counter or thread track whose name is not UTF-8 (proto2 gives bytes) is still read, with replacements."""
+    data = originals[".pftrace"]
+    assert b"device memory" in data and b"MainThread" in data
+    data = data.replace(b"device memory", b"\x80evice memory").replace(b"MainThread", b"\xffainThread")
+    path = tmp_path / "names.pftrace"
+    path.write_bytes(data)
+    meta = summary_of(str(path))
+    assert meta is not None
 
 
 @given(cut=st.floats(0.05, 0.999))

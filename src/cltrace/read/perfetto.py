@@ -90,10 +90,11 @@ def _annotation_value(a: Any) -> Any:
 def note_track(td: Any, counter_names: dict[int, str], track_names: dict[int, tuple[str, int]]) -> None:
     """A TrackDescriptor's name: a counter track's, or (name, parent uuid) of any other track."""
     if td.HasField("counter"):
-        counter_names[td.uuid] = td.name
+        counter_names[td.uuid] = _str(td.name)
     else:
         name = td.thread.thread_name if td.HasField("thread") and not td.name else td.name
-        track_names[td.uuid] = (name or (td.process.process_name if td.HasField("process") else ""), td.parent_uuid)
+        name = name or (td.process.process_name if td.HasField("process") else "")
+        track_names[td.uuid] = (_str(name), td.parent_uuid)
 
 
 def _site(loc: Any) -> sites.CallSite:
