@@ -14,6 +14,7 @@ from .record.recorder import RECORDER
 from .record.regions import copy, launch, record_launch, region, timing_region
 from .analyze.report import PerfCounter
 from .capture.session import enabled, start, stop, trace
+from .capture import children as _children  # noqa: F401  (forked children trace into files of their own)
 from .timeline.spans import Span
 from .record.timing import EventTimer, timing
 from .programs.compiler import BuildError, Kernel, Program, ProgramCache, compile

@@ -9,11 +9,16 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import time
 import traceback
 from typing import Any, Sequence
 
-from ..capture import session
+from ..capture import children, session
+from ..errors import TraceFileError
+from ..export.formats import format_for
 from .instrument import instrument, instrumented, uninstrument
+
+CHILD_WAIT_S = 10.0  # how long the merge waits for children still writing after the script ended
 
 
 def _exit_status(code: Any) -> int:
@@ -40,7 +45,7 @@ def _print_exception(exc: BaseException, script: str) -> None:
 
 def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (), *,
                extra_sinks: Sequence[Any] = (), capacity: int | None = None,
-               overflow: str | None = None, quiet: bool = True) -> int:
+               overflow: str | None = None, quiet: bool = True, follow: bool = True) -> int:
     """Run ``script`` with ``sys.argv = [script, *argv]`` as ``__main__``, traced into ``outputs``.
 
     ``outputs`` are trace paths (format from the suffix); ``extra_sinks`` are sink
@@ -52,6 +57,12 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     ``cltrace run`` command calls it) one ``cltrace: wrote ...`` line on stderr says where. SIGTERM closes the trace, then ends
     the process as it would have without cltrace. An output that cannot be written raises
     ``session.OutputError`` before the script starts.
+
+    With ``follow`` (the default), Python children (multiprocessing with fork, spawn or
+    forkserver; ``subprocess`` running Python) write their own files next to each output
+    (``run.json`` -> ``run.pid<PID>.json``, see ``capture.children``); at the end each output
+    becomes the merged trace of this process and its children, on one timeline. The children's
+    files are kept.
     """
     script = os.fspath(script)
     if not os.path.isfile(script):
@@ -68,8 +79,11 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
         sys.path.insert(0, script_dir)
     was_instrumented = instrumented()
     status = 0
+    family = None
     try:
-        session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet)
+        session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet or follow)
+        if follow:
+            family = children.follow(outputs, extra_sinks)
         instrument()
         try:
             runpy.run_path(full, run_name="__main__")
@@ -85,8 +99,89 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     finally:
         if not was_instrumented:
             uninstrument()
+        if family is not None:
+            _end_children()
         session.stop()
+        if family is not None:
+            children.unfollow()
         sys.argv = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
+    if family is not None:
+        _merge_children(outputs, family, quiet)
     return status
+
+
+def _end_children() -> None:
+    """What Python does with multiprocessing children at exit, now, before their files are merged:
+    terminate the daemonic ones (their SIGTERM handler closes their files), join the others."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return
+    for p in mp.active_children():
+        if p.daemon:
+            p.terminate()
+    for p in mp.active_children():
+        p.join()
+
+
+def _running(pid: int) -> bool:
+    """Whether a process still runs (a zombie has ended: its files are closed)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _pid_of(path: str) -> int:
+    return int(path.rpartition(".pid")[2].split(".")[0])
+
+
+def _merge_children(outputs: Sequence[str], family: children.Family, quiet: bool) -> None:
+    """Merge each output with its children's files of this run, in place, and say so."""
+    from ..merge import FORMATS, merge
+
+    found = {out: [f for f in children.child_files(os.path.abspath(out), family)
+                   if os.path.getmtime(f) >= family.started - 1] for out in outputs}
+    deadline = time.monotonic() + CHILD_WAIT_S
+    for pid in sorted({_pid_of(f) for files in found.values() for f in files}):
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    pids: set[int] = set()
+    wrote = []
+    for out, files in found.items():
+        try:
+            mergeable = format_for(out) in FORMATS
+        except ValueError:
+            mergeable = False
+        while files and mergeable:
+            try:
+                result = merge([out, *files], out)
+            except TraceFileError as exc:
+                bad = next((f for f in files if str(exc).startswith(f)), None)
+                print(f"cltrace: {out}: children not merged: {exc}" if bad is None else
+                      f"cltrace: {bad}: left out of {session.shown(out)}: {exc}", file=sys.stderr)
+                if bad is None:
+                    break
+                files.remove(bad)
+                continue
+            pids.update(p.pid for p in result.processes[1:])
+            for line in result.lines():
+                if "unix time" in line:
+                    print(f"cltrace: {line.strip()}", file=sys.stderr)
+            break
+        wrote.append(out)
+    if quiet:
+        return
+    say = f"cltrace: wrote {', '.join(session.shown(p) for p in wrote)}"
+    if pids:
+        stems = sorted({children.child_path(session.shown(p), 0).replace(".pid0", ".pid<PID>") for p in wrote})
+        say += (f" ({len(pids) + 1} processes on one timeline: this one and children "
+                f"{', '.join(map(str, sorted(pids)))}; each child's own file: {', '.join(stems)})")
+    print(say, file=sys.stderr, flush=True)
