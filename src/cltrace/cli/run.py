@@ -79,7 +79,7 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
         sys.path.insert(0, script_dir)
     was_instrumented = instrumented()
     status = 0
-    family = None
+    family = None  # set while children are followed; only the process that set it merges them
     try:
         session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet or follow)
         if follow:
@@ -99,15 +99,16 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     finally:
         if not was_instrumented:
             uninstrument()
-        if family is not None:
+        root = family is not None and family.root == os.getpid()  # not a child forked by the script
+        if root:
             _end_children()
         session.stop()
-        if family is not None:
+        if root:
             children.unfollow()
         sys.argv = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
-    if family is not None:
+    if root:
         _merge_children(outputs, family, quiet)
     return status
 

@@ -245,7 +245,7 @@ def _write(target: str, fmt: str, trace: _Trace, spans: list[Span]) -> None:
     """Write through the format's own sink into a temporary file, then put it in place."""
     folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
-        raise TraceFileError(f"cannot write {target}: no folder {folder}")
+        raise TraceFileError(f"cannot write {target}: there is no folder {folder}; create it or choose another path")
     tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     try:
         sink = sink_for(tmp, fmt)

@@ -15,12 +15,13 @@ _WATCHED = ("pyopencl", "cltrace")
 _started = False
 
 
-def _start() -> None:
+def _start(finished: str) -> None:
+    """``finished``: the watched module that has just run."""
     global _started
     if _started:
         return
     pkg = sys.modules.get("cltrace")
-    if pkg is not None and getattr(getattr(pkg, "__spec__", None), "_initializing", False):
+    if finished != "cltrace" and pkg is not None and getattr(getattr(pkg, "__spec__", None), "_initializing", False):
         return  # pyopencl imported by cltrace itself: start when cltrace is complete
     _started = True
     try:
@@ -29,7 +30,7 @@ def _start() -> None:
         pass
     try:
         try:
-            import cltrace  # noqa: F401
+            import cltrace.capture.children  # noqa: F401
         except ImportError:
             import json
 
@@ -37,7 +38,6 @@ def _start() -> None:
             if not root or root in sys.path:
                 raise
             sys.path.append(root)
-            import cltrace  # noqa: F401
         from cltrace.capture.children import start_child
         from cltrace.cli.instrument import instrument
 
@@ -68,7 +68,7 @@ class _Finder:
 
         def exec_module(module, _run=run):
             _run(module)
-            _start()
+            _start(name)
 
         loader.exec_module = exec_module  # this module's own loader object: nothing else is touched
         return spec
