@@ -100,9 +100,11 @@ def test_run_follows_fork_spawn_forkserver_and_subprocess_children_into_one_trac
     assert sorted(launched.values()) == sorted([1, 2, 3, 4, 5, 7] + forkserver), p.stdout
     parent = [pid for pid, n in launched.items() if n == 1][0]
     kids = sorted(set(launched) - {parent})
-    say = [line for line in p.stderr.splitlines() if line.startswith("cltrace: wrote")]
-    assert len(say) == 1 and f"{len(launched)} processes on one timeline" in say[0], p.stderr
-    assert "traces/family.pid<PID>.json" in say[0]
+    wrote = [line for line in p.stderr.splitlines() if line.startswith("cltrace: wrote")]
+    assert wrote == ["cltrace: wrote traces/family.json, traces/family.pftrace"], p.stderr
+    merged_line = [line for line in p.stderr.splitlines() if line.startswith("cltrace: merged children")]
+    assert len(merged_line) == 1 and f"{len(launched)} processes on one timeline" in merged_line[0], p.stderr
+    assert "traces/family.pid<PID>.json" in merged_line[0]
 
     merged = str(tmp_path / "traces" / "family.json")
     events = _json_events(merged)
@@ -195,7 +197,7 @@ def test_children_close_their_files_on_sigterm_and_on_a_normal_exit(tmp_path: An
         assert "truncated" not in meta and len(spans) == n
     spans, meta = load(str(tmp_path / "t.json"))
     assert sorted(p_["spans"] for p_ in meta["merged"]["processes"]) == [2, 3, 4]
-    assert p.stderr.count("cltrace: wrote") == 1  # the forked script's end merges nothing
+    assert p.stderr.count("cltrace: merged") == 1  # the forked script's end merges nothing
 
 
 FORK_BUFFERED = '''

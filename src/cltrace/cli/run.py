@@ -81,7 +81,7 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     status = 0
     family = None  # set while children are followed; only the process that set it merges them
     try:
-        session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet or follow)
+        session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet)
         if follow:
             family = children.follow(outputs, extra_sinks)
         instrument()
@@ -145,7 +145,8 @@ def _pid_of(path: str) -> int:
 
 
 def _merge_children(outputs: Sequence[str], family: children.Family, quiet: bool) -> None:
-    """Merge each output with its children's files of this run, in place, and say so."""
+    """Merge each output with its children's files of this run, in place, and say so (after the
+    session's usual ``cltrace: wrote`` line)."""
     from ..merge import FORMATS, merge
 
     found = {out: [f for f in children.child_files(os.path.abspath(out), family)
@@ -178,11 +179,9 @@ def _merge_children(outputs: Sequence[str], family: children.Family, quiet: bool
                     print(f"cltrace: {line.strip()}", file=sys.stderr)
             break
         wrote.append(out)
-    if quiet:
+    if quiet or not pids:
         return
-    say = f"cltrace: wrote {', '.join(session.shown(p) for p in wrote)}"
-    if pids:
-        stems = sorted({children.child_path(session.shown(p), 0).replace(".pid0", ".pid<PID>") for p in wrote})
-        say += (f" ({len(pids) + 1} processes on one timeline: this one and children "
-                f"{', '.join(map(str, sorted(pids)))}; each child's own file: {', '.join(stems)})")
-    print(say, file=sys.stderr, flush=True)
+    stems = [children.child_path(session.shown(p), 0).replace(".pid0", ".pid<PID>") for p in wrote]
+    print(f"cltrace: merged children {', '.join(map(str, sorted(pids)))} into "
+          f"{', '.join(session.shown(p) for p in wrote)}: {len(pids) + 1} processes on one timeline "
+          f"(each child's own file: {', '.join(stems)})", file=sys.stderr, flush=True)

@@ -61,8 +61,10 @@ _tls = _ThreadState()
 
 def _reset_after_fork() -> None:
     """In a forked child: the forking thread's open regions are the parent's spans; the child's
-    records start at the root (the same list: the C regions hold it)."""
+    records start at the root (the same list: the C regions hold it). The queue given to
+    ``set_queue`` is the parent's: OpenCL objects do not cross a fork."""
     _tls.stack.clear()
+    _queues._default_queue = None
 
 
 if hasattr(os, "register_at_fork"):
