@@ -365,3 +365,32 @@ def test_children_continue_the_parents_otlp_trace(tmp_path: Any) -> None:
     parent_of = {s["name"]: s.get("parent_id") for s in spans}
     assert parent_of["in fork child"] in kids and parent_of["in spawn child"] in kids
     assert parent_of["in parent"] == top[0]["span_id"]
+
+
+SUBPROCESSES = '''
+import subprocess
+import sys
+
+for first in ("cltrace", "pyopencl"):  # either import starts tracing, once cltrace is complete
+    code = f"import {first}, cltrace\\nwith cltrace.region('child importing {first}'):\\n    pass"
+    subprocess.run([sys.executable, "-c", code], check=True)
+subprocess.run([sys.executable, "-c", "print('a child without OpenCL')"], check=True)
+'''
+
+
+def test_subprocess_children_are_followed_and_an_existing_sitecustomize_still_runs(tmp_path: Any) -> None:
+    _write(tmp_path, "subprocesses.py", SUBPROCESSES)
+    mine = tmp_path / "site"
+    mine.mkdir()
+    (mine / "sitecustomize.py").write_text("print('the user sitecustomize ran')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLTRACE", "OTEL_"))}
+    env["PYTHONPATH"] = str(mine)
+    p = subprocess.run([sys.executable, "-m", "cltrace", "run", "--out", "t.json", "subprocesses.py"],
+                       cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("the user sitecustomize ran") == 1 + 3  # cltrace run itself, and each child
+    assert "a child without OpenCL" in p.stdout
+    assert len(list(tmp_path.glob("t.pid*.json"))) == 2  # the child that traced nothing left no file
+    spans, meta = load(str(tmp_path / "t.json"))
+    assert sorted(s.name for s in spans) == ["child importing cltrace", "child importing pyopencl"]
+    assert len(meta["merged"]["processes"]) == 3

@@ -8,12 +8,12 @@ How a child is reached:
   region stacks reset themselves in the child; the hook here forgets the parent's outputs (left
   unwritten: they are the parent's files) and opens the child's own.
 - a new interpreter (multiprocessing's "spawn", the forkserver itself, ``subprocess`` running
-  Python): ``follow()`` puts the folder of cltrace's ``sitecustomize`` first on PYTHONPATH and the
-  family's settings in ``CLTRACE_FAMILY``; the child starts tracing when it first imports pyopencl
-  or cltrace, so a child that never uses OpenCL pays nothing and leaves no file. Chosen over a
-  ``.pth`` file (needs installing into site-packages, and acts on every program of the
-  environment) and ``usercustomize`` (off in virtual environments); a sitecustomize already on
-  the path still runs, after ours. ``python -I``/``-E`` children ignore PYTHONPATH: not followed.
+  Python): ``follow()`` puts the folder of cltrace's ``sitecustomize`` (``cli/_boot``) first on
+  PYTHONPATH and the family's settings in ``CLTRACE_FAMILY``; the child starts tracing when it
+  first imports pyopencl or cltrace, so a child that never uses OpenCL pays nothing and leaves no
+  file. Chosen over a ``.pth`` file (needs installing into site-packages, and acts on every
+  program of the environment) and ``usercustomize`` (off in virtual environments); a
+  sitecustomize already on the path still runs, after ours. ``python -I``/``-E`` children ignore PYTHONPATH: not followed.
 
 A child's files are created on its first span and closed on normal exit, an uncaught exception,
 SIGTERM (the session's handler), and at the end of a multiprocessing child, which leaves through
@@ -43,7 +43,6 @@ from . import session
 log = logging.getLogger("cltrace")
 
 ENV = "CLTRACE_FAMILY"
-BOOT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cli", "_boot")
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -103,16 +102,17 @@ def process_info(family: Family) -> dict[str, Any]:
 
 # ---- the root: start following -----------------------------------------------------------------
 
-def follow(outputs: Sequence[str], sinks: Sequence[Any] = ()) -> Family:
+def follow(outputs: Sequence[str], sinks: Sequence[Any], boot_dir: str) -> Family:
     """Let this process's Python children trace into files next to ``outputs`` (call after
-    ``session.start``): set the environment children inherit. ``unfollow()`` restores it."""
+    ``session.start``): set the environment children inherit, with ``boot_dir`` (the folder of the
+    bootstrap ``sitecustomize``) first on PYTHONPATH. ``unfollow()`` restores it."""
     global _family
     family = Family(uuid.uuid4().hex, os.getpid(), [os.path.abspath(p) for p in outputs],
                     *_otlp_of(sinks), started=time.time())
     _family = family
     RECORDER.meta["process"] = process_info(family)
     env = {ENV: json.dumps(asdict(family)),
-           "PYTHONPATH": os.pathsep.join([BOOT_DIR, *filter(None, [os.environ.get("PYTHONPATH")])])}
+           "PYTHONPATH": os.pathsep.join([boot_dir, *filter(None, [os.environ.get("PYTHONPATH")])])}
     if family.traceparent:
         env["TRACEPARENT"] = family.traceparent
     for k, v in env.items():

@@ -18,6 +18,7 @@ from ..errors import TraceFileError
 from ..export.formats import format_for
 from .instrument import instrument, instrumented, uninstrument
 
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")  # children's sitecustomize
 CHILD_WAIT_S = 10.0  # how long the merge waits for children still writing after the script ended
 
 
@@ -83,7 +84,7 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     try:
         session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet)
         if follow:
-            family = children.follow(outputs, extra_sinks)
+            family = children.follow(outputs, extra_sinks, BOOT_DIR)
         instrument()
         try:
             runpy.run_path(full, run_name="__main__")
