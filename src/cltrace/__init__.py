@@ -18,6 +18,7 @@ from .analyze.report import PerfCounter
 from .capture.session import enabled, start, stop, trace
 from .capture.schedule import Schedule, schedule
 from .capture.stepper import Cycle, step, steps
+from .capture import children as _children  # noqa: F401  (forked children trace into files of their own)
 from .timeline.spans import Span
 from .record.timing import EventTimer, timing
 from .programs.compiler import BuildError, Kernel, Program, ProgramCache, compile

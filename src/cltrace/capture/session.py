@@ -51,7 +51,7 @@ def _open(out: str | os.PathLike[str]) -> tuple[Any, str]:
     while not os.path.exists(folder):
         folder = os.path.dirname(folder)
     if not os.path.isdir(folder):
-        raise OutputError(f"cannot write the trace {path!r}: {_shown(folder)!r} is a file, not a folder; "
+        raise OutputError(f"cannot write the trace {path!r}: {shown(folder)!r} is a file, not a folder; "
                           "choose another path")
     sink = sink_for(path, fmt)
     try:
@@ -141,14 +141,23 @@ def stop() -> None:
         stepper.set_current(None)
     _uninstall_sigterm()
     if wrote:
-        print(f"cltrace: wrote {', '.join(_shown(p) for p in wrote)}", file=sys.stderr, flush=True)
+        print(f"cltrace: wrote {', '.join(shown(p) for p in wrote)}", file=sys.stderr, flush=True)
 
 
 def _announce(paths: list[str]) -> None:
-    print(f"cltrace: wrote {', '.join(_shown(p) for p in paths)}", file=sys.stderr, flush=True)
+    print(f"cltrace: wrote {', '.join(shown(p) for p in paths)}", file=sys.stderr, flush=True)
 
 
-def _shown(path: str) -> str:
+def forget_after_fork() -> list[tuple[Any, str | None]]:
+    """In a forked child: the parent's outputs, as (sink, path or None), forgotten here (the recorder
+    has abandoned them: they are the parent's to close)."""
+    out = [(s, _session_paths.get(id(s), (None, False))[0]) for s in _session_sinks]
+    _session_sinks.clear()
+    _session_paths.clear()
+    return out
+
+
+def shown(path: str) -> str:
     """A path as the user can open it from where they are: relative under the working folder."""
     full = os.path.abspath(path)
     try:

@@ -1,4 +1,4 @@
-"""The ``cltrace`` command: devices, demo, summary, analyze, diff, run, tune."""
+"""The ``cltrace`` command: devices, demo, summary, analyze, diff, run, merge, tune."""
 from __future__ import annotations
 
 import argparse
@@ -279,6 +279,22 @@ def cmd_run(args: argparse.Namespace) -> int:
                       schedule=args.schedule, steps_from=args.steps_from)
 
 
+def _merged_out(value: str) -> str:
+    if not value.endswith((".json", ".pftrace")) or value.endswith(".speedscope.json"):
+        raise argparse.ArgumentTypeError(f"{value!r}: the merged trace is a .json or .pftrace file")
+    return value
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from ..merge import merge
+
+    result = merge(args.files, args.out)
+    print(f"cltrace: wrote {args.out}: {len(result.processes)} processes, {result.spans:,} spans on one timeline")
+    for line in result.lines():
+        print(line)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="cltrace", description="Where the time of OpenCL programs goes.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
@@ -323,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("script", nargs="?", help="the Python script to run, as `python script.py` would")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     r.set_defaults(fn=cmd_run)
+
+    m = sub.add_parser("merge", help="merge traces of several processes into one: a process per pid, one timeline")
+    m.add_argument("files", nargs="+", help="trace files written by cltrace (.json or .pftrace, mixed)")
+    m.add_argument("-o", "--out", required=True, type=_merged_out, help="the merged trace (.json or .pftrace)")
+    m.set_defaults(fn=cmd_merge)
 
     try:
         from .tune import add_tune_arguments, main_tune

@@ -9,13 +9,19 @@ from __future__ import annotations
 import os
 import runpy
 import sys
+import time
 import traceback
 from typing import Any, Sequence
 
-from ..capture import session
+from ..capture import children, session
 from ..capture.schedule import Schedule
+from ..errors import TraceFileError
+from ..export.formats import format_for
 from . import steps_from as steps_from_region
 from .instrument import instrument, instrumented, uninstrument
+
+BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")  # children's sitecustomize
+CHILD_WAIT_S = 10.0  # how long the merge waits for children still writing after the script ended
 
 
 def _exit_status(code: Any) -> int:
@@ -43,7 +49,7 @@ def _print_exception(exc: BaseException, script: str) -> None:
 def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (), *,
                extra_sinks: Sequence[Any] = (), capacity: int | None = None,
                overflow: str | None = None, quiet: bool = True, schedule: Schedule | None = None,
-               steps_from: str | None = None) -> int:
+               steps_from: str | None = None, follow: bool = True) -> int:
     """Run ``script`` with ``sys.argv = [script, *argv]`` as ``__main__``, traced into ``outputs``.
 
     ``outputs`` are trace paths (format from the suffix); ``extra_sinks`` are sink
@@ -57,6 +63,12 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     ``session.OutputError`` before the script starts. ``schedule``: trace the steps it says, the
     script marking them with ``cltrace.step()``/``cltrace.steps()``, or, with ``steps_from``, each
     outermost region of that name being a step.
+
+    With ``follow`` (the default), Python children (multiprocessing with fork, spawn or
+    forkserver; ``subprocess`` running Python) write their own files next to each output
+    (``run.json`` -> ``run.pid<PID>.json``, see ``capture.children``); at the end each output
+    becomes the merged trace of this process and its children, on one timeline. The children's
+    files are kept.
     """
     script = os.fspath(script)
     if not os.path.isfile(script):
@@ -73,11 +85,14 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
         sys.path.insert(0, script_dir)
     was_instrumented = instrumented()
     status = 0
+    family = None  # set while children are followed; only the process that set it merges them
     try:
         session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet,
                       schedule=schedule)
         if steps_from:
             steps_from_region.install(steps_from)
+        if follow:
+            family = children.follow(outputs, extra_sinks, BOOT_DIR)
         instrument()
         try:
             runpy.run_path(full, run_name="__main__")
@@ -94,8 +109,93 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
         if not was_instrumented:
             uninstrument()
         steps_from_region.uninstall()
+        root = family is not None and family.root == os.getpid()  # not a child forked by the script
+        if root:
+            _end_children()
         session.stop()
+        if root:
+            children.unfollow()
         sys.argv = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
+    if root:
+        _merge_children(outputs, family, quiet)
     return status
+
+
+def _end_children() -> None:
+    """What Python does with multiprocessing children at exit, now, before their files are merged:
+    terminate the daemonic ones (their SIGTERM handler closes their files), join the others."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return
+    for p in mp.active_children():
+        if p.daemon:
+            p.terminate()
+    for p in mp.active_children():
+        p.join()
+
+
+def _running(pid: int) -> bool:
+    """Whether a process still runs (a zombie has ended: its files are closed)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def _pid_of(path: str) -> int:
+    return int(path.rpartition(".pid")[2].split(".")[0])
+
+
+def _merge_children(outputs: Sequence[str], family: children.Family, quiet: bool) -> None:
+    """Merge each output with its children's files of this run, in place, and say so (after the
+    session's usual ``cltrace: wrote`` line)."""
+    from ..merge import FORMATS, merge
+
+    found = {out: [f for f in children.child_files(os.path.abspath(out), family)
+                   if os.path.getmtime(f) >= family.started - 1] for out in outputs}
+    deadline = time.monotonic() + CHILD_WAIT_S
+    for pid in sorted({_pid_of(f) for files in found.values() for f in files}):
+        while _running(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    pids: set[int] = set()
+    wrote = []
+    for out, files in found.items():
+        if files and not os.path.exists(out):  # a scheduled run writes per-cycle files, not ``out``
+            print(f"cltrace: children's files kept apart, not merged: {session.shown(out)} was not written "
+                  f"(a schedule writes one file per cycle)", file=sys.stderr)
+            continue
+        try:
+            mergeable = format_for(out) in FORMATS
+        except ValueError:
+            mergeable = False
+        while files and mergeable:
+            try:
+                result = merge([out, *files], out)
+            except TraceFileError as exc:
+                bad = next((f for f in files if str(exc).startswith(f)), None)
+                print(f"cltrace: {out}: children not merged: {exc}" if bad is None else
+                      f"cltrace: {bad}: left out of {session.shown(out)}: {exc}", file=sys.stderr)
+                if bad is None:
+                    break
+                files.remove(bad)
+                continue
+            pids.update(p.pid for p in result.processes[1:])
+            for line in result.lines():
+                if "unix time" in line:
+                    print(f"cltrace: {line.strip()}", file=sys.stderr)
+            break
+        wrote.append(out)
+    if quiet or not pids:
+        return
+    stems = [children.child_path(session.shown(p), 0).replace(".pid0", ".pid<PID>") for p in wrote]
+    print(f"cltrace: merged children {', '.join(map(str, sorted(pids)))} into "
+          f"{', '.join(session.shown(p) for p in wrote)}: {len(pids) + 1} processes on one timeline "
+          f"(each child's own file: {', '.join(stems)})", file=sys.stderr, flush=True)

@@ -23,7 +23,7 @@ from typing import IO, Any, Sequence
 
 import numpy as np
 
-from .base import open_trace_file
+from .base import abandon_file, open_trace_file
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
 from .processes import device_pid, program_name
 from ..record.memory import COUNTER_ARG, counter_name
@@ -169,10 +169,13 @@ class ChromeTraceSink:
             self._memory_at, self._memory_first = ledger.open()
         self._fh = open_trace_file(self.path)
         self._host_pid = recorder.tracks.pid
+        self._process_names = getattr(recorder.tracks, "process_names", None) or {}  # pid -> name (merged)
+        self._named_pids = {self._host_pid}
         self._hheads.clear()  # they hold the host pid
         self._emit_lines([
             "[",
-            self._meta("process_name", self._host_pid, 0, {"name": program_name()}),
+            self._meta("process_name", self._host_pid, 0,
+                       {"name": self._process_names.get(self._host_pid) or program_name()}),
             self._meta("process_sort_index", self._host_pid, 0, {"sort_index": 0}),
         ])
         self.events_written -= 1  # the "[" line
@@ -308,6 +311,11 @@ class ChromeTraceSink:
         fh.close()
         self._fh = None
 
+    def abandon(self) -> None:
+        """In a forked child: the file is the parent's; drop it unwritten (``base.abandon_file``)."""
+        abandon_file(self._fh)
+        self._fh = None
+
     # -- helpers ----------------------------------------------------------------
     def _memory_lines(self) -> list[str]:
         """Live device-memory samples not written yet: a counter ("ph":"C") per context."""
@@ -390,7 +398,8 @@ class ChromeTraceSink:
     def _host_head(self, th: int) -> bytes:
         hh = self._hheads.get(th)
         if hh is None:
-            hh = self._hheads[th] = f'"pid":{self._host_pid},"tid":{th},"ts":'.encode()
+            pid = self._recorder.tracks.get(th).pid or self._host_pid
+            hh = self._hheads[th] = f'"pid":{pid},"tid":{th},"ts":'.encode()
         return hh
 
     def _device_head(self, dt: int) -> bytes:
@@ -419,7 +428,11 @@ class ChromeTraceSink:
                 out.append(self._meta("process_name", pid, 0, {"name": track.process}))
                 out.append(self._meta("process_sort_index", pid, 0, {"sort_index": len(self._pids)}))
         else:
-            pid = self._host_pid
+            pid = track.pid or self._host_pid
+            if pid not in self._named_pids:  # another host process (a merged trace)
+                self._named_pids.add(pid)
+                out.append(self._meta("process_name", pid, 0, {"name": self._process_names.get(pid, track.process)}))
+                out.append(self._meta("process_sort_index", pid, 0, {"sort_index": 0}))
             self._pids.setdefault(track.process, pid)
         out.append(self._meta("thread_name", pid, track.id, {"name": track.name}))
         out.append(self._meta("thread_sort_index", pid, track.id, {"sort_index": track.id}))

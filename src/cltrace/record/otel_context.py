@@ -14,6 +14,7 @@ and one detach (``benchmarks/bench_region.py``).
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from typing import Any
 
@@ -120,3 +121,17 @@ def release() -> None:
 def active() -> bool:
     """Whether regions take part in the OpenTelemetry context now."""
     return _users > 0
+
+
+def _forget_after_fork() -> None:
+    """A forked child has abandoned the parent's OTLP sinks: it claims ids of its own when its sink starts."""
+    global _users, _saved, ROOT_PARENT, _lock
+    _lock = threading.Lock()
+    if _saved is not None:
+        regions.swap_region_types(_saved)
+    _users, _saved, ROOT_PARENT = 0, None, None
+    PARENTS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

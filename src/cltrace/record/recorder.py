@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from .. import _state
 from .._version import version
-from ..timeline import stamps
+from ..timeline import host, stamps
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.clock import ClockRegistry
 from ..timeline.resolve import Resolver
@@ -319,6 +319,7 @@ class Recorder:
             "start_ns": self.start_ns,
             "start_unix_ns": self.start_unix_ns,
             "pid": os.getpid(),
+            "host": host.identity(),
             "dropped_spans": self.lost,
             "memory_dropped_spans": self.memory_dropped,
             "recorded_spans": self.recorded,
@@ -329,6 +330,40 @@ class Recorder:
             **({"memory": memory} if memory else {}),
             **self.meta,
         }
+
+    def reset_after_fork(self) -> list[Any]:
+        """In a forked child: start afresh, as a recorder of this process (tracing stays as it was).
+
+        The parent's records, spans, worker, locks (another thread may have held one at the fork)
+        and device state are dropped; its sinks are abandoned (``abandon()`` where they have it),
+        never written or closed: their outputs are the parent's. Called by ``os.register_at_fork``.
+        """
+        self.pending.clear()  # the same deque: the hot path holds it
+        self.tracks = TrackRegistry()
+        self.clocks = ClockRegistry()
+        self.tables = Tables()
+        self.stats = Stats()
+        self.resolver = Resolver(self.tracks, self.clocks, self.tables)
+        self._store = collections.deque()
+        self._stored = self.memory_dropped = self.lost = self.recorded = self.device_waits = 0
+        self._lock = threading.RLock()
+        self._worker = None
+        self._wake = threading.Event()
+        self._stop_worker = threading.Event()
+        self._next_flush = 0.0
+        self._clocks_flushed = 0
+        self._room = self.max_pending
+        self.start_ns = perf_ns()
+        self.start_unix_ns = time.time_ns()
+        orphans, self.sinks = self.sinks, []
+        for sink in orphans:
+            abandon = getattr(sink, "abandon", None)
+            if abandon is not None:
+                try:
+                    abandon()
+                except Exception:
+                    pass
+        return orphans
 
     # ---- sinks ----------------------------------------------------------------
     def add_sink(self, sink: Any) -> None:
@@ -372,6 +407,8 @@ class Recorder:
 
 RECORDER = Recorder()
 push = RECORDER.push
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=RECORDER.reset_after_fork)
 
 
 def enable() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, TypeVar
@@ -59,6 +60,18 @@ class _ThreadState(threading.local):
 
 
 _tls = _ThreadState()
+
+
+def _reset_after_fork() -> None:
+    """In a forked child: the forking thread's open regions are the parent's spans; the child's
+    records start at the root (the same list: the C regions hold it). The queue given to
+    ``set_queue`` is the parent's: OpenCL objects do not cross a fork."""
+    _tls.stack.clear()
+    _queues._default_queue = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)  # after the recorder's reset
 
 
 def thread_key() -> int:

@@ -14,6 +14,7 @@ from typing import Any
 HOST_THREAD = "thread"
 DEVICE_QUEUE = "queue"
 COMPILE = "compile"
+COMPILE_TRACK_NAME = "OpenCL compile"
 
 # Pseudo thread ident for raw records: the resolver places such (host-only) spans on
 # the compile track instead of a host thread track. Real thread idents are never 0.
@@ -29,6 +30,7 @@ class Track:
     process: str  # the process group it belongs to (host process or device)
     device: str | None = None  # device uid (``DeviceInfo.uid``) for queue tracks
     attrs: dict[str, Any] = field(default_factory=dict)
+    pid: int = 0  # the host process of a host track where it is not the registry's (merged traces)
 
 
 @dataclass
@@ -146,7 +148,7 @@ class TrackRegistry:
         return key
 
     def compile_track(self) -> int:
-        return self._add(("compile",), COMPILE, "OpenCL compile", "host")
+        return self._add(("compile",), COMPILE, COMPILE_TRACK_NAME, "host")
 
     def register_device(self, device: Any) -> DeviceInfo:
         info = device_info(device)

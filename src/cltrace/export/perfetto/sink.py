@@ -19,7 +19,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ...record.memory import counter_name
 from ...timeline.batch import as_batch
 from ...timeline.spans import Span
-from ..base import open_trace_file
+from ..base import abandon_file, open_trace_file
 from ..processes import program_name
 from .order import HoldBack
 from .packets import encode
@@ -46,6 +46,7 @@ class PerfettoTraceSink:
         self._memory_tracks: dict[int, int] = {}  # context key -> counter track uuid
         self._since_flush = 0
         self._clocks_written = ""
+        self._clock = time.perf_counter_ns
         self.bytes_written = 0
         self.packets_written = 0
 
@@ -56,6 +57,7 @@ class PerfettoTraceSink:
         self._memory = getattr(recorder, "memory", None)
         if self._memory is not None:
             self._memory_at, self._memory_first = self._memory.open()
+        self._clock = getattr(recorder, "now_ns", time.perf_counter_ns)  # a merged trace ends at its last span
         tracks = self._tracks = Tracks(recorder.tracks, _mono_offset())
         self._fh = open_trace_file(self.path)
         snap = pb.ClockSnapshot(primary_trace_clock=MONOTONIC)
@@ -73,8 +75,9 @@ class PerfettoTraceSink:
             trace_packet_defaults=pb.TracePacketDefaults(timestamp_clock_id=MONOTONIC),
             clock_snapshot=snap))]
         pid = recorder.tracks.pid
+        name = (getattr(recorder.tracks, "process_names", None) or {}).get(pid) or program_name()
         out.append(tracks.descriptor(pb.TrackDescriptor(
-            uuid=tracks.process_uuid, process=pb.ProcessDescriptor(pid=pid, process_name=program_name()))))
+            uuid=tracks.process_uuid, process=pb.ProcessDescriptor(pid=pid, process_name=name))))
         self._dropped_uuid = tracks.new_uuid()
         out.append(tracks.descriptor(pb.TrackDescriptor(
             uuid=self._dropped_uuid, parent_uuid=tracks.process_uuid, name=DROPPED_TRACK,
@@ -125,13 +128,18 @@ class PerfettoTraceSink:
         fh.close()
         self._fh = None
 
+    def abandon(self) -> None:
+        """In a forked child: the file is the parent's; drop it unwritten (``base.abandon_file``)."""
+        abandon_file(self._fh)
+        self._fh = None
+
     def _encode(self, rows: np.ndarray, extras: list[bytes], select: np.ndarray | None = None) -> bytes:
         data, packets = encode(self._tracks, rows, extras, select)
         self.packets_written += packets
         return data
 
     def _now(self) -> int:
-        return time.perf_counter_ns() + self._tracks.mono
+        return self._clock() + self._tracks.mono
 
     def _dropped(self, n: int) -> bytes:
         if n == self._dropped_written:

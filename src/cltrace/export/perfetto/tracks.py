@@ -121,6 +121,7 @@ class Tracks:
         self.process_uuid = SYNTHETIC_UUID
         self._next_uuid = SYNTHETIC_UUID + 1
         self._device_uuids: dict[str, int] = {}
+        self._host_uuids: dict[int, int] = {}  # pid of another host process (merged traces) -> uuid
         self._prefixes: dict[int, int] = {}  # prefix key (track, cat id, name id) -> pool id
         self._site_prefixes: dict[tuple[int, int], int] = {}  # (prefix key, site id) -> pool id
 
@@ -133,6 +134,19 @@ class Tracks:
     def descriptor(desc: Any) -> bytes:
         return proto_packet(pb.TracePacket(trusted_packet_sequence_id=META_SEQ, track_descriptor=desc))
 
+    def host_process(self, pid: int, head: list[bytes]) -> int:
+        """The uuid of a host process's track: the sink's own (0 or the registry's pid), else another
+        process of a merged trace, described on first use."""
+        if not pid or pid == self.registry.pid:
+            return self.process_uuid
+        uuid = self._host_uuids.get(pid)
+        if uuid is None:
+            uuid = self._host_uuids[pid] = self.new_uuid()
+            name = (getattr(self.registry, "process_names", None) or {}).get(pid, f"pid {pid}")
+            head.append(self.descriptor(pb.TrackDescriptor(
+                uuid=uuid, process=pb.ProcessDescriptor(pid=pid, process_name=name))))
+        return uuid
+
     def open(self, track_ids: Any, head: list[bytes]) -> None:
         """Descriptors (into ``head``) and sequences for the tracks not seen yet (None: no track)."""
         for t in track_ids:
@@ -142,8 +156,10 @@ class Tracks:
     def _open(self, track_id: int, head: list[bytes]) -> None:
         track = self.registry.get(track_id)
         if track.kind == HOST_THREAD:
+            pid = track.pid or self.registry.pid
+            self.host_process(pid, head)
             desc = pb.TrackDescriptor(uuid=track.id, thread=pb.ThreadDescriptor(
-                pid=self.registry.pid, tid=_native_tid(track.attrs.get("thread.id")) or track.id,
+                pid=pid, tid=_native_tid(track.attrs.get("thread.id")) or track.id,
                 thread_name=track.name))
         elif track.kind == DEVICE_QUEUE:  # a thread of the device's process, as in the Chrome JSON
             dpid = device_pid(self.registry, track.device)
@@ -155,7 +171,7 @@ class Tracks:
             desc = pb.TrackDescriptor(uuid=track.id, thread=pb.ThreadDescriptor(
                 pid=dpid, tid=track.id, thread_name=track.name), sibling_order_rank=track.id)
         else:  # the compile track, or any other host-side track
-            desc = pb.TrackDescriptor(uuid=track.id, parent_uuid=self.process_uuid, name=track.name)
+            desc = pb.TrackDescriptor(uuid=track.id, parent_uuid=self.host_process(track.pid, head), name=track.name)
         head.append(self.descriptor(desc))
         seq = self.seqs[track_id] = Seq(track_id + 1, track.id, track.kind == DEVICE_QUEUE)
         seq.tail = self.pool.add(P_SEQ + uv(seq.id) + P_TE)
@@ -237,7 +253,7 @@ class Tracks:
             track = self.registry.get(track_id)
             seq.counter = self.new_uuid()
             parent = (self._device_uuids.get(track.process, self.process_uuid) if track.kind == DEVICE_QUEUE
-                      else self.process_uuid)
+                      else self.host_process(track.pid, head))
             head.append(self.descriptor(pb.TrackDescriptor(
                 uuid=seq.counter, parent_uuid=parent, name=f"{track.name} · bytes transferred",
                 counter=pb.CounterDescriptor(unit=pb.CounterDescriptor.UNIT_SIZE_BYTES))))

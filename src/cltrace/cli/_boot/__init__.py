@@ -1,0 +1,1 @@
+"""The folder ``cltrace run`` puts first on its children's PYTHONPATH: it holds ``sitecustomize``."""
