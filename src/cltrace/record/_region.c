@@ -260,6 +260,65 @@ untrack_if_atomic(PyObject *t)
     PyObject_GC_UnTrack(t);
 }
 
+/* A raw record never takes part in a reference cycle: nothing it holds (strings, ints, the queue,
+ * the events, the attrs dict, the path and site tuples) refers back to it. Untracked, the records
+ * waiting in the deque add nothing to the collector's long-lived generation, whose growth would
+ * otherwise start full collections (each walking every waiting record) several times a second at
+ * launch rates: pauses of 100+ ms in every traced thread, measured on an H200 host. */
+static inline void
+untrack_record(PyObject *t)
+{
+    if (PyTuple_CheckExact(t) && PyObject_GC_IsTracked(t))
+        PyObject_GC_UnTrack(t);
+}
+
+/* pending.append(rec); past RECORDER._room, RECORDER._drain_backpressure(). -1 on error. */
+static int
+push_record(PyObject *rec)
+{
+    PyObject *res = PyObject_CallOneArg(g_append, rec);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    Py_ssize_t n = PyObject_Size(g_pending);
+    if (n < 0)
+        return -1;
+    PyObject *room_o = PyObject_GetAttr(g_recorder, s_room);
+    if (room_o == NULL)
+        return -1;
+    int full, overflow = 0;
+    long long room = PyLong_CheckExact(room_o) ? PyLong_AsLongLongAndOverflow(room_o, &overflow) : 0;
+    if (PyLong_CheckExact(room_o) && !overflow) {
+        full = (long long)n >= room;
+    } else {
+        PyObject *n_o = PyLong_FromSsize_t(n);
+        full = n_o == NULL ? -1 : PyObject_RichCompareBool(n_o, room_o, Py_GE);
+        Py_XDECREF(n_o);
+    }
+    Py_DECREF(room_o);
+    if (full <= 0)
+        return full;
+    res = PyObject_CallMethodNoArgs(g_recorder, s_drain);
+    if (res == NULL)
+        return -1;
+    Py_DECREF(res);
+    return 0;
+}
+
+/* push(rec): RECORDER.push for records built in Python (launches, copies), untracked first. */
+static PyObject *
+mod_push(PyObject *self, PyObject *rec)
+{
+    if (g_pending == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cltrace._region: init() was not called");
+        return NULL;
+    }
+    untrack_record(rec);
+    if (push_record(rec) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -631,38 +690,12 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
     PyTuple_SET_ITEM(rec, 13, error);
     PUT(14, self->site ? self->site : Py_None);
 #undef PUT
-    untrack_if_atomic(rec);
-    PyObject *res = PyObject_CallOneArg(g_append, rec);
+    untrack_record(rec);
+    int ok = push_record(rec);
     Py_DECREF(rec);
     rec = NULL;
-    if (res == NULL)
+    if (ok < 0)
         return NULL;
-    Py_DECREF(res);
-    /* back-pressure: if len(pending) >= RECORDER._room: RECORDER._drain_backpressure() */
-    Py_ssize_t n = PyObject_Size(g_pending);
-    if (n < 0)
-        return NULL;
-    PyObject *room_o = PyObject_GetAttr(g_recorder, s_room);
-    if (room_o == NULL)
-        return NULL;
-    int full, overflow = 0;
-    long long room = PyLong_CheckExact(room_o) ? PyLong_AsLongLongAndOverflow(room_o, &overflow) : 0;
-    if (PyLong_CheckExact(room_o) && !overflow) {
-        full = (long long)n >= room;
-    } else {
-        PyObject *n_o = PyLong_FromSsize_t(n);
-        full = n_o == NULL ? -1 : PyObject_RichCompareBool(n_o, room_o, Py_GE);
-        Py_XDECREF(n_o);
-    }
-    Py_DECREF(room_o);
-    if (full < 0)
-        return NULL;
-    if (full) {
-        res = PyObject_CallMethodNoArgs(g_recorder, s_drain);
-        if (res == NULL)
-            return NULL;
-        Py_DECREF(res);
-    }
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(q);
@@ -849,6 +882,7 @@ static PyMethodDef methods[] = {
     {"init", mod_init, METH_VARARGS,
      "init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread): "
      "share the Python state (per_os_thread: tls is a plain threading.local)."},
+    {"push", mod_push, METH_O, "push(rec): append a raw record (untracked by the cyclic GC) to the pending deque, with back-pressure."},
     {"now", mod_now, METH_NOARGS, "The host clock in ns, read as time.perf_counter_ns() reads it."},
     {"site", (PyCFunction)(void (*)(void))mod_site, METH_FASTCALL,
      "site(skip=1): the raw call site (code, offset, ...) of the first user frames above the caller's skip - 1."},

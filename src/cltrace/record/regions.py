@@ -16,6 +16,7 @@ import functools
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, TypeVar
@@ -190,6 +191,8 @@ REGION_WHY: str = _CHOICE.why  # why the C region is not used ("" when it is)
 REGION_PATH: str = _CHOICE.path
 REGION_DETAIL: str = _CHOICE.detail
 _RegionType: Any = _Region if _NativeRegion is None else _NativeRegion
+if _NativeRegion is not None:  # launches and copies push through C too: each record untracked by the cyclic GC
+    _push = sys.modules[_NativeRegion.__module__].push
 
 
 def swap_region_types(types: tuple[Any, Any]) -> tuple[Any, Any]:
