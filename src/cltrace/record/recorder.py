@@ -54,7 +54,7 @@ new_id: Callable[[], int] = _ids.__next__  # atomic under the GIL
 
 perf_ns = time.perf_counter_ns
 
-CHUNK = 4096  # records resolved per step (the cheapest per record); the worker yields the GIL between steps
+CHUNK = 4096  # records resolved per step at least (more when behind: the whole backlog up to max_pending)
 FIRST_FLUSH_S = 0.25  # first bytes on disk this soon after the first sink is attached
 FIRST_CHUNK = 256  # records a step until the first device's clock has been flushed
 MERGE_ROWS = 1 << 18  # rows of a merged block of the in-memory store
@@ -130,7 +130,8 @@ class Recorder:
         """Called by the launching thread when the backlog reaches its cap: wake the worker and, if the
         device is behind, wait for it to finish the older half of what is still running."""
         self._ensure_worker()
-        self._wake.set()
+        if not self._wake.is_set():  # set() takes the Event's lock: at launch rates the launching
+            self._wake.set()         # threads held it so often that the worker, waking, starved on it
         waiting = self.resolver.waiting
         pending = self.pending
         cap = self.max_pending
@@ -191,14 +192,17 @@ class Recorder:
                     if self.pending:
                         # Small first steps: the first spans and the clock reach the files at once,
                         # however slowly a chunk resolves (the pure-Python fallback on a busy core).
+                        # Behind, take the whole backlog at once: each time the worker gives up the GIL
+                        # (a lock, a numpy loop, a write) it waits up to a switch interval (5 ms) to get
+                        # it back from a launching thread, so fewer, larger steps resolve far more.
+                        n = max(CHUNK, min(len(self.pending), self.max_pending)) if self._clocks_flushed else FIRST_CHUNK
                         with self._lock:
-                            self._step(block=False, limit_records=CHUNK if self._clocks_flushed else FIRST_CHUNK)
+                            self._step(block=False, limit_records=n)
                     if self.sinks and (time.monotonic() >= self._next_flush
                                        or self.clocks.count != self._clocks_flushed):
                         self._flush_sinks()  # a new device's calibration reaches the files at once
                     if not self.pending or self._stop_worker.is_set():
                         break
-                    time.sleep(0)  # hand the GIL to the program between chunks
             except Exception as exc:  # the worker must survive anything a sink or driver throws
                 log.warning("cltrace: background resolution failed: %s", exc)
 
