@@ -334,19 +334,22 @@ def test_native_encode_rejects_inconsistent_arrays() -> None:
     rows = np.zeros((NCOLS, 3), np.int64)
     rows[C_PRE] = rows[C_EXTRA] = -1
     runs = np.array([[0, 3, 8, 9, 19, 29, 39, 0, 0, 0]], np.int64)
-    assert _packets.encode(rows, runs.copy(), 0, consts, *pool, *extras)  # consistent: encodes
+    perm = np.arange(3, dtype=np.int64)
+    assert _packets.encode(rows, perm, runs.copy(), 0, consts, *pool, *extras)  # consistent: encodes
     cases = {
         "do not cover": np.array([[0, 2, 8, 9, 19, 29, 39, 0, 0, 0]], np.int64),
         "out of range": np.array([[0, 3, 99, 9, 19, 29, 39, 0, 0, 0]], np.int64),
     }
     for why, bad in cases.items():
         with pytest.raises(ValueError, match=why):
-            _packets.encode(rows, bad, 0, consts, *pool, *extras)
+            _packets.encode(rows, perm, bad, 0, consts, *pool, *extras)
+    with pytest.raises(ValueError, match="perm is out of range"):
+        _packets.encode(rows, np.array([0, 1, 3], np.int64), runs.copy(), 0, consts, *pool, *extras)
     rows[C_PRE, 1] = 10**6
     with pytest.raises(ValueError, match="out of range"):
-        _packets.encode(rows, runs.copy(), 0, consts, *pool, *extras)
+        _packets.encode(rows, perm, runs.copy(), 0, consts, *pool, *extras)
     with pytest.raises(ValueError, match="rows int64"):
-        _packets.encode(np.zeros(5, np.int64), runs.copy(), 0, consts, *pool, *extras)
+        _packets.encode(np.zeros(5, np.int64), perm, runs.copy(), 0, consts, *pool, *extras)
     assert RUN_COLS == runs.shape[1]
 
 
