@@ -334,17 +334,59 @@ def test_native_encode_rejects_inconsistent_arrays() -> None:
     rows = np.zeros((NCOLS, 3), np.int64)
     rows[C_PRE] = rows[C_EXTRA] = -1
     runs = np.array([[0, 3, 8, 9, 19, 29, 39, 0, 0, 0]], np.int64)
-    assert _packets.encode(rows, runs.copy(), 0, consts, *pool, *extras)  # consistent: encodes
+    perm = np.arange(3, dtype=np.int64)
+    assert _packets.encode(rows, perm, runs.copy(), 0, consts, *pool, *extras)  # consistent: encodes
     cases = {
         "do not cover": np.array([[0, 2, 8, 9, 19, 29, 39, 0, 0, 0]], np.int64),
         "out of range": np.array([[0, 3, 99, 9, 19, 29, 39, 0, 0, 0]], np.int64),
     }
     for why, bad in cases.items():
         with pytest.raises(ValueError, match=why):
-            _packets.encode(rows, bad, 0, consts, *pool, *extras)
+            _packets.encode(rows, perm, bad, 0, consts, *pool, *extras)
+    with pytest.raises(ValueError, match="perm is out of range"):
+        _packets.encode(rows, np.array([0, 1, 3], np.int64), runs.copy(), 0, consts, *pool, *extras)
     rows[C_PRE, 1] = 10**6
     with pytest.raises(ValueError, match="out of range"):
-        _packets.encode(rows, runs.copy(), 0, consts, *pool, *extras)
+        _packets.encode(rows, perm, runs.copy(), 0, consts, *pool, *extras)
     with pytest.raises(ValueError, match="rows int64"):
-        _packets.encode(np.zeros(5, np.int64), runs.copy(), 0, consts, *pool, *extras)
+        _packets.encode(np.zeros(5, np.int64), perm, runs.copy(), 0, consts, *pool, *extras)
     assert RUN_COLS == runs.shape[1]
+
+
+# ---- interned string values ---------------------------------------------------------------------
+def test_repeated_string_attributes_are_interned_and_read_back_by_both_readers(queue: Any, tmp_path: Any,
+                                                                               monkeypatch: Any) -> None:
+    """A launch's program hash, error texts and other string attributes repeat on every span: each is
+    written once per sequence (InternedData.debug_annotation_string_values) and referenced by
+    ``string_value_iid``, as trace processor reads it; past ``MAX_STRING_VALUES`` distinct ones per
+    sequence they are written inline. The general and the columnar reader give back the same values."""
+    from cltrace.export.perfetto import tracks
+    from cltrace.read import scan
+    from cltrace.read.perfetto_columns import load_pftrace_columns
+
+    monkeypatch.setattr(tracks, "MAX_STRING_VALUES", 8)
+    rec, spans = plain_kernels(queue, 600)
+    digest = "0c97f0f385cec1126bbf46209a69d57d0d092f8c446fc9f973099b1195af20d8"
+    for i, s in enumerate(spans):
+        s.attrs = {"program": digest, "global_size": [64, 64], "cache": "disk", "note": f"n{i % 20}"}
+        if i % 7 == 0:
+            s.status, s.error = "error", "ValueError: boom"
+    plain = write_with(encoder.encode_rows, rec, [], str(tmp_path / "empty.pftrace"), monkeypatch)
+    data = write_with(encoder.encode_rows, rec, [spans[i:i + 128] for i in range(0, len(spans), 128)],
+                      str(tmp_path / "t.pftrace"), monkeypatch)
+    packets = [pb.TracePacket.FromString(raw) for _, raw in iter_packets(data)]
+    interned = [e.str for p in packets for e in p.interned_data.debug_annotation_string_values]
+    assert interned.count(digest.encode()) == 1 and len(interned) == 8  # the cap, then inline
+    anns = [a for p in packets if p.trusted_packet_sequence_id != META_SEQ for a in p.track_event.debug_annotations]
+    assert sum(a.HasField("string_value_iid") for a in anns) >= 2 * len(spans)
+    assert {a.string_value for a in anns if a.HasField("string_value")} == {f"n{i}" for i in range(20)} - {
+        e.decode() for e in interned}
+    assert (len(data) - len(plain)) / len(spans) < 60 + 13 + 3 * 7 + 5  # slices, shape, 3 interned strings, note
+
+    general, _ = load_pftrace(tmp_path / "t.pftrace")
+    assert [(s.attrs, s.status, s.error) for s in general] == [(s.attrs, s.status, s.error) for s in spans]
+    if scan.NATIVE is None:
+        return
+    got = load_pftrace_columns(str(tmp_path / "t.pftrace"), scan.NATIVE)
+    assert got is not None, "the scanner did not read a file in cltrace's layout"
+    assert [(s.attrs, s.status, s.error) for s in got[0].spans()] == [(s.attrs, s.status, s.error) for s in spans]

@@ -449,6 +449,8 @@ done:
 #define ID_CATS 1
 #define ID_NAMES 2
 #define ID_DNAMES 3
+#define ID_SVALUES 29 /* debug_annotation_string_values: entries of table 3 (iid 1, str 2, as names) */
+#define N_TABLES 4
 #define CS_CLOCKS 1
 #define CK_ID 1
 #define CK_TS 2
@@ -465,11 +467,11 @@ static PyObject *
 field_numbers(PyObject *self, PyObject *unused)
 {
     return Py_BuildValue(
-        "{s(iiiiiiiiii)s(iiiiiiiiiiii)s(iii)s(iii)s(iiii)s(ii)si}", "TracePacket", TP_TIMESTAMP, TP_CLOCK_ID, TP_SEQ,
+        "{s(iiiiiiiiii)s(iiiiiiiiiiii)s(iii)s(iiii)s(iiii)s(ii)si}", "TracePacket", TP_TIMESTAMP, TP_CLOCK_ID, TP_SEQ,
         TP_FLAGS, TP_CLEARED, TP_INTERNED, TP_SNAPSHOT, TP_DEFAULTS, TP_TRACK_EVENT, TP_DESCRIPTOR, "TrackEvent",
         TE_TYPE, TE_UUID, TE_CAT_IIDS, TE_CATEGORIES, TE_NAME_IID, TE_NAME, TE_DEBUG, TE_FLOW_OLD, TE_TFLOW_OLD,
         TE_FLOW, TE_TFLOW, 30, "DebugAnnotation", DA_NAME_IID, DA_NAME, DA_INT, "InternedData", ID_CATS, ID_NAMES,
-        ID_DNAMES, "ClockSnapshot", CS_CLOCKS, CK_ID, CK_TS, CK_INCR, "TracePacketDefaults", DF_CLOCK,
+        ID_DNAMES, ID_SVALUES, "ClockSnapshot", CS_CLOCKS, CK_ID, CK_TS, CK_INCR, "TracePacketDefaults", DF_CLOCK,
         DF_TE_DEFAULTS, "TrackEventDefaults", TD_UUID);
 }
 
@@ -558,7 +560,7 @@ typedef struct {
     int64_t mono_minus_host;
     int has_offset;
     int64_t dev_offset;
-    col iid[3];     /* per table: iid -> entry + 1 (0: not interned) */
+    col iid[N_TABLES]; /* per table: iid -> entry + 1 (0: not interned) */
     col dn_code;    /* per debug annotation name entry (by iid): standard code + 1, 0 other */
 } seqstate;
 
@@ -631,7 +633,7 @@ interned(pf *o, seqstate *st, const uint8_t *s, Py_ssize_t n)
     field f;
     int r;
     while ((r = next_field(&b, &f)) > 0) {
-        if (f.wire != 2 || f.num < ID_CATS || f.num > ID_DNAMES)
+        if (f.wire != 2 || ((f.num < ID_CATS || f.num > ID_DNAMES) && f.num != ID_SVALUES))
             continue;
         buf e = {f.s, f.s + f.n};
         field g;
@@ -649,9 +651,9 @@ interned(pf *o, seqstate *st, const uint8_t *s, Py_ssize_t n)
         }
         if (q < 0)
             return FOREIGN;
-        int t = (int)f.num - 1;
-        if (t == ID_DNAMES - 1 && get_iid(&st->iid[t], iid) >= 0)
-            return FOREIGN; /* a debug annotation name redefined: the extras would read ambiguously */
+        int t = f.num == ID_SVALUES ? N_TABLES - 1 : (int)f.num - 1;
+        if (t >= ID_DNAMES - 1 && get_iid(&st->iid[t], iid) >= 0)
+            return FOREIGN; /* an annotation name or string value redefined: the extras would read ambiguously */
         int64_t ent = o->ent_seq.n;
         if (put(&o->ent_seq, (int64_t)st->id) || put(&o->ent_gen, st->gen) || put(&o->ent_table, t) ||
             put(&o->ent_iid, (int64_t)iid) || put(&o->ent_off, name - o->base) || put(&o->ent_len, nlen))
@@ -1073,7 +1075,7 @@ packet(pf *o, int64_t index, const uint8_t *s, Py_ssize_t n, int *first_snapshot
     if ((flags & SEQ_CLEARED) || cleared) {
         st->clock = st->uuid = 0;
         st->gen++;
-        for (int t = 0; t < 3; t++)
+        for (int t = 0; t < N_TABLES; t++)
             st->iid[t].n = 0;
         st->dn_code.n = 0;
     }
@@ -1180,7 +1182,7 @@ pftrace(PyObject *self, PyObject *args)
                         (long long)index, "end", (long long)last_end, "first_snapshot", first_snapshot);
 done:
     for (Py_ssize_t i = 0; i < o.nseqs; i++) {
-        for (int t = 0; t < 3; t++)
+        for (int t = 0; t < N_TABLES; t++)
             col_free(&o.seqs[i].iid[t]);
         col_free(&o.seqs[i].dn_code);
     }

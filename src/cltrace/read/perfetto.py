@@ -71,14 +71,17 @@ def iter_packets(data: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
-def _annotation_value(a: Any) -> Any:
+def _annotation_value(a: Any, strings: dict[int, str]) -> Any:
+    """A DebugAnnotation's value; ``strings``: the sequence's interned string values."""
     kind = a.WhichOneof("value")
     if kind is None:
         if a.array_values:
-            return [_annotation_value(x) for x in a.array_values]
+            return [_annotation_value(x, strings) for x in a.array_values]
         if a.dict_entries:
-            return {_str(x.name): _annotation_value(x) for x in a.dict_entries}
+            return {_str(x.name): _annotation_value(x, strings) for x in a.dict_entries}
         return None
+    if kind == "string_value_iid":
+        return strings.get(a.string_value_iid, f"#{a.string_value_iid}")
     if kind == "legacy_json_value":
         try:
             return json.loads(a.legacy_json_value)
@@ -110,7 +113,8 @@ def _str(v: Any) -> Any:
 class _Sequence:
     """What a packet sequence has set up: defaults, clocks and interned strings."""
 
-    __slots__ = ("clock", "uuid", "incremental", "mono_minus_host", "names", "cats", "dnames", "dev_offset", "sites")
+    __slots__ = ("clock", "uuid", "incremental", "mono_minus_host", "names", "cats", "dnames", "strings", "dev_offset",
+                 "sites")
 
     def __init__(self) -> None:
         self.clock = 0
@@ -120,6 +124,7 @@ class _Sequence:
         self.names: dict[int, str] = {}
         self.cats: dict[int, str] = {}
         self.dnames: dict[int, str] = {}
+        self.strings: dict[int, str] = {}  # interned debug annotation string values
         self.dev_offset: int | None = None  # raw - mapped start of the last "device.start" on the sequence
         self.sites: dict[int, sites.CallSite] = {}  # interned source locations
 
@@ -128,6 +133,7 @@ class _Sequence:
         self.names.clear()
         self.cats.clear()
         self.dnames.clear()
+        self.strings.clear()
         self.sites.clear()
 
     def timestamp(self, p: Any) -> int:
@@ -169,6 +175,7 @@ class _Reader:
             st.names.update((e.iid, _str(e.name)) for e in i.event_names)
             st.cats.update((e.iid, _str(e.name)) for e in i.event_categories)
             st.dnames.update((e.iid, _str(e.name)) for e in i.debug_annotation_names)
+            st.strings.update((e.iid, _str(e.str)) for e in i.debug_annotation_string_values)
             st.sites.update((e.iid, _site(e)) for e in i.source_locations)
         if p.HasField("clock_snapshot"):
             clocks = {c.clock_id: c for c in p.clock_snapshot.clocks}
@@ -197,7 +204,7 @@ class _Reader:
             ann: dict[str, Any] = {}
             for a in te.debug_annotations:
                 key = _str(a.name) if a.HasField("name") else st.dnames.get(a.name_iid, f"#{a.name_iid}")
-                ann.setdefault(key, _annotation_value(a))
+                ann.setdefault(key, _annotation_value(a, st.strings))
             raw = ann.get(A_DEV_START)
             if isinstance(raw, int):
                 st.dev_offset = raw - ts

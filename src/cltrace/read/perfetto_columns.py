@@ -111,18 +111,23 @@ def load_pftrace_columns(path: str, scanner: Any) -> tuple[SpanBatch, dict[str, 
         return None  # the general reader says what is wrong
 
 
-def _names(data: bytes, got: dict[str, Any]) -> tuple[list[str], dict[tuple[int, int], dict[int, str]]]:
-    """Text of every interned entry, and the debug annotation names per (sequence, generation)."""
+Interned = dict[tuple[int, int], dict[int, str]]  # (sequence, generation) -> iid -> text
+
+
+def _names(data: bytes, got: dict[str, Any]) -> tuple[list[str | None], Interned, Interned]:
+    """Text of every interned entry (None for string values: they are no span's name or category), and
+    the debug annotation names and string values per (sequence, generation) (the scanner's tables 2, 3)."""
     seq, gen, table, iid, off, ln = (np.frombuffer(b, np.int64).tolist() for b in got["entries"])
     texts = [_str(data[o:o + n]) for o, n in zip(off, ln)]
-    dnames: dict[tuple[int, int], dict[int, str]] = {}
+    dnames: Interned = {}
+    strings: Interned = {}
     for s, g, t, i, text in zip(seq, gen, table, iid, texts):
-        if t == 2:
-            dnames.setdefault((s, g), {})[i] = text
-    return texts, dnames
+        if t >= 2:
+            (dnames if t == 2 else strings).setdefault((s, g), {})[i] = text
+    return [None if t == 3 else text for t, text in zip(table, texts)], dnames, strings
 
 
-def _extras(data: bytes, got: dict[str, Any], dnames: dict[tuple[int, int], dict[int, str]]
+def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interned
             ) -> tuple[list[Any], list[bool], list[str | None]] | None:
     """Per distinct run of other annotations: attributes (None: none), failed, error text."""
     off, ln, key = (np.frombuffer(b, np.int64).tolist() for b in got["extras"])
@@ -131,11 +136,12 @@ def _extras(data: bytes, got: dict[str, Any], dnames: dict[tuple[int, int], dict
     errors: list[str | None] = []
     for o, n, k in zip(off, ln, key):
         names = dnames.get((k >> 20, k & 0xFFFFF), {})
+        values = strings.get((k >> 20, k & 0xFFFFF), {})
         te = pb.TrackEvent.FromString(data[o:o + n])
         ann: dict[str, Any] = {}
         for a in te.debug_annotations:
             name = _str(a.name) if a.HasField("name") else names.get(a.name_iid, f"#{a.name_iid}")
-            ann.setdefault(name, _annotation_value(a))
+            ann.setdefault(name, _annotation_value(a, values))
         if _STANDARD.intersection(ann):
             return None
         bad = ann.get(A_STATUS) == STATUS_ERROR
@@ -150,8 +156,8 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
     rest = _Rest()
     for o, n, _, uuid in zip(*(np.frombuffer(b, np.int64).tolist() for b in got["python"])):
         rest.packet(pb.TracePacket.FromString(data[o:o + n]), uuid)
-    texts, dnames = _names(data, got)
-    ext = _extras(data, got, dnames)
+    texts, dnames, strings = _names(data, got)
+    ext = _extras(data, got, dnames, strings)
     if ext is None:
         return None
     ex_attrs, ex_failed, ex_errors = ext
@@ -184,10 +190,10 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
     d = d[final]
 
     tables = Tables()
-    name_ids = np.array([tables.names.id(t) for t in texts] or [0], np.int32)
+    name_ids = np.array([0 if t is None else tables.names.id(t) for t in texts] or [0], np.int32)
     names = name_ids[r["name"][hrows]]
     cat_ent = r["cat"][hrows]
-    cat_ids = np.array([tables.cats.id(t) for t in texts] + [tables.cats.id("?")], np.int16)
+    cat_ids = np.array([0 if t is None else tables.cats.id(t) for t in texts] + [tables.cats.id("?")], np.int16)
     cats = cat_ids[cat_ent]  # -1: the "?" at the end
     n = len(hrows)
     extra = r["extra"][hrows]

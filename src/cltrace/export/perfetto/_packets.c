@@ -1,8 +1,9 @@
 /* Packet rows to protobuf bytes for the Perfetto writer, in one pass and without the GIL.
  *
  * The interface is arrays in, bytes out (any contiguous buffer; ``encoder.py`` passes numpy arrays):
- *   encode(rows, runs, mono, consts, pool, pool_off, pool_len, extras, extras_off, extras_len) -> bytes
- *     rows    int64[16, N]  packet rows column by column (``columns.py``), sorted by track and time
+ *   encode(rows, perm, runs, mono, consts, pool, pool_off, pool_len, extras, extras_off, extras_len) -> bytes
+ *     rows    int64[16, M]  packet rows column by column (``columns.py``)
+ *     perm    int64[N]      the rows to write, in file order (sorted by track and time): no gathered copy
  *     runs    int64[R, 10]  one per track's run of rows: lo, hi, pool ids of the sequence's fields and of
  *                           its four annotation headers (span, parent, device.start, device.end; each for
  *                           a 1-byte value, the next nine for longer ones), then the sequence's state,
@@ -86,14 +87,15 @@ check_strings(const char *what, const Py_buffer *buf, const Py_buffer *off, cons
 
 /* The packets of rows lo..hi-1, one track's run; NULL and *err set on a bad id. */
 static uint8_t *
-encode_run(uint8_t *p, const int64_t *const *col, int64_t *run, int64_t mono, const int64_t *k, const strings *pool,
-           const strings *extras, const char **err)
+encode_run(uint8_t *p, const int64_t *const *col, const int64_t *perm, int64_t *run, int64_t mono, const int64_t *k,
+           const strings *pool, const strings *extras, const char **err)
 {
     int64_t last = run[R_LAST], offset = run[R_OFFSET];
     int has_offset = run[R_HAS_OFFSET] != 0;
     const int64_t tail = run[R_TAIL];
     const int64_t *hdr = run + R_HDR;
-    for (int64_t i = run[R_LO]; i < run[R_HI]; i++) {
+    for (int64_t r = run[R_LO]; r < run[R_HI]; r++) {
+        const int64_t i = perm[r];
         int64_t ts = col[C_TS][i], k2 = col[C_K2][i], pre = col[C_PRE][i], flow = col[C_FLOW][i];
         int64_t ex = col[C_EXTRA][i];
         uint64_t sid = (uint64_t)col[C_SID][i], par = (uint64_t)col[C_PARENT][i];
@@ -202,27 +204,36 @@ longest(const strings *s)
 static PyObject *
 packets_encode(PyObject *self, PyObject *args)
 {
-    Py_buffer rb, ub, kb, pb, pob, plb, xb, xob, xlb;
+    Py_buffer rb, ob, ub, kb, pb, pob, plb, xb, xob, xlb;
     long long mono;
-    if (!PyArg_ParseTuple(args, "y*w*Ly*y*y*y*y*y*y*:encode", &rb, &ub, &mono, &kb, &pb, &pob, &plb, &xb, &xob, &xlb))
+    if (!PyArg_ParseTuple(args, "y*y*w*Ly*y*y*y*y*y*y*:encode", &rb, &ob, &ub, &mono, &kb, &pb, &pob, &plb, &xb, &xob,
+                          &xlb))
         return NULL;
     PyObject *result = NULL;
     uint8_t *out = NULL;
     strings pool, extras;
     if (rb.len % (Py_ssize_t)(NCOLS * sizeof(int64_t)) || ub.len % (Py_ssize_t)(RUN_COLS * sizeof(int64_t)) ||
-        kb.len != (Py_ssize_t)(NCONSTS * sizeof(int64_t))) {
-        PyErr_Format(PyExc_ValueError, "encode: need rows int64[%d, N], runs int64[R, %d], consts int64[%d]", NCOLS,
-                     RUN_COLS, NCONSTS);
+        ob.len % (Py_ssize_t)sizeof(int64_t) || kb.len != (Py_ssize_t)(NCONSTS * sizeof(int64_t))) {
+        PyErr_Format(PyExc_ValueError, "encode: need rows int64[%d, M], perm int64[N], runs int64[R, %d], "
+                     "consts int64[%d]", NCOLS, RUN_COLS, NCONSTS);
         goto done;
     }
     if (!check_strings("pool", &pb, &pob, &plb, &pool) || !check_strings("extras", &xb, &xob, &xlb, &extras))
         goto done;
     const int64_t *k = (const int64_t *)kb.buf;
     int64_t *runs = (int64_t *)ub.buf;
-    Py_ssize_t n = rb.len / (Py_ssize_t)(NCOLS * sizeof(int64_t));
+    Py_ssize_t m = rb.len / (Py_ssize_t)(NCOLS * sizeof(int64_t));
     const int64_t *col[NCOLS];
     for (int c = 0; c < NCOLS; c++)
-        col[c] = (const int64_t *)rb.buf + c * n;
+        col[c] = (const int64_t *)rb.buf + c * m;
+    const int64_t *perm = (const int64_t *)ob.buf;
+    Py_ssize_t n = ob.len / (Py_ssize_t)sizeof(int64_t);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (perm[i] < 0 || perm[i] >= m) {
+            PyErr_SetString(PyExc_ValueError, "encode: a row index in perm is out of range");
+            goto done;
+        }
+    }
     Py_ssize_t nruns = ub.len / (Py_ssize_t)(RUN_COLS * sizeof(int64_t));
     for (int c = 0; c < NCONSTS; c++) {
         if (BAD_ID(k[c], &pool)) {
@@ -258,7 +269,7 @@ packets_encode(PyObject *self, PyObject *args)
     uint8_t *p = out;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < nruns && p != NULL; r++)
-        p = encode_run(p, col, runs + r * RUN_COLS, (int64_t)mono, k, &pool, &extras, &err);
+        p = encode_run(p, col, perm, runs + r * RUN_COLS, (int64_t)mono, k, &pool, &extras, &err);
     Py_END_ALLOW_THREADS
     if (p == NULL)
         PyErr_Format(PyExc_ValueError, "encode: %s", err);
@@ -267,6 +278,7 @@ packets_encode(PyObject *self, PyObject *args)
 done:
     free(out);
     PyBuffer_Release(&rb);
+    PyBuffer_Release(&ob);
     PyBuffer_Release(&ub);
     PyBuffer_Release(&kb);
     PyBuffer_Release(&pb);
@@ -280,7 +292,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"encode", packets_encode, METH_VARARGS,
-     "encode(rows, runs, mono, consts, pool, pool_off, pool_len, extras, extras_off, extras_len) -> bytes."},
+     "encode(rows, perm, runs, mono, consts, pool, pool_off, pool_len, extras, extras_off, extras_len) -> bytes."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,7 +19,7 @@ from .layout import NCONSTS, RUN_COLS, Strings, encode_rows as _python_encode_ro
 
 log = logging.getLogger("cltrace")
 
-EncodeRows = Callable[[np.ndarray, np.ndarray, int, np.ndarray, Strings, Strings], bytes]
+EncodeRows = Callable[[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray, Strings, Strings], bytes]
 
 
 def _load_native() -> EncodeRows:
@@ -32,9 +32,10 @@ def _load_native() -> EncodeRows:
     if built != (NCOLS, RUN_COLS, NCONSTS):
         raise ImportError(f"C extension built for another row layout {built}: reinstall cltrace")
 
-    def encode_rows(rows: np.ndarray, runs: np.ndarray, mono: int, consts: np.ndarray, pool: Strings,
-                    extras: Strings) -> bytes:
-        return _packets.encode(np.ascontiguousarray(rows, np.int64), runs, mono, consts, *pool, *extras)
+    def encode_rows(rows: np.ndarray, perm: np.ndarray, runs: np.ndarray, mono: int, consts: np.ndarray,
+                    pool: Strings, extras: Strings) -> bytes:
+        return _packets.encode(np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(perm, np.int64), runs, mono,
+                               consts, *pool, *extras)
 
     return encode_rows
 

@@ -183,19 +183,20 @@ def strings(items: list[bytes]) -> Strings:
     return np.frombuffer(b"".join(items) or b"\x00", np.uint8), np.cumsum(lens) - lens, lens
 
 
-def encode_rows(rows: np.ndarray, runs: np.ndarray, mono: int, consts: np.ndarray, pool: Strings,
+def encode_rows(rows: np.ndarray, perm: np.ndarray, runs: np.ndarray, mono: int, consts: np.ndarray, pool: Strings,
                 extras: Strings) -> bytes:
-    """Packets of ``rows`` (int64[NCOLS, N], column by column, sorted by track and time; ``runs`` delimit
-    each track's rows and carry its sequence's state, updated in place). ``_packets.c`` describes the
-    arguments.
+    """Packets of ``rows[:, perm]`` (int64[NCOLS, M], column by column; ``perm``: the rows to write,
+    sorted by track and time; ``runs`` delimit each track's rows and carry its sequence's state, updated
+    in place). ``_packets.c`` describes the arguments.
 
     Per row: the timestamp is a delta on the sequence's incremental clock, or absolute MONOTONIC where
     time goes back (the clock keeps its value); "device.start" is written where the raw - mapped offset
     differs from the last one written on the sequence.
     """
-    n = rows.shape[1]
+    n = len(perm)
     if not n:
         return b""
+    rows = np.take(rows, perm, axis=1)
     ts = rows[C_TS]
     prev = np.empty(n, np.int64)
     tails = np.empty(n, np.int64)

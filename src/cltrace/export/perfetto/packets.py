@@ -26,9 +26,9 @@ def encode(tracks: Tracks, rows: np.ndarray, extras: list[bytes],
         select = np.arange(rows.shape[1])
     if not len(select):
         return b"", 0
-    rows = np.take(rows, select[order(rows, select)], axis=1)  # C-contiguous, where rows[:, i] is not
-    n = rows.shape[1]
-    track = rows[C_TRACK]
+    perm = select[order(rows, select)]  # the encoder reads rows through it: no gathered copy
+    n = len(perm)
+    track = rows[C_TRACK, perm]
     cut = np.flatnonzero(track[1:] != track[:-1]) + 1
     los = [0, *cut.tolist()]
     his = [*cut.tolist(), n]
@@ -39,7 +39,7 @@ def encode(tracks: Tracks, rows: np.ndarray, extras: list[bytes],
         seq = tracks.seqs[t]
         seqs.append(seq)
         if seq.last is None:
-            first = int(rows[C_TS, lo])
+            first = int(rows[C_TS, perm[lo]])
             head.append(tracks.header(seq, first))
             seq.last = first
         if seq.pending:
@@ -47,7 +47,7 @@ def encode(tracks: Tracks, rows: np.ndarray, extras: list[bytes],
             seq.pending.clear()
         runs[r] = (lo, hi, seq.tail, *(seq.anns[a] for a in STANDARD_ANNS), seq.last,
                    seq.offset or 0, seq.offset is not None)
-    data = encoder.encode_rows(rows, runs, tracks.mono, tracks.consts, tracks.pool.arrays(), strings(extras))
+    data = encoder.encode_rows(rows, perm, runs, tracks.mono, tracks.consts, tracks.pool.arrays(), strings(extras))
     for seq, (last, offset, has) in zip(seqs, runs[:, [R_LAST, R_OFFSET, R_HAS_OFFSET]].tolist()):
         seq.last = last
         seq.offset = offset if has else None

@@ -76,7 +76,9 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     """Annotation bytes for status, error, attributes and a call site's callers, and each row's index
     into them (-1: none). (The call site itself is in the row's name template: see ``Tracks.prefix_ids``.)
 
-    Launches repeat their attributes: each run of equal ones on a thread is encoded once.
+    Launches repeat their attributes (one dict per launcher): runs of equal ones on a thread are found
+    with numpy, and each distinct (thread, attributes object, status, error, site) among the runs is
+    encoded once, in the order it first occurs.
     """
     n = batch.n
     attrs = batch.attrs
@@ -102,13 +104,40 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
         if deep is not None:
             changed[1:] |= site[1:] != site[:-1]
     new = need & changed
-    seqs = tracks.seqs
+    heads = np.flatnonzero(new)
     errors = batch.errors
+    inv, firsts = _distinct(heads, attrs, thr, bad, errors, site if deep is not None else None, len(values))
+    seqs = tracks.seqs
     extras = [seqs[t].extra(attrs[i], b, errors.get(i),
                             values[s].stacktrace() if deep is not None and deep[i] else None)
-              for i, t, b, s in zip(np.flatnonzero(new).tolist(), thr[new].tolist(), bad[new].tolist(),
-                                    site[new].tolist())]
-    return extras, np.where(need, np.cumsum(new) - 1, -1)
+              for i, t, b, s in zip(firsts.tolist(), thr[firsts].tolist(), bad[firsts].tolist(),
+                                    site[firsts].tolist())]
+    return extras, np.where(need, inv[np.cumsum(new) - 1], -1)
+
+
+def _distinct(heads: np.ndarray, attrs: list[Any], thr: np.ndarray, bad: np.ndarray, errors: dict[int, str],
+              site: np.ndarray | None, nsites: int) -> tuple[np.ndarray, np.ndarray]:
+    """For rows ``heads``: the index of each one's distinct (thread, attributes object, failed, error,
+    site), numbered in the order they first occur, and the first row of each."""
+    h = len(heads)
+    _, key = np.unique(np.fromiter((id(attrs[i]) for i in heads.tolist()), np.int64, h), return_inverse=True)
+    key = key.astype(np.int64)
+    bound = h
+    parts = [(bad[heads].astype(np.int64), 2), (thr[heads], int(thr[heads].max()) + 1)]
+    if errors:
+        with_error = np.isin(heads, np.fromiter(errors, np.int64, len(errors)))
+        parts.append((np.where(with_error, np.cumsum(with_error), 0), h + 1))
+    if site is not None:
+        parts.append((site[heads] + 1, nsites + 1))
+    for col, size in parts:
+        bound *= size
+        key = key * size + col
+    if bound >= 1 << 62:  # too many combinations for one int64 key: one per run
+        key = np.arange(h)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    return rank[inv], heads[np.sort(first)]
 
 
 def _pair(b: np.ndarray, e: np.ndarray, track: np.ndarray, begin: np.ndarray, end: np.ndarray, ids: np.ndarray,

@@ -7,8 +7,9 @@ thread) tracks, named as the TrackRegistry names them; counter tracks for bytes 
 
 Each sequence opens with TracePacketDefaults that name its track and a sequence-scoped incremental
 clock (id 64, tied by a ClockSnapshot to BUILTIN_CLOCK_MONOTONIC, which ``perf_counter_ns`` reads on
-Linux). Event names, categories and annotation names are interned per sequence; the byte templates
-that packet rows share (sequence fields, name and category iids, annotation headers) live in one pool.
+Linux). Event names, categories, annotation names and annotation string values (a launch's program
+hash, a stack) are interned per sequence; the byte templates that packet rows share (sequence fields,
+name and category iids, annotation headers) live in one pool.
 Device slices carry the name only: their category is their span's, on the host slice.
 """
 from __future__ import annotations
@@ -24,13 +25,17 @@ from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
 from ..processes import device_pid
 from .layout import Pool
 from ...timeline.sites import STACK
-from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID, DNAMES,
-                   HOST_CLOCK, I_SITES, META_SEQ, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS, SEQ_CLEARED, SL_FILE,
+from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID,
+                   DA_STRING_IID, DNAMES, HOST_CLOCK, I_SITES, META_SEQ, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS,
+                   SEQ_CLEARED, SL_FILE, SVALUES,
                    SL_FUNCTION, SL_IID, SL_LINE, SYNTHETIC_UUID, TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_SITE, TE_UUID,
                    proto_packet, uv, value)
 
 # Int annotations with a pooled header per value length, in the order the encoder writes them.
 STANDARD_ANNS = (A_SPAN, A_PARENT, A_DEV_START, A_DEV_END)
+# Distinct string values interned per sequence; later ones are written inline (values unique to a span
+# would only grow the table).
+MAX_STRING_VALUES = 4096
 
 
 class Seq:
@@ -45,7 +50,7 @@ class Seq:
         self.device = device
         self.last: int | None = None  # None until the sequence's first packet is written
         self.offset: int | None = None  # raw - mapped device start last written as "device.start"
-        self.iids: list[dict[str, int]] = [{}, {}, {}]
+        self.iids: list[dict[str, int]] = [{}, {}, {}, {}]  # by table: wire.CATS, NAMES, DNAMES, SVALUES
         self.pending = bytearray()  # interned entries not yet written
         self.tail = -1  # pool id: the fields between the timestamp and the TrackEvent
         self.anns: dict[str, int] = {}  # annotation name -> pool id of its header for a 1-byte value
@@ -84,6 +89,12 @@ class Seq:
         inner = self.dname(name) + v
         return TE_DEBUG + uv(len(inner)) + inner
 
+    def value(self, v: Any) -> bytes:
+        """``wire.value``, with a string as an interned ``string_value_iid`` while the table has room."""
+        if isinstance(v, str) and (len(self.iids[SVALUES]) < MAX_STRING_VALUES or str(v) in self.iids[SVALUES]):
+            return DA_STRING_IID + uv(self.intern(SVALUES, str(v)))
+        return value(v)
+
     def extra(self, a: dict[str, Any] | None, failed: bool, error: str | None, stack: str | None = None) -> bytes:
         """Annotations for status, error and attributes, and a call site's callers ("code.stacktrace",
         with ``stack_depth`` > 1); cached when the values are hashable."""
@@ -96,13 +107,13 @@ class Seq:
             return hit
         parts = []
         if failed:
-            parts.append(self.annotation(A_STATUS, value(STATUS_ERROR)))
-            parts.append(self.annotation(A_ERROR, value(error or "")))
+            parts.append(self.annotation(A_STATUS, self.value(STATUS_ERROR)))
+            parts.append(self.annotation(A_ERROR, self.value(error or "")))
         for k, v in (a or {}).items():
             if v is not None:
-                parts.append(self.annotation(str(k), value(v)))
+                parts.append(self.annotation(str(k), self.value(v)))
         if stack is not None:
-            parts.append(self.annotation(STACK, value(stack)))
+            parts.append(self.annotation(STACK, self.value(stack)))
         out = b"".join(parts)
         if key is not None and len(self.extras) < 4096:
             self.extras[key] = out

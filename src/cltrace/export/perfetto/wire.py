@@ -45,6 +45,7 @@ DA_BOOL = _tag(pb.DebugAnnotation, "bool_value", VARINT)
 DA_INT = _tag(pb.DebugAnnotation, "int_value", VARINT)
 DA_DOUBLE = _tag(pb.DebugAnnotation, "double_value", FIXED64)
 DA_STRING = _tag(pb.DebugAnnotation, "string_value", LEN)
+DA_STRING_IID = _tag(pb.DebugAnnotation, "string_value_iid", VARINT)
 DA_DICT = _tag(pb.DebugAnnotation, "dict_entries", LEN)
 DA_ARRAY = _tag(pb.DebugAnnotation, "array_values", LEN)
 TE_SITE = _tag(pb.TrackEvent, "source_location_iid", VARINT)
@@ -52,10 +53,11 @@ I_SITES = _tag(pb.InternedData, "source_locations", LEN)
 SL_IID, SL_FILE, SL_FUNCTION, SL_LINE = (_tag(pb.SourceLocation, f, w) for f, w in (
     ("iid", VARINT), ("file_name", LEN), ("function_name", LEN), ("line_number", VARINT)))
 TABLES = tuple(  # interned tables: (InternedData field tag, iid tag, name tag)
-    (_tag(pb.InternedData, table, LEN), _tag(entry, "iid", VARINT), _tag(entry, "name", LEN))
-    for table, entry in (("event_categories", pb.EventCategory), ("event_names", pb.EventName),
-                         ("debug_annotation_names", pb.DebugAnnotationName)))
-CATS, NAMES, DNAMES = 0, 1, 2
+    (_tag(pb.InternedData, table, LEN), _tag(entry, "iid", VARINT), _tag(entry, text, LEN))
+    for table, entry, text in (("event_categories", pb.EventCategory, "name"), ("event_names", pb.EventName, "name"),
+                               ("debug_annotation_names", pb.DebugAnnotationName, "name"),
+                               ("debug_annotation_string_values", pb.InternedString, "str")))
+CATS, NAMES, DNAMES, SVALUES = 0, 1, 2, 3
 
 BEGIN, END, INSTANT, COUNTER = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
                                 pb.TrackEvent.TYPE_INSTANT, pb.TrackEvent.TYPE_COUNTER)
