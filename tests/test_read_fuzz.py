@@ -196,6 +196,30 @@ def test_any_cut_keeps_what_was_written_and_says_so(originals: dict[str, bytes],
         assert n - info["read_bytes"] < 4096  # only the torn last event or packet is lost
 
 
+def test_a_pftrace_cut_after_a_recalibration_flush_is_reported_cut(tmp_path: Any) -> None:
+    """A flush rewrites the metadata when the clocks change (so a killed trace has them); that
+    mid-file copy must not read as the final one, or a file cut after it is taken as complete."""
+    from cltrace.record.recorder import RECORDER
+
+    path = str(tmp_path / "flushed.pftrace")
+    with cltrace.trace(path):
+        with cltrace.region("before"):
+            pass
+        RECORDER.flush(block=True)
+        for sink in RECORDER.sinks:  # as after a recalibration: the next flush writes the metadata again
+            sink._clocks_written = ""
+        RECORDER._flush_sinks()
+        size = os.path.getsize(path)
+        with cltrace.region("after"):
+            pass
+    with open(path, "rb") as fh:
+        data = fh.read()
+    cut = tmp_path / "cut.pftrace"
+    cut.write_bytes(data[:size])
+    meta = summary_of(str(cut))
+    assert meta is not None and meta["truncated"]["file_bytes"] == size
+
+
 def test_complete_files_are_not_reported_cut(originals: dict[str, bytes], tmp_path: Any) -> None:
     for ext, data in originals.items():
         path = tmp_path / f"whole{ext}"

@@ -106,7 +106,8 @@ class PerfettoTraceSink:
         clocks = json.dumps([meta.get("clocks"), meta.get("devices")], default=str, sort_keys=True)
         if clocks != self._clocks_written:  # a trace cut off later still carries the calibration
             self._clocks_written = clocks
-            out += self._metadata_packet(meta)
+            # Without the final counts: a reader takes "recorded_spans" as the sign the file was closed.
+            out += self._metadata_packet({k: v for k, v in meta.items() if k not in ("dropped_spans", "recorded_spans")})
         self._emit(out)
         self._since_flush = 0
         self._fh.flush()
