@@ -102,8 +102,8 @@ class PerfettoTraceSink:
         out = self._dropped(int(meta.get("dropped_spans", 0))) + self._memory_packets()
         clocks = json.dumps([meta.get("clocks"), meta.get("devices")], default=str, sort_keys=True)
         if clocks != self._clocks_written:  # a trace cut off later still carries the calibration
-            self._clocks_written = clocks
-            out += self._metadata_packet(meta)
+            self._clocks_written = clocks  # (not the span count: "recorded_spans" marks the closing metadata)
+            out += self._metadata_packet({k: v for k, v in meta.items() if k != "recorded_spans"})
         self._emit(out)
         self._since_flush = 0
         self._fh.flush()
