@@ -434,6 +434,7 @@ done:
 #define TP_DEFAULTS 59
 #define TP_TRACK_EVENT 11
 #define TP_DESCRIPTOR 60
+#define TP_FIRST_ON_SEQ 87
 #define TE_TYPE 9
 #define TE_UUID 11
 #define TE_CAT_IIDS 3
@@ -474,9 +475,9 @@ static PyObject *
 field_numbers(PyObject *self, PyObject *unused)
 {
     return Py_BuildValue(
-        "{s(iiiiiiiiii)s(iiiiiiiiiiiiiii)s(iii)s(iiii)s(iiii)s(ii)sisi}", "TracePacket", TP_TIMESTAMP, TP_CLOCK_ID,
+        "{s(iiiiiiiiiii)s(iiiiiiiiiiiiiii)s(iii)s(iiii)s(iiii)s(ii)sisi}", "TracePacket", TP_TIMESTAMP, TP_CLOCK_ID,
         TP_SEQ, TP_FLAGS, TP_CLEARED, TP_INTERNED, TP_SNAPSHOT, TP_DEFAULTS, TP_TRACK_EVENT, TP_DESCRIPTOR,
-        "TrackEvent", TE_TYPE, TE_UUID, TE_CAT_IIDS, TE_CATEGORIES, TE_NAME_IID, TE_NAME, TE_DEBUG, TE_FLOW_OLD,
+        TP_FIRST_ON_SEQ, "TrackEvent", TE_TYPE, TE_UUID, TE_CAT_IIDS, TE_CATEGORIES, TE_NAME_IID, TE_NAME, TE_DEBUG, TE_FLOW_OLD,
         TE_TFLOW_OLD, TE_FLOW, TE_TFLOW, TE_COUNTER, TE_DCOUNTER, TE_SITE, TE_SITE_IID, "DebugAnnotation",
         DA_NAME_IID, DA_NAME, DA_INT, "InternedData", ID_CATS, ID_NAMES, ID_DNAMES, ID_SITES, "ClockSnapshot",
         CS_CLOCKS, CK_ID, CK_TS, CK_INCR, "TracePacketDefaults", DF_CLOCK, DF_TE_DEFAULTS, "TrackEventDefaults",
@@ -647,7 +648,7 @@ interned(pf *o, seqstate *st, const uint8_t *s, Py_ssize_t n)
     int r;
     while ((r = next_field(&b, &f)) > 0) {
         if (f.wire != 2 || f.num < ID_CATS || f.num > ID_SITES)
-            continue;
+            return FOREIGN; /* a table cltrace does not write: the general reader parses (and checks) it */
         buf e = {f.s, f.s + f.n};
         field g;
         uint64_t iid = 0;
@@ -774,12 +775,16 @@ defaults(seqstate *st, const uint8_t *s, Py_ssize_t n)
             buf c = {f.s, f.s + f.n};
             field g;
             int q;
-            while ((q = next_field(&c, &g)) > 0)
-                if (g.num == TD_UUID && g.wire == 0)
-                    st->uuid = g.v;
+            while ((q = next_field(&c, &g)) > 0) {
+                if (g.num != TD_UUID || g.wire != 0)
+                    return FOREIGN;
+                st->uuid = g.v;
+            }
             if (q < 0)
                 return FOREIGN;
         }
+        else
+            return FOREIGN;
     }
     return r < 0 ? FOREIGN : OK;
 }
@@ -836,7 +841,7 @@ track_event(pf *o, seqstate *st, int64_t index, uint64_t ts_raw, int has_clock, 
         ts = (int64_t)ts_raw;
 
     uint64_t type = 0, uuid = st->uuid, name_iid = 0, cat_iid = 0;
-    int has_name_iid = 0, has_cat = 0, inline_text = 0, other = 0;
+    int has_name_iid = 0, has_cat = 0, inline_text = 0;
     uint64_t flow[4] = {0, 0, 0, 0};
     int has_flow[4] = {0, 0, 0, 0};
     int64_t std_val[N_STD];
@@ -966,13 +971,11 @@ track_event(pf *o, seqstate *st, int64_t index, uint64_t ts_raw, int has_clock, 
             break;
         }
         default:
-            other = 1;
-            break;
+            return FOREIGN; /* a field cltrace does not write: the general reader parses (and checks) it */
         }
     }
     if (r < 0)
         return FOREIGN;
-    (void)other;
     if (type == T_COUNTER) {
         int64_t v[C_NCOLS] = {index, (int64_t)uuid, ts, counter};
         for (int k = 0; k < C_NCOLS; k++)
@@ -1075,8 +1078,10 @@ packet(pf *o, int64_t index, const uint8_t *s, Py_ssize_t n, int *first_snapshot
     uint64_t ts = 0, clock = 0, seq = 0, flags = 0;
     const uint8_t *interned_s = NULL, *snap_s = NULL, *def_s = NULL, *te_s = NULL;
     Py_ssize_t interned_n = 0, snap_n = 0, def_n = 0, te_n = 0;
-    int descriptor = 0;
+    int descriptor = 0, data = 0; /* data: members of TracePacket's "data" oneof seen (the last one counts) */
     while ((r = next_field(&b, &f)) > 0) {
+        if ((f.num == TP_SNAPSHOT || f.num == TP_TRACK_EVENT || f.num == TP_DESCRIPTOR) && ++data > 1)
+            return FOREIGN;
         switch (f.num) {
         case TP_TIMESTAMP:
             if (f.wire == 0)
@@ -1125,10 +1130,14 @@ packet(pf *o, int64_t index, const uint8_t *s, Py_ssize_t n, int *first_snapshot
             te_n = f.n;
             break;
         case TP_DESCRIPTOR:
+            if (f.wire != 2)
+                return FOREIGN;
             descriptor = 1;
             break;
-        default:
+        case TP_FIRST_ON_SEQ:
             break;
+        default:
+            return FOREIGN; /* a field cltrace does not write: the general reader parses (and checks) it */
         }
     }
     if (r < 0)

@@ -35,7 +35,8 @@ def _expected_fields() -> dict[str, tuple[int, ...]]:
     return {
         "TracePacket": nums(pb.TracePacket, "timestamp", "timestamp_clock_id", "trusted_packet_sequence_id",
                             "sequence_flags", "incremental_state_cleared", "interned_data", "clock_snapshot",
-                            "trace_packet_defaults", "track_event", "track_descriptor"),
+                            "trace_packet_defaults", "track_event", "track_descriptor",
+                            "first_packet_on_sequence"),
         "TrackEvent": nums(pb.TrackEvent, "type", "track_uuid", "category_iids", "categories", "name_iid", "name",
                            "debug_annotations", "flow_ids_old", "terminating_flow_ids_old", "flow_ids",
                            "terminating_flow_ids", "counter_value", "double_counter_value", "source_location",
