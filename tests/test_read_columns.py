@@ -280,6 +280,12 @@ with cltrace.trace(*sys.argv[2:]):
         with cltrace.region("backward", q):
             backward(acts[1])
         cltrace.copy(q, host, acts[2])
+        try:
+            with cltrace.region("check", q):
+                if step == 4:
+                    raise ValueError("loss is nan")
+        except ValueError:
+            pass
         if step % 2:
             acts[0].release()
         del acts
@@ -291,7 +297,7 @@ with cltrace.trace(*sys.argv[2:]):
 @pytest.fixture(scope="module", params=[1, 3], ids=["depth1", "depth3"])
 def sites_and_memory(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A program launching from two functions (call sites, with callers at stack depth 3), allocating and
-    releasing ``cltrace.Buffer``s every step (device-memory counters), in both formats."""
+    releasing ``cltrace.Buffer``s every step (device-memory counters), with a failed region, in both formats."""
     out = tmp_path_factory.mktemp(f"sites_depth{request.param}")
     env = {k: v for k, v in os.environ.items() if k not in ("CLTRACE", "CLTRACE_OUT", "PYOPENCL_CTX")}
     env.update(CLTRACE_CACHE_DIR=str(out / "cache"), CLTRACE_QUIET="1")
@@ -313,6 +319,8 @@ def test_columns_of_a_pftrace_hold_call_sites_and_memory_samples(sites_and_memor
     deep = "depth3" in sites_and_memory[".pftrace"].parent.name  # the launching function's caller: the module
     assert all([c.function for c in s.site.callers] == (["<module>"] if deep else []) for s in launched)
     assert not any(k.startswith("code.") for s in batch.spans() for k in (s.attrs or {}))
+    (failed,) = [s for s in batch.spans() if s.status == "error"]
+    assert failed.name == "check" and "loss is nan" in failed.error
     samples = load_columns(sites_and_memory[".pftrace"])[1]["memory_samples"]
     assert len(samples) == 1 and len(next(iter(samples.values()))) >= 6 * 3
 

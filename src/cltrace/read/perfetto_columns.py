@@ -72,7 +72,8 @@ def _counters(got: dict[str, Any], rest: _Rest) -> tuple[int, dict[str, list[tup
     """Dropped spans and device-memory samples per context label, from the COUNTER rows: each sample
     is named by the last counter descriptor of its track before it in the file, as the general reader
     names it."""
-    index, uuid, ts, value = (np.frombuffer(b, np.int64) for b in got["counters"])
+    c = {name: np.frombuffer(b, np.int64) for name, b in zip(C_COLS, got["counters"])}
+    index, uuid, ts, value = c["index"], c["uuid"], c["ts"], c["value"]
     dropped = 0
     found: list[tuple[int, str, np.ndarray]] = []  # (first index, label, rows) of each memory counter
     for track, (at, names) in rest.counter_tracks.items():
@@ -121,6 +122,12 @@ def _pairs(uuid: np.ndarray, ts: np.ndarray, index: np.ndarray, begin: np.ndarra
         e = np.zeros(0, np.int64)
         return e, e
     return np.concatenate(bs), np.concatenate(es)
+
+
+def _rows_of(extra: np.ndarray, runs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(row, run) of the rows whose annotation run is one of ``runs``."""
+    rows = np.flatnonzero(np.isin(extra, runs)) if runs else np.zeros(0, np.int64)
+    return rows, extra[rows]
 
 
 def _repeats(v: np.ndarray) -> bool:
@@ -252,8 +259,8 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
     errors: dict[int, str] = {}
     if ex_attrs:
         failed[has] = np.array(ex_failed, bool)[extra[has]]
-        errors = {int(i): ex_errors[int(extra[i])] for i in np.flatnonzero(has).tolist()
-                  if ex_errors[int(extra[i])] is not None}
+        with_error = [k for k, e in enumerate(ex_errors) if e is not None]
+        errors = {i: ex_errors[k] for i, k in zip(*(a.tolist() for a in _rows_of(extra, with_error)))}
         table = np.empty(len(ex_attrs) + 1, object)
         table[:-1] = ex_attrs
         table[-1] = None
