@@ -1,10 +1,11 @@
 """The columnar readers (``read/_scan.c`` into a ``SpanBatch``) against the general ``Span`` readers, and
 the kernel table split per device.
 
-On real traces made here (the demo, a two-device PoCL run) in both formats, complete and cut off at
-any byte: the columns hold the same spans and metadata as the objects, ``cltrace summary`` and
-``cltrace analyze`` say the same on either path. Files the scanner does not know fall back to the
-general readers. The 1M-span benchmark is ``benchmarks/bench_analyze.py``, not a test.
+On real traces made here (the demo under its schedule, a two-device PoCL run, a program with call
+stacks and device-memory counters) in both formats, complete and cut off at any byte: the columns hold
+the same spans (call sites included) and metadata (memory samples included) as the objects, ``cltrace
+summary`` and ``cltrace analyze`` say the same on either path. Files the scanner does not know fall
+back to the general readers. The 1M-span benchmark is ``benchmarks/bench_analyze.py``, not a test.
 """
 from __future__ import annotations
 
@@ -20,9 +21,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
 from cltrace.analyze.analysis import analyze
+from cltrace.export.protowire import varint
 from cltrace.analyze.summary import summarize
 from cltrace.read import load, load_columns, scan
+from cltrace.read.perfetto import iter_packets
 from cltrace.read.tree import fill_paths, path_ids
 from cltrace.timeline.batch import SpanBatch, Tables
 from cltrace.timeline.spans import Span
@@ -30,7 +35,7 @@ from cltrace.timeline.stats import Stats
 
 needs_scanner = pytest.mark.skipif(scan.NATIVE is None, reason=f"C scanner not in use: {scan.WHY}")
 FIELDS = ("id", "parent", "name", "cat", "thread", "host_begin", "host_end", "device_track", "dev_start", "dev_end",
-          "raw_start", "raw_end", "attrs", "status", "error", "path")
+          "raw_start", "raw_end", "attrs", "status", "error", "path", "site")
 
 
 @pytest.fixture(scope="module")
@@ -57,20 +62,16 @@ def same_spans(path: Path) -> SpanBatch:
     return batch
 
 
-def test_pftrace_goes_to_the_general_reader_until_the_scanner_reads_sites_and_memory(demo: dict[str, Path]) -> None:
-    got, meta = load_columns(demo[".pftrace"])
-    assert isinstance(got, list) and any(s.site for s in got) and meta.get("memory_samples")
-
-
 @needs_scanner
-@pytest.mark.parametrize("ext", [".json"])
+@pytest.mark.parametrize("ext", [".json", ".pftrace"])
 def test_columns_hold_the_same_spans_as_the_objects(demo: dict[str, Path], ext: str) -> None:
     batch = same_spans(demo[ext])
     assert batch.n > 50 and (batch.track != 0).any() and any(batch.attrs)
+    assert (batch.site >= 0).any() and load_columns(demo[ext])[1]["memory_samples"]
 
 
 @needs_scanner
-@pytest.mark.parametrize("ext", [".json"])
+@pytest.mark.parametrize("ext", [".json", ".pftrace"])
 def test_summary_and_analysis_are_the_same_on_either_path(demo: dict[str, Path], ext: str) -> None:
     spans, meta = load(demo[ext])
     stats = Stats()
@@ -101,18 +102,36 @@ def test_a_file_cut_anywhere_reads_the_same(demo: dict[str, Path], cut: float, e
         assert str(info.value) == str(exc)
         return
     batch, cmeta = load_columns(path)
-    assert cmeta == meta
-    if ext == ".json":  # a .pftrace cut exactly between packets reads as whole to the general reader
-        assert "truncated" in meta
+    assert cmeta == meta and "truncated" in meta  # the .pftrace's closing metadata is its last packet
     if isinstance(batch, SpanBatch):
         batch = batch.spans()
     assert [[getattr(s, f) for f in FIELDS] for s in batch] == [[getattr(s, f) for f in FIELDS] for s in spans]
 
 
+def test_a_pftrace_cut_right_after_a_flush_reads_as_cut(demo: dict[str, Path], tmp_path: Path) -> None:
+    """Only the metadata written at close says a .pftrace is whole: cut exactly after the metadata of a
+    flush (a run killed there), the file still reads as cut off, on either path."""
+    data = demo[".pftrace"].read_bytes()
+    ends = []
+    for offset, raw in iter_packets(data):
+        te = pb.TracePacket.FromString(raw).track_event
+        if te.name == "cltrace.metadata":
+            ends.append((offset + 1 + len(varint(len(raw))) + len(raw), "recorded_spans" in te.debug_annotations[0].string_value))
+    assert len(ends) >= 3 and ends[-1] == (len(data), True)  # at start, at a flush, at close
+    path = tmp_path / "cut.pftrace"
+    for end, _ in ends[:-1]:
+        path.write_bytes(data[:end])
+        spans, meta = load(path)
+        got, cmeta = load_columns(path)
+        assert cmeta == meta and meta["truncated"]["read_bytes"] == end, end
+    assert [closing for _, closing in ends] == [False] * (len(ends) - 1) + [True]
+    assert "truncated" not in load_columns(demo[".pftrace"])[1]
+
+
 @needs_scanner
 def test_cut_files_are_read_by_the_scanner_itself(demo: dict[str, Path], tmp_path: Path) -> None:
     """Cut between events (a run killed after a flush), the columns do the reading, not the fallback."""
-    for ext, data in ((e, p.read_bytes()) for e, p in demo.items() if e == ".json"):
+    for ext, data in ((e, p.read_bytes()) for e, p in demo.items()):
         path = tmp_path / f"cut{ext}"
         path.write_bytes(data[:len(data) // 2])
         batch = same_spans(path)
@@ -221,7 +240,7 @@ def test_kernel_table_is_split_per_device(two_devices: dict[str, Path], ext: str
         assert f"Kernels on {d} by total" in text
     doc = json.loads(a.to_json())
     assert all(r["device"] in devices for r in doc["kernels"])
-    if scan.NATIVE is not None and ext == ".json":
+    if scan.NATIVE is not None:
         same_spans(two_devices[ext])
 
 
@@ -231,3 +250,110 @@ def test_diff_keeps_kernels_of_two_devices_apart(two_devices: dict[str, Path]) -
     a = analyze(two_devices[".json"])
     names = sorted(r.name for r in diff(a, a) if r.kind == "kernel")
     assert names == ["add on pthread-AMD EPYC #0", "add on pthread-AMD EPYC #1", "spin on pthread-AMD EPYC #1"]
+
+
+SITES_AND_MEMORY = """
+import gc
+import sys
+import numpy as np
+import pyopencl as cl
+import cltrace
+ctx = cl.Context([cltrace.default_device()])
+q = cltrace.profiling_queue(ctx)
+prg = cl.Program(ctx, "__kernel void inc(__global float *a) { a[get_global_id(0)] += 1.0f; }").build()
+RW = cl.mem_flags.READ_WRITE
+
+def forward(buf):
+    cltrace.launch(prg.inc, q, (1024,), None, buf)
+
+def backward(buf):
+    cltrace.launch(prg.inc, q, (1024,), None, buf)
+    cltrace.launch(prg.inc, q, (1024,), None, buf)
+
+cltrace.configure(stack_depth=int(sys.argv[1]))
+with cltrace.trace(*sys.argv[2:]):
+    host = np.zeros(1024, np.float32)
+    for step in cltrace.steps(range(6), q):
+        acts = [cltrace.Buffer(ctx, RW, 4096 * (step + 1)) for _ in range(3)]
+        with cltrace.region("forward", q):
+            forward(acts[0])
+        with cltrace.region("backward", q):
+            backward(acts[1])
+        cltrace.copy(q, host, acts[2])
+        try:
+            with cltrace.region("check", q):
+                if step == 4:
+                    raise ValueError("loss is nan")
+        except ValueError:
+            pass
+        if step % 2:
+            acts[0].release()
+        del acts
+        gc.collect()
+    q.finish()
+"""
+
+
+@pytest.fixture(scope="module", params=[1, 3], ids=["depth1", "depth3"])
+def sites_and_memory(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A program launching from two functions (call sites, with callers at stack depth 3), allocating and
+    releasing ``cltrace.Buffer``s every step (device-memory counters), with a failed region, in both formats."""
+    out = tmp_path_factory.mktemp(f"sites_depth{request.param}")
+    env = {k: v for k, v in os.environ.items() if k not in ("CLTRACE", "CLTRACE_OUT", "PYOPENCL_CTX")}
+    env.update(CLTRACE_CACHE_DIR=str(out / "cache"), CLTRACE_QUIET="1")
+    files = {ext: out / f"sites{ext}" for ext in (".json", ".pftrace")}
+    proc = subprocess.run([sys.executable, "-c", SITES_AND_MEMORY, str(request.param), *map(str, files.values())],
+                          capture_output=True, text=True, timeout=240, env=env, cwd=out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return files
+
+
+@needs_scanner
+def test_columns_of_a_pftrace_hold_call_sites_and_memory_samples(sites_and_memory: dict[str, Path]) -> None:
+    """What the .pftrace's columns used to drop: interned source locations (with their callers) and the
+    device-memory counter tracks."""
+    batch = same_spans(sites_and_memory[".pftrace"])
+    launched = [s for s in batch.spans() if s.cat == "kernel"]
+    assert len(launched) == 18 and all(s.site for s in launched)
+    assert {s.site.function for s in launched} == {"forward", "backward"}
+    deep = "depth3" in sites_and_memory[".pftrace"].parent.name  # the launching function's caller: the module
+    assert all([c.function for c in s.site.callers] == (["<module>"] if deep else []) for s in launched)
+    assert not any(k.startswith("code.") for s in batch.spans() for k in (s.attrs or {}))
+    (failed,) = [s for s in batch.spans() if s.status == "error"]
+    assert failed.name == "check" and "loss is nan" in failed.error
+    samples = load_columns(sites_and_memory[".pftrace"])[1]["memory_samples"]
+    assert len(samples) == 1 and len(next(iter(samples.values()))) >= 6 * 3
+
+
+def test_call_sites_and_memory_peak_are_the_same_from_either_format(sites_and_memory: dict[str, Path]) -> None:
+    """``analyze --by callsite`` and the memory section of the .pftrace are the .json's (on either path)."""
+    got = {ext: analyze(str(p), by="callsite") for ext, p in sites_and_memory.items()}
+    rows = {ext: sorted((r["name"], r["site"], r["count"]) for r in a.kernels) for ext, a in got.items()}
+    assert rows[".pftrace"] == rows[".json"]
+    assert {site.rsplit("(", 1)[1] for _, site, _ in rows[".json"]} == {"forward)", "backward)"}
+    assert sorted(c for _, _, c in rows[".json"]) == [6, 6, 6]  # a line each
+    mem = {ext: a.memory["contexts"] for ext, a in got.items()}
+    assert [(c["peak_bytes"], c["end_bytes"], c["samples"], c["during"]) for c in mem[".pftrace"]] == \
+           [(c["peak_bytes"], c["end_bytes"], c["samples"], c["during"]) for c in mem[".json"]]
+    assert mem[".json"][0]["peak_bytes"] >= 3 * 4096 * 6
+
+
+def test_inline_and_unknown_source_locations_read_as_the_general_reader_reads_them(
+        sites_and_memory: dict[str, Path], tmp_path: Path) -> None:
+    """Slices with an inline ``TrackEvent.source_location`` (cltrace interns them, other writers may not)
+    or an iid never interned: the columns give what the general reader gives."""
+    packets = [pb.TracePacket.FromString(raw) for _, raw in iter_packets(sites_and_memory[".pftrace"].read_bytes())]
+    with_site = [p for p in packets if p.HasField("track_event") and p.track_event.HasField("source_location_iid")]
+    assert len(with_site) > 4
+    with_site[1].track_event.source_location.CopyFrom(pb.SourceLocation(file_name="inline.py", function_name="f",
+                                                                        line_number=7))
+    with_site[2].track_event.source_location.CopyFrom(pb.SourceLocation(file_name="inline.py", function_name="f",
+                                                                        line_number=7))
+    with_site[3].track_event.source_location_iid = 999
+    path = tmp_path / "inline.pftrace"
+    path.write_bytes(b"".join(b"\x0a" + varint(p.ByteSize()) + p.SerializeToString() for p in packets))
+    spans, _ = load(path)
+    assert sum(1 for s in spans if s.site and s.site.file == "inline.py") == 2
+    if scan.NATIVE is not None:
+        got = same_spans(path).spans()
+        assert sum(1 for s in got if s.site is None) == sum(1 for s in spans if s.site is None) >= 1

@@ -274,6 +274,22 @@ def test_wrongly_typed_fields_exit_2_with_one_line(event: dict[str, Any], reason
     assert err.count("\n") == 1 and err.startswith("cltrace: error: ") and reason in err, err
 
 
+@pytest.mark.parametrize("site, expect", [
+    ({"code.line.number": float("inf")}, None),  # found by the fuzz: int(inf) raised OverflowError
+    ({"code.line.number": "x"}, None),
+    ({"code.line.number": 3, "code.stacktrace": "a.py:3 in f\nb.py:\u00b2 in g"}, ("a.py", 3, "f", (("b.py", 0, "g"),))),
+])
+def test_call_sites_with_unreadable_line_numbers_are_read(site: dict[str, Any], expect: Any, tmp_path: Any) -> None:
+    path = tmp_path / "site.json"
+    args = {"span": 1, "code.file.path": "a.py", "code.function.name": "f", **site}
+    path.write_text(json.dumps([{"ph": "X", "name": "a", "ts": 1, "dur": 2, "args": args}]))
+    assert main(["summary", str(path)]) == 0
+    (span,), _ = load(path)
+    got = span.site and (span.site.file, span.site.line, span.site.function,
+                         tuple((c.file, c.line, c.function) for c in span.site.callers))
+    assert got == expect
+
+
 def test_a_name_with_a_lone_surrogate_is_printed(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "s.json"
     path.write_text('[{"ph": "X", "name": "a\\ud800b", "ts": 1, "dur": 2, "args": {"span": 1}}]')

@@ -5,12 +5,14 @@
  *                    distinct name, category and extra-args texts (offset, length) they refer to, and the
  *                    lines this scanner does not read (metadata, counters, anything else) for Python.
  *   pftrace(data) -> dict: the slice BEGIN/END packets of a cltrace .pftrace, with each sequence's state
- *                    (incremental clocks, defaults, interned names, the device-stamp offset) applied in
- *                    file order, as columns; the interned names and the distinct extra annotations by
- *                    (offset, length); the packets left to Python (descriptors, counters, instants).
+ *                    (incremental clocks, defaults, interned names and source locations, the device-stamp
+ *                    offset) applied in file order, as columns, and the COUNTER packets as columns; the
+ *                    interned names, the distinct source locations and the distinct extra annotations by
+ *                    (offset, length); the packets left to Python (descriptors, instants).
  * Either returns None where the file is not in the layout it knows (a foreign or damaged file): the
  * general readers (``chrome.py``, ``perfetto.py``) then read it, and say what is wrong with it.
- * Semantics follow those readers exactly; ``read/fast.py`` documents what the columns mean.
+ * Semantics follow those readers exactly; ``chrome_columns.py`` and ``perfetto_columns.py`` say what the
+ * columns mean.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -432,6 +434,7 @@ done:
 #define TP_DEFAULTS 59
 #define TP_TRACK_EVENT 11
 #define TP_DESCRIPTOR 60
+#define TP_FIRST_ON_SEQ 87
 #define TE_TYPE 9
 #define TE_UUID 11
 #define TE_CAT_IIDS 3
@@ -443,14 +446,20 @@ done:
 #define TE_TFLOW_OLD 42
 #define TE_FLOW 47
 #define TE_TFLOW 48
+#define TE_COUNTER 30
+#define TE_DCOUNTER 44
+#define TE_SITE 33
+#define TE_SITE_IID 34
 #define DA_NAME_IID 1
 #define DA_NAME 10
 #define DA_INT 4
 #define ID_CATS 1
 #define ID_NAMES 2
 #define ID_DNAMES 3
-#define ID_SVALUES 29 /* debug_annotation_string_values: entries of table 3 (iid 1, str 2, as names) */
-#define N_TABLES 4
+#define ID_SITES 4
+#define ID_SVALUES 29 /* debug_annotation_string_values: entries of table T_SVALUES (iid 1, str 2, as names) */
+#define T_SVALUES 4
+#define N_TABLES 5
 #define CS_CLOCKS 1
 #define CK_ID 1
 #define CK_TS 2
@@ -462,17 +471,19 @@ done:
 #define MONOTONIC 3
 #define T_BEGIN 1
 #define T_END 2
+#define T_COUNTER 4
 
 static PyObject *
 field_numbers(PyObject *self, PyObject *unused)
 {
     return Py_BuildValue(
-        "{s(iiiiiiiiii)s(iiiiiiiiiiii)s(iii)s(iiii)s(iiii)s(ii)si}", "TracePacket", TP_TIMESTAMP, TP_CLOCK_ID, TP_SEQ,
-        TP_FLAGS, TP_CLEARED, TP_INTERNED, TP_SNAPSHOT, TP_DEFAULTS, TP_TRACK_EVENT, TP_DESCRIPTOR, "TrackEvent",
-        TE_TYPE, TE_UUID, TE_CAT_IIDS, TE_CATEGORIES, TE_NAME_IID, TE_NAME, TE_DEBUG, TE_FLOW_OLD, TE_TFLOW_OLD,
-        TE_FLOW, TE_TFLOW, 30, "DebugAnnotation", DA_NAME_IID, DA_NAME, DA_INT, "InternedData", ID_CATS, ID_NAMES,
-        ID_DNAMES, ID_SVALUES, "ClockSnapshot", CS_CLOCKS, CK_ID, CK_TS, CK_INCR, "TracePacketDefaults", DF_CLOCK,
-        DF_TE_DEFAULTS, "TrackEventDefaults", TD_UUID);
+        "{s(iiiiiiiiiii)s(iiiiiiiiiiiiiii)s(iii)s(iiiii)s(iiii)s(ii)sisi}", "TracePacket", TP_TIMESTAMP, TP_CLOCK_ID,
+        TP_SEQ, TP_FLAGS, TP_CLEARED, TP_INTERNED, TP_SNAPSHOT, TP_DEFAULTS, TP_TRACK_EVENT, TP_DESCRIPTOR,
+        TP_FIRST_ON_SEQ, "TrackEvent", TE_TYPE, TE_UUID, TE_CAT_IIDS, TE_CATEGORIES, TE_NAME_IID, TE_NAME, TE_DEBUG, TE_FLOW_OLD,
+        TE_TFLOW_OLD, TE_FLOW, TE_TFLOW, TE_COUNTER, TE_DCOUNTER, TE_SITE, TE_SITE_IID, "DebugAnnotation",
+        DA_NAME_IID, DA_NAME, DA_INT, "InternedData", ID_CATS, ID_NAMES, ID_DNAMES, ID_SITES, ID_SVALUES, "ClockSnapshot",
+        CS_CLOCKS, CK_ID, CK_TS, CK_INCR, "TracePacketDefaults", DF_CLOCK, DF_TE_DEFAULTS, "TrackEventDefaults",
+        TD_UUID, "SourceLocation", 1);
 }
 
 typedef struct {
@@ -560,7 +571,7 @@ typedef struct {
     int64_t mono_minus_host;
     int has_offset;
     int64_t dev_offset;
-    col iid[N_TABLES]; /* per table: iid -> entry + 1 (0: not interned) */
+    col iid[N_TABLES]; /* per table: iid -> entry + 1 (0: not interned); source locations: site id + 1 */
     col dn_code;    /* per debug annotation name entry (by iid): standard code + 1, 0 other */
 } seqstate;
 
@@ -570,15 +581,20 @@ static const char *const STD[] = {"span", "parent", "device.start", "device.end"
 
 /* Columns of a slice packet (BEGIN/END), in this order (scan.py names them). */
 enum { P_INDEX, P_TYPE, P_UUID, P_TS, P_SEQ, P_GEN, P_NAME, P_CAT, P_SID_KIND, P_SID, P_PARENT, P_HAS_PARENT,
-       P_DEV, P_RAWS, P_HAS_RAWE, P_RAWE, P_EXTRA, P_NCOLS };
+       P_DEV, P_RAWS, P_HAS_RAWE, P_RAWE, P_EXTRA, P_SITE, P_NCOLS };
+
+/* Columns of a COUNTER packet, in this order (scan.py names them). */
+enum { C_INDEX, C_UUID, C_TS, C_VALUE, C_NCOLS };
 
 typedef struct {
     seqstate *seqs;
     Py_ssize_t nseqs, cap;
     col p[P_NCOLS];
+    col c[C_NCOLS];
     col ent_seq, ent_gen, ent_table, ent_iid, ent_off, ent_len;
-    col py_off, py_len, py_index, py_uuid;
+    col py_off, py_len, py_index;
     interner extras;
+    interner sites; /* distinct SourceLocation messages (interned entries and inline ones) */
     const uint8_t *base;
 } pf;
 
@@ -633,8 +649,8 @@ interned(pf *o, seqstate *st, const uint8_t *s, Py_ssize_t n)
     field f;
     int r;
     while ((r = next_field(&b, &f)) > 0) {
-        if (f.wire != 2 || ((f.num < ID_CATS || f.num > ID_DNAMES) && f.num != ID_SVALUES))
-            continue;
+        if (f.wire != 2 || ((f.num < ID_CATS || f.num > ID_SITES) && f.num != ID_SVALUES))
+            return FOREIGN; /* a table cltrace does not write: the general reader parses (and checks) it */
         buf e = {f.s, f.s + f.n};
         field g;
         uint64_t iid = 0;
@@ -651,8 +667,17 @@ interned(pf *o, seqstate *st, const uint8_t *s, Py_ssize_t n)
         }
         if (q < 0)
             return FOREIGN;
-        int t = f.num == ID_SVALUES ? N_TABLES - 1 : (int)f.num - 1;
-        if (t >= ID_DNAMES - 1 && get_iid(&st->iid[t], iid) >= 0)
+        int t = f.num == ID_SVALUES ? T_SVALUES : (int)f.num - 1;
+        if (t == ID_SITES - 1) { /* the whole SourceLocation: Python reads each distinct one */
+            int64_t site = intern(&o->sites, f.s - o->base, f.n, 0);
+            if (site < 0)
+                return NOMEM;
+            int rc = set_iid(&st->iid[t], iid, site);
+            if (rc)
+                return rc == -1 ? NOMEM : FOREIGN;
+            continue;
+        }
+        if ((t == ID_DNAMES - 1 || t == T_SVALUES) && get_iid(&st->iid[t], iid) >= 0)
             return FOREIGN; /* an annotation name or string value redefined: the extras would read ambiguously */
         int64_t ent = o->ent_seq.n;
         if (put(&o->ent_seq, (int64_t)st->id) || put(&o->ent_gen, st->gen) || put(&o->ent_table, t) ||
@@ -752,12 +777,16 @@ defaults(seqstate *st, const uint8_t *s, Py_ssize_t n)
             buf c = {f.s, f.s + f.n};
             field g;
             int q;
-            while ((q = next_field(&c, &g)) > 0)
-                if (g.num == TD_UUID && g.wire == 0)
-                    st->uuid = g.v;
+            while ((q = next_field(&c, &g)) > 0) {
+                if (g.num != TD_UUID || g.wire != 0)
+                    return FOREIGN;
+                st->uuid = g.v;
+            }
             if (q < 0)
                 return FOREIGN;
         }
+        else
+            return FOREIGN;
     }
     return r < 0 ? FOREIGN : OK;
 }
@@ -814,13 +843,18 @@ track_event(pf *o, seqstate *st, int64_t index, uint64_t ts_raw, int has_clock, 
         ts = (int64_t)ts_raw;
 
     uint64_t type = 0, uuid = st->uuid, name_iid = 0, cat_iid = 0;
-    int has_name_iid = 0, has_cat = 0, inline_text = 0, other = 0;
+    int has_name_iid = 0, has_cat = 0, inline_text = 0;
     uint64_t flow[4] = {0, 0, 0, 0};
     int has_flow[4] = {0, 0, 0, 0};
     int64_t std_val[N_STD];
     int has_std[N_STD] = {0, 0, 0, 0};
     const uint8_t *x0 = NULL, *x1 = NULL;
     int extras_closed = 0;
+    int64_t counter = 0;
+    int site_kind = 0; /* the source_location oneof: 0 unset, 1 interned (site_iid), 2 inline (site_s) */
+    uint64_t site_iid = 0;
+    const uint8_t *site_s = NULL;
+    Py_ssize_t site_n = 0;
     buf b = {s, s + n};
     field f;
     int r;
@@ -830,8 +864,31 @@ track_event(pf *o, seqstate *st, int64_t index, uint64_t ts_raw, int has_clock, 
             extras_closed = 1; /* the extras must be one run of fields: cltrace writes them last */
         switch (f.num) {
         case TE_TYPE:
+            if (f.wire == 0 && f.v <= T_COUNTER)
+                type = f.v; /* a closed enum: another value is an unknown field */
+            break;
+        case TE_COUNTER:
             if (f.wire == 0)
-                type = f.v;
+                counter = (int64_t)f.v;
+            break;
+        case TE_DCOUNTER:
+            if (f.wire == 1)
+                counter = 0; /* the oneof's other member: counter_value reads 0 */
+            break;
+        case TE_SITE_IID:
+            if (f.wire == 0) {
+                site_kind = 1;
+                site_iid = f.v;
+            }
+            break;
+        case TE_SITE:
+            if (f.wire == 2) {
+                if (site_kind == 2)
+                    return FOREIGN; /* a message given twice is merged: the general reader does that */
+                site_kind = 2;
+                site_s = f.s;
+                site_n = f.n;
+            }
             break;
         case TE_UUID:
             if (f.wire == 0)
@@ -916,18 +973,23 @@ track_event(pf *o, seqstate *st, int64_t index, uint64_t ts_raw, int has_clock, 
             break;
         }
         default:
-            other = 1;
-            break;
+            return FOREIGN; /* a field cltrace does not write: the general reader parses (and checks) it */
         }
     }
     if (r < 0)
         return FOREIGN;
-    (void)other;
+    if (type == T_COUNTER) {
+        int64_t v[C_NCOLS] = {index, (int64_t)uuid, ts, counter};
+        for (int k = 0; k < C_NCOLS; k++)
+            if (put(&o->c[k], v[k]))
+                return NOMEM;
+        return OK;
+    }
     if (type != T_BEGIN && type != T_END)
-        return -1; /* counters, instants: Python reads them */
+        return -1; /* instants and the rest: Python reads them */
     if (type == T_END) {
         int64_t v[P_NCOLS] = {index, T_END, (int64_t)uuid, ts, (int64_t)st->id, st->gen, -1, -1, 0, 0, 0, 0, 0, 0,
-                              0, 0, -1};
+                              0, 0, -1, -1};
         for (int k = 0; k < P_NCOLS; k++)
             if (put(&o->p[k], v[k]))
                 return NOMEM;
@@ -992,6 +1054,15 @@ track_event(pf *o, seqstate *st, int64_t index, uint64_t ts_raw, int has_clock, 
     }
     else
         v[P_EXTRA] = -1;
+    if (site_kind == 1)
+        v[P_SITE] = get_iid(&st->iid[ID_SITES - 1], site_iid); /* -1: not interned, no site */
+    else if (site_kind == 2) {
+        v[P_SITE] = intern(&o->sites, site_s - o->base, site_n, 0);
+        if (v[P_SITE] < 0)
+            return NOMEM;
+    }
+    else
+        v[P_SITE] = -1;
     for (int k = 0; k < P_NCOLS; k++)
         if (put(&o->p[k], v[k]))
             return NOMEM;
@@ -1009,8 +1080,10 @@ packet(pf *o, int64_t index, const uint8_t *s, Py_ssize_t n, int *first_snapshot
     uint64_t ts = 0, clock = 0, seq = 0, flags = 0;
     const uint8_t *interned_s = NULL, *snap_s = NULL, *def_s = NULL, *te_s = NULL;
     Py_ssize_t interned_n = 0, snap_n = 0, def_n = 0, te_n = 0;
-    int descriptor = 0;
+    int descriptor = 0, data = 0; /* data: members of TracePacket's "data" oneof seen (the last one counts) */
     while ((r = next_field(&b, &f)) > 0) {
+        if ((f.num == TP_SNAPSHOT || f.num == TP_TRACK_EVENT || f.num == TP_DESCRIPTOR) && ++data > 1)
+            return FOREIGN;
         switch (f.num) {
         case TP_TIMESTAMP:
             if (f.wire == 0)
@@ -1059,10 +1132,14 @@ packet(pf *o, int64_t index, const uint8_t *s, Py_ssize_t n, int *first_snapshot
             te_n = f.n;
             break;
         case TP_DESCRIPTOR:
+            if (f.wire != 2)
+                return FOREIGN;
             descriptor = 1;
             break;
-        default:
+        case TP_FIRST_ON_SEQ:
             break;
+        default:
+            return FOREIGN; /* a field cltrace does not write: the general reader parses (and checks) it */
         }
     }
     if (r < 0)
@@ -1088,21 +1165,8 @@ packet(pf *o, int64_t index, const uint8_t *s, Py_ssize_t n, int *first_snapshot
         return snapshot(st, snap_s, snap_n);
     if (descriptor)
         return -1;
-    if (te_s) {
-        rc = track_event(o, st, index, ts, has_clock, clock, te_s, te_n);
-        if (rc == -1) {
-            uint64_t uuid = st->uuid; /* Python needs the track of a counter */
-            buf t = {te_s, te_s + te_n};
-            field g;
-            while (next_field(&t, &g) > 0)
-                if (g.num == TE_UUID && g.wire == 0)
-                    uuid = g.v;
-            if (put(&o->py_uuid, (int64_t)uuid))
-                return NOMEM;
-            return -2;
-        }
-        return rc;
-    }
+    if (te_s)
+        return track_event(o, st, index, ts, has_clock, clock, te_s, te_n);
     return OK;
 }
 
@@ -1116,7 +1180,9 @@ pftrace(PyObject *self, PyObject *args)
     memset(&o, 0, sizeof(o));
     o.base = b.buf;
     PyObject *res = NULL;
-    if (intern_init(&o.extras, o.base)) {
+    if (intern_init(&o.extras, o.base) || intern_init(&o.sites, o.base)) {
+        intern_free(&o.extras);
+        intern_free(&o.sites);
         PyBuffer_Release(&b);
         return PyErr_NoMemory();
     }
@@ -1144,10 +1210,8 @@ pftrace(PyObject *self, PyObject *args)
             break; /* cut off inside the last packet */
         const uint8_t *s = hb.p;
         int rc = packet(&o, index, s, (Py_ssize_t)size, &first_snapshot);
-        if (rc == -1 || rc == -2) {
-            if (rc == -1 && put(&o.py_uuid, 0))
-                rc = NOMEM;
-            else if (put(&o.py_off, s - base) || put(&o.py_len, (int64_t)size) || put(&o.py_index, index))
+        if (rc == -1) {
+            if (put(&o.py_off, s - base) || put(&o.py_len, (int64_t)size) || put(&o.py_index, index))
                 rc = NOMEM;
             else
                 rc = OK;
@@ -1175,11 +1239,13 @@ pftrace(PyObject *self, PyObject *args)
         goto done;
     for (int k = 0; k < P_NCOLS; k++)
         PyTuple_SET_ITEM(cols, k, col_bytes(&o.p[k]));
-    res = Py_BuildValue("{sNs(NNNNNN)sNs(NNNN)sLsLsi}", "rows", cols, "entries", col_bytes(&o.ent_seq),
-                        col_bytes(&o.ent_gen), col_bytes(&o.ent_table), col_bytes(&o.ent_iid), col_bytes(&o.ent_off),
-                        col_bytes(&o.ent_len), "extras", intern_table(&o.extras), "python", col_bytes(&o.py_off),
-                        col_bytes(&o.py_len), col_bytes(&o.py_index), col_bytes(&o.py_uuid), "packets",
-                        (long long)index, "end", (long long)last_end, "first_snapshot", first_snapshot);
+    res = Py_BuildValue("{sNs(NNNN)s(NNNNNN)sNsNs(NNN)sLsLsi}", "rows", cols, "counters", col_bytes(&o.c[C_INDEX]),
+                        col_bytes(&o.c[C_UUID]), col_bytes(&o.c[C_TS]), col_bytes(&o.c[C_VALUE]), "entries",
+                        col_bytes(&o.ent_seq), col_bytes(&o.ent_gen), col_bytes(&o.ent_table), col_bytes(&o.ent_iid),
+                        col_bytes(&o.ent_off), col_bytes(&o.ent_len), "extras", intern_table(&o.extras), "sites",
+                        intern_table(&o.sites), "python", col_bytes(&o.py_off), col_bytes(&o.py_len),
+                        col_bytes(&o.py_index), "packets", (long long)index, "end",
+                        (long long)last_end, "first_snapshot", first_snapshot);
 done:
     for (Py_ssize_t i = 0; i < o.nseqs; i++) {
         for (int t = 0; t < N_TABLES; t++)
@@ -1189,6 +1255,8 @@ done:
     PyMem_Free(o.seqs);
     for (int k = 0; k < P_NCOLS; k++)
         col_free(&o.p[k]);
+    for (int k = 0; k < C_NCOLS; k++)
+        col_free(&o.c[k]);
     col_free(&o.ent_seq);
     col_free(&o.ent_gen);
     col_free(&o.ent_table);
@@ -1198,8 +1266,8 @@ done:
     col_free(&o.py_off);
     col_free(&o.py_len);
     col_free(&o.py_index);
-    col_free(&o.py_uuid);
     intern_free(&o.extras);
+    intern_free(&o.sites);
     PyBuffer_Release(&b);
     return res;
 }

@@ -32,10 +32,8 @@ def _check(path: str | os.PathLike[str]) -> tuple[str, str]:
     return p, detect(p)
 
 
-# Formats the scanner reads into columns. The .pftrace scanner (perfetto_columns) predates call sites
-# (interned source locations) and device-memory counter tracks and would drop them, so .pftrace files go
-# to the general reader until it learns both.
-COLUMNAR = ("json",)
+# Formats the scanner reads into columns (chrome_columns, perfetto_columns).
+COLUMNAR = ("json", "pftrace")
 
 
 def load_columns(path: str | os.PathLike[str], scanner: Any = "default") -> tuple[SpanBatch | list[Span], dict[str, Any]]:

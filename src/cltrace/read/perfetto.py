@@ -105,6 +105,13 @@ def _site(loc: Any) -> sites.CallSite:
     return sites.CallSite(_str(loc.file_name), int(loc.line_number), _str(loc.function_name))
 
 
+def with_callers(site: sites.CallSite | None, stack: Any) -> sites.CallSite | None:
+    """A slice's call site with the outer frames its "code.stacktrace" annotation lists (``stack_depth`` > 1)."""
+    if site is not None and isinstance(stack, str):
+        return sites.from_attrs({**site.attrs(), sites.STACK: stack})
+    return site
+
+
 def _str(v: Any) -> Any:
     """A proto2 string field holding invalid UTF-8 reads back as bytes: text with replacements."""
     return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
@@ -218,9 +225,7 @@ class _Reader:
                 site = st.sites.get(te.source_location_iid)
             else:
                 site = _site(te.source_location) if te.HasField("source_location") else None
-            stack = ann.get(sites.STACK)
-            if site is not None and isinstance(stack, str):
-                site = sites.from_attrs({**site.attrs(), sites.STACK: stack})
+            site = with_callers(site, ann.get(sites.STACK))
             self.events.setdefault(uuid, []).append((ts, index, BEGIN, (sid, name, cat, ann, site)))
         elif te.type == COUNTER and self.counter_names.get(uuid) == DROPPED_TRACK:
             self.dropped = max(self.dropped, te.counter_value)

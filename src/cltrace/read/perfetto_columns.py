@@ -1,13 +1,15 @@
 """A ``.pftrace`` written by cltrace, read into a ``SpanBatch`` without a Python object per packet.
 
 The scanner (``scan.NATIVE.pftrace``) walks the packets once, keeping each sequence's state as
-``perfetto._Reader`` keeps it (defaults, incremental clocks, interned names, the device-stamp offset),
-and hands back one row per slice BEGIN/END. Here, with numpy: slices are paired per track after a
-stable sort by time (a stack, as the general reader pairs them: an END with nothing open is skipped),
-host and device slices are joined by span id, and names, categories and attributes are looked up once
-per distinct value. Descriptors, counters and the metadata instant are few: Python reads them with the
-perfetto protos. The result is what ``perfetto.load_pftrace`` gives, as columns; a file outside the
-layout (inline names, duplicate span ids, out-of-range values...) returns None for the general reader.
+``perfetto._Reader`` keeps it (defaults, incremental clocks, interned names and source locations, the
+device-stamp offset), and hands back one row per slice BEGIN/END and one per COUNTER sample. Here, with
+numpy: slices are paired per track after a stable sort by time (a stack, as the general reader pairs
+them: an END with nothing open is skipped), host and device slices are joined by span id, and names,
+categories, call sites and attributes are looked up once per distinct value; counter samples are named
+by the counter track descriptor before them in the file (device memory, dropped spans). Descriptors and
+the metadata instant are few: Python reads them with the perfetto protos. The result is what
+``perfetto.load_pftrace`` gives, as columns; a file outside the layout (inline names, duplicate span ids,
+out-of-range values...) returns None for the general reader.
 """
 from __future__ import annotations
 
@@ -19,38 +21,43 @@ from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ..errors import TraceFileError
-from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
+from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN,
                                     DROPPED_TRACK, INSTANT, METADATA_EVENT)
+from ..record.memory import COUNTER_PREFIX
+from ..timeline import sites
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.spans import STATUS_ERROR
 from . import checks
-from .perfetto import _annotation_value, _str, note_track
-from .scan import P_COLS
+from .perfetto import _annotation_value, _site, _str, note_track, with_callers
+from .scan import C_COLS, P_COLS
 from .tree import path_ids
 
-_RESERVED = {A_SPAN, A_PARENT, A_STATUS, A_ERROR, A_DEV_START, A_DEV_END}
+_RESERVED = {A_SPAN, A_PARENT, A_STATUS, A_ERROR, A_DEV_START, A_DEV_END, sites.STACK}
 _STANDARD = {A_SPAN, A_PARENT, A_DEV_START, A_DEV_END}  # the scanner reads these itself
 _LIMIT = 1 << 62
 
 
 class _Rest:
-    """Descriptors, counters and metadata: the packets the scanner leaves to Python."""
+    """Descriptors and metadata: the packets the scanner leaves to Python."""
 
     def __init__(self) -> None:
         self.counter_names: dict[int, str] = {}
         self.track_names: dict[int, tuple[str, int]] = {}
+        self.counter_tracks: dict[int, tuple[list[int], list[str]]] = {}  # uuid -> (packet index, name) each time
         self.meta: dict[str, Any] = {}
-        self.dropped = 0
         self.closed = False
 
-    def packet(self, p: Any, uuid: int) -> None:
+    def packet(self, p: Any, index: int) -> None:
         if p.HasField("track_descriptor"):
-            note_track(p.track_descriptor, self.counter_names, self.track_names)
+            td = p.track_descriptor
+            note_track(td, self.counter_names, self.track_names)
+            if td.HasField("counter"):
+                at, names = self.counter_tracks.setdefault(td.uuid, ([], []))
+                at.append(index)
+                names.append(self.counter_names[td.uuid])
             return
         te = p.track_event
-        if te.type == COUNTER and self.counter_names.get(uuid) == DROPPED_TRACK:
-            self.dropped = max(self.dropped, te.counter_value)
-        elif te.type == INSTANT and te.name == METADATA_EVENT:
+        if te.type == INSTANT and te.name == METADATA_EVENT:
             for a in te.debug_annotations:
                 if a.name == "json":
                     try:
@@ -59,6 +66,33 @@ class _Rest:
                         raise TraceFileError("corrupt Perfetto trace: cltrace.metadata is not JSON") from None
                     self.meta = checks.metadata(meta)
                     self.closed = self.closed or "recorded_spans" in meta
+
+
+def _counters(got: dict[str, Any], rest: _Rest) -> tuple[int, dict[str, list[tuple[int, int]]]]:
+    """Dropped spans and device-memory samples per context label, from the COUNTER rows: each sample
+    is named by the last counter descriptor of its track before it in the file, as the general reader
+    names it."""
+    c = {name: np.frombuffer(b, np.int64) for name, b in zip(C_COLS, got["counters"])}
+    index, uuid, ts, value = c["index"], c["uuid"], c["ts"], c["value"]
+    dropped = 0
+    found: list[tuple[int, str, np.ndarray]] = []  # (first index, label, rows) of each memory counter
+    for track, (at, names) in rest.counter_tracks.items():
+        rows = np.flatnonzero(uuid == (track - (1 << 64) if track >= 1 << 63 else track))
+        if not len(rows):
+            continue
+        which = np.searchsorted(np.array(at, np.int64), index[rows]) - 1  # -1: before any descriptor
+        for k, name in enumerate(names):
+            mine = rows[which == k]
+            if not len(mine):
+                continue
+            if name == DROPPED_TRACK:
+                dropped = max(dropped, int(value[mine].max()))
+            elif name.startswith(COUNTER_PREFIX):
+                found.append((int(index[mine[0]]), name[len(COUNTER_PREFIX):], mine))
+    memory: dict[str, list[tuple[int, int]]] = {}
+    for _, label, mine in sorted(found, key=lambda f: f[0]):  # labels in the order the file first has them
+        memory.setdefault(label, []).extend(zip(ts[mine].tolist(), value[mine].tolist()))
+    return dropped, {k: sorted(v) for k, v in memory.items()}
 
 
 def _pairs(uuid: np.ndarray, ts: np.ndarray, index: np.ndarray, begin: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -90,6 +124,12 @@ def _pairs(uuid: np.ndarray, ts: np.ndarray, index: np.ndarray, begin: np.ndarra
     return np.concatenate(bs), np.concatenate(es)
 
 
+def _rows_of(extra: np.ndarray, runs: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(row, run) of the rows whose annotation run is one of ``runs``."""
+    rows = np.flatnonzero(np.isin(extra, runs)) if runs else np.zeros(0, np.int64)
+    return rows, extra[rows]
+
+
 def _repeats(v: np.ndarray) -> bool:
     s = np.sort(v)
     return bool((s[1:] == s[:-1]).any())
@@ -114,26 +154,50 @@ def load_pftrace_columns(path: str, scanner: Any) -> tuple[SpanBatch, dict[str, 
 Interned = dict[tuple[int, int], dict[int, str]]  # (sequence, generation) -> iid -> text
 
 
-def _names(data: bytes, got: dict[str, Any]) -> tuple[list[str | None], Interned, Interned]:
-    """Text of every interned entry (None for string values: they are no span's name or category), and
-    the debug annotation names and string values per (sequence, generation) (the scanner's tables 2, 3)."""
+def _names(data: bytes, got: dict[str, Any], tables: Tables) -> tuple[np.ndarray, np.ndarray, Interned, Interned]:
+    """Name and category ids (in ``tables``) of the interned entries, by entry (the last category id is the
+    "?" of a slice without one), and the debug annotation names and string values per (sequence,
+    generation) (the scanner's tables 2 and 4)."""
     seq, gen, table, iid, off, ln = (np.frombuffer(b, np.int64).tolist() for b in got["entries"])
     texts = [_str(data[o:o + n]) for o, n in zip(off, ln)]
+    names = np.array([tables.names.id(x) if t == 1 else -1 for x, t in zip(texts, table)] or [0], np.int32)
+    cats = np.array([tables.cats.id(x) if t == 0 else -1 for x, t in zip(texts, table)] + [tables.cats.id("?")],
+                    np.int16)
     dnames: Interned = {}
     strings: Interned = {}
     for s, g, t, i, text in zip(seq, gen, table, iid, texts):
-        if t >= 2:
+        if t == 2 or t == 4:
             (dnames if t == 2 else strings).setdefault((s, g), {})[i] = text
-    return [None if t == 3 else text for t, text in zip(table, texts)], dnames, strings
+    return names, cats, dnames, strings
+
+
+def _sites(data: bytes, got: dict[str, Any], site: np.ndarray, extra: np.ndarray, stacks: list[Any],
+           tables: Tables) -> np.ndarray:
+    """Each span's call site id in ``tables`` (-1: none): its source location, with the callers of its
+    "code.stacktrace" annotation where it has one."""
+    out = np.full(len(site), -1, np.int32)
+    has = np.flatnonzero(site >= 0)
+    if not len(has):
+        return out
+    off, ln, _ = (np.frombuffer(b, np.int64).tolist() for b in got["sites"])
+    locs = [_site(pb.SourceLocation.FromString(data[o:o + n])) for o, n in zip(off, ln)]
+    m = len(stacks) + 1  # distinct (location, annotation run) pairs: the run's -1 (none) as 0
+    pairs, inverse = np.unique(site[has] * m + extra[has] + 1, return_inverse=True)
+    ids = []
+    for loc, run in zip((pairs // m).tolist(), (pairs % m).tolist()):
+        ids.append(tables.sites.id(with_callers(locs[loc], stacks[run - 1] if run else None)))
+    out[has] = np.array(ids, np.int32)[inverse]
+    return out
 
 
 def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interned
-            ) -> tuple[list[Any], list[bool], list[str | None]] | None:
-    """Per distinct run of other annotations: attributes (None: none), failed, error text."""
+            ) -> tuple[list[Any], list[bool], list[str | None], list[Any]] | None:
+    """Per distinct run of other annotations: attributes (None: none), failed, error text, call stack."""
     off, ln, key = (np.frombuffer(b, np.int64).tolist() for b in got["extras"])
     attrs: list[Any] = []
     failed: list[bool] = []
     errors: list[str | None] = []
+    stacks: list[Any] = []
     for o, n, k in zip(off, ln, key):
         names = dnames.get((k >> 20, k & 0xFFFFF), {})
         values = strings.get((k >> 20, k & 0xFFFFF), {})
@@ -149,18 +213,20 @@ def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interne
         attrs.append({k2: v for k2, v in ann.items() if k2 not in _RESERVED} or None)
         failed.append(bad)
         errors.append(None if error is None else checks.text(error, "error"))
-    return attrs, failed, errors
+        stacks.append(ann.get(sites.STACK))
+    return attrs, failed, errors, stacks
 
 
 def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]] | None:
     rest = _Rest()
-    for o, n, _, uuid in zip(*(np.frombuffer(b, np.int64).tolist() for b in got["python"])):
-        rest.packet(pb.TracePacket.FromString(data[o:o + n]), uuid)
-    texts, dnames, strings = _names(data, got)
+    for o, n, index in zip(*(np.frombuffer(b, np.int64).tolist() for b in got["python"])):
+        rest.packet(pb.TracePacket.FromString(data[o:o + n]), index)
+    tables = Tables()
+    name_ids, cat_ids, dnames, strings = _names(data, got, tables)
     ext = _extras(data, got, dnames, strings)
     if ext is None:
         return None
-    ex_attrs, ex_failed, ex_errors = ext
+    ex_attrs, ex_failed, ex_errors, ex_stacks = ext
     r = {name: np.frombuffer(b, np.int64) for name, b in zip(P_COLS, got["rows"])}
     all_b, all_e = _pairs(r["uuid"], r["ts"], r["index"], r["type"] == BEGIN)
     end_ts = np.zeros(len(r["ts"]), np.int64)
@@ -189,12 +255,8 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
     hrows, hsid, hb, he, on, ds, de, raws, rawe = (a[final] for a in (hrows, hsid, hb, he, on, ds, de, raws, rawe))
     d = d[final]
 
-    tables = Tables()
-    name_ids = np.array([0 if t is None else tables.names.id(t) for t in texts] or [0], np.int32)
     names = name_ids[r["name"][hrows]]
-    cat_ent = r["cat"][hrows]
-    cat_ids = np.array([0 if t is None else tables.cats.id(t) for t in texts] + [tables.cats.id("?")], np.int16)
-    cats = cat_ids[cat_ent]  # -1: the "?" at the end
+    cats = cat_ids[r["cat"][hrows]]  # -1: the "?" at the end
     n = len(hrows)
     extra = r["extra"][hrows]
     has = extra >= 0
@@ -202,8 +264,8 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
     errors: dict[int, str] = {}
     if ex_attrs:
         failed[has] = np.array(ex_failed, bool)[extra[has]]
-        errors = {int(i): ex_errors[int(extra[i])] for i in np.flatnonzero(has).tolist()
-                  if ex_errors[int(extra[i])] is not None}
+        with_error = [k for k, e in enumerate(ex_errors) if e is not None]
+        errors = {i: ex_errors[k] for i, k in zip(*(a.tolist() for a in _rows_of(extra, with_error)))}
         table = np.empty(len(ex_attrs) + 1, object)
         table[:-1] = ex_attrs
         table[-1] = None
@@ -215,6 +277,7 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
         "cat": cats, "thread": r["uuid"][hrows], "host_begin": hb, "host_end": he,
         "track": np.where(on, r["uuid"][d], 0), "dev_queued": ds, "dev_submit": ds, "dev_start": ds, "dev_end": de,
         "raw_start": raws, "raw_end": rawe, "status": failed.astype(np.int8),
+        "site": _sites(data, got, r["site"][hrows], extra, ex_stacks, tables),
     }
     paths = path_ids(cols["id"], cols["parent"], names, tables, cats)
     if paths is None:
@@ -222,7 +285,10 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
     cols["path"] = paths
     batch = SpanBatch(tables, cols, attrs, errors)
     meta = rest.meta
-    meta["dropped_spans"] = max(rest.dropped, meta.get("dropped_spans", 0))
+    dropped, memory = _counters(got, rest)
+    meta["dropped_spans"] = max(dropped, meta.get("dropped_spans", 0))
+    if memory:
+        meta["memory_samples"] = memory
     meta.setdefault("recorded_spans", n)
     tn = rest.track_names
     meta.setdefault("tracks", {str(u): {"name": nm, "process": tn.get(parent, ("", 0))[0]}

@@ -46,7 +46,7 @@ def from_attrs(attrs: dict[str, Any] | None) -> CallSite | None:
         return None
     try:
         site = CallSite(str(attrs[FILE]), int(attrs.get(LINE) or 0), str(attrs.get(FUNCTION) or ""))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # a file's line number may be anything (Infinity, "x")
         return None
     stack = attrs.get(STACK)
     if isinstance(stack, str) and "\n" in stack:
@@ -54,7 +54,7 @@ def from_attrs(attrs: dict[str, Any] | None) -> CallSite | None:
         for ln in stack.split("\n")[1:]:
             where, _, fn = ln.partition(" in ")
             path, _, num = where.rpartition(":")
-            callers.append(CallSite(path, int(num) if num.isdigit() else 0, fn))
+            callers.append(CallSite(path, int(num) if num.isdecimal() else 0, fn))  # "²".isdigit(), int() refuses
         site = site._replace(callers=tuple(callers))
     return site
 
