@@ -435,7 +435,10 @@ def test_undelivered_spans_reported_at_exit() -> None:
     report = [ln for ln in p.stderr.splitlines() if "spans not delivered" in ln]
     assert report == [report[0]] and "11 of 11 spans not delivered" in report[0], p.stderr
     assert "connection refused: is a collector listening at 127.0.0.1:" in report[0], p.stderr
-    assert [ln for ln in p.stderr.splitlines() if ln.strip()] == report and len(report[0]) < 160, p.stderr
+    others = [ln for ln in p.stderr.splitlines() if ln.strip() and ln not in report]
+    # An export attempted before exit may warn once, while the run goes on; nothing else is printed.
+    assert all("is failing" in ln and "losses are reported at exit" in ln for ln in others) and len(others) <= 1, p.stderr
+    assert len(report[0]) < 160, p.stderr
     assert took < 30
 
 
