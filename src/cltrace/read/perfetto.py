@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -98,6 +98,17 @@ def note_track(td: Any, counter_names: dict[int, str], track_names: dict[int, tu
         name = td.thread.thread_name if td.HasField("thread") and not td.name else td.name
         name = name or (td.process.process_name if td.HasField("process") else "")
         track_names[td.uuid] = (_str(name), td.parent_uuid)
+
+
+def metadata_of(te: Any) -> Iterator[dict[str, Any]]:
+    """The checked metadata each "json" annotation of a cltrace.metadata instant holds."""
+    for a in te.debug_annotations:
+        if a.name == "json":
+            try:
+                meta = json.loads(a.string_value)
+            except (ValueError, RecursionError):
+                raise TraceFileError("corrupt Perfetto trace: cltrace.metadata is not JSON") from None
+            yield checks.metadata(meta)
 
 
 def _site(loc: Any) -> sites.CallSite:
@@ -233,14 +244,9 @@ class _Reader:
             label = self.counter_names[uuid][len(COUNTER_PREFIX):]
             self.memory.setdefault(label, []).append((ts, te.counter_value))
         elif te.type == INSTANT and te.name == METADATA_EVENT:
-            for a in te.debug_annotations:
-                if a.name == "json":
-                    try:
-                        meta = json.loads(a.string_value)
-                    except (ValueError, RecursionError):
-                        raise TraceFileError("corrupt Perfetto trace: cltrace.metadata is not JSON") from None
-                    self.meta = checks.metadata(meta)
-                    self.closed = self.closed or "recorded_spans" in meta  # written by close only
+            for meta in metadata_of(te):
+                self.meta = meta
+                self.closed = self.closed or "recorded_spans" in meta  # written by close only
 
     def spans(self) -> list[Span]:
         """Pair BEGIN/END per track and join each span's host and device slices."""

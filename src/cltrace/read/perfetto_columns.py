@@ -13,7 +13,6 @@ out-of-range values...) returns None for the general reader.
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ from ..timeline import sites
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.spans import STATUS_ERROR
 from . import checks
-from .perfetto import _annotation_value, _site, _str, note_track, with_callers
+from .perfetto import metadata_of, _annotation_value, _site, _str, note_track, with_callers
 from .scan import C_COLS, P_COLS
 from .tree import path_ids
 
@@ -58,14 +57,9 @@ class _Rest:
             return
         te = p.track_event
         if te.type == INSTANT and te.name == METADATA_EVENT:
-            for a in te.debug_annotations:
-                if a.name == "json":
-                    try:
-                        meta = json.loads(a.string_value)
-                    except (ValueError, RecursionError):
-                        raise TraceFileError("corrupt Perfetto trace: cltrace.metadata is not JSON") from None
-                    self.meta = checks.metadata(meta)
-                    self.closed = self.closed or "recorded_spans" in meta
+            for meta in metadata_of(te):
+                self.meta = meta
+                self.closed = self.closed or "recorded_spans" in meta
 
 
 def _counters(got: dict[str, Any], rest: _Rest) -> tuple[int, dict[str, list[tuple[int, int]]]]:
