@@ -1,6 +1,6 @@
 """The native parts, each a small C extension with a pure-Python fallback that writes the same bytes:
-``timeline._stamps`` (event stamps in bulk), ``record._region`` (region enter/exit),
-``export._chrome`` (Chrome JSON lines), ``export.perfetto._packets`` (Perfetto packets).
+``timeline._stamps`` (event stamps in bulk), ``timeline._resolve`` (the resolver's passes over columns),
+``record._region`` (region enter/exit), ``export._chrome`` (Chrome JSON lines), ``export.perfetto._packets`` (Perfetto packets).
 Project metadata lives in pyproject.toml.
 
 ``optional=True``: where no C compiler exists the install still succeeds and cltrace runs its
@@ -21,6 +21,7 @@ setup(
     ext_modules=[
         _ext("cltrace.timeline._stamps", "src/cltrace/timeline/_stamps.c",
              libraries=[] if sys.platform == "win32" else ["dl"]),
+        _ext("cltrace.timeline._resolve", "src/cltrace/timeline/_resolve.c"),
         _ext("cltrace.record._region", "src/cltrace/record/_region.c"),
         _ext("cltrace.export._chrome", "src/cltrace/export/_chrome.c"),
         _ext("cltrace.export.perfetto._packets", "src/cltrace/export/perfetto/_packets.c"),

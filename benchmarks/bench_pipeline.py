@@ -40,7 +40,7 @@ import cltrace
 from cltrace.export.chrome import ChromeTraceSink
 from cltrace.export.perfetto import PerfettoTraceSink
 from cltrace.record.recorder import RECORDER
-from cltrace.timeline import stamps
+from cltrace.timeline import passes, stamps
 
 SRC = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
 
@@ -323,6 +323,7 @@ def main() -> None:
     args = ap.parse_args()
     s = Setup()
     print(f"device: {s.q.device.name.strip()} ({s.q.device.platform.name.strip()}); stamps path: {stamps.PATH}; "
+          f"resolver passes: {passes.PATH}; "
           f"python {sys.version.split()[0]}")
     rows: list[tuple[str, str, str, str, str]] = []
 

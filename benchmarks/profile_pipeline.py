@@ -21,7 +21,7 @@ from cltrace import _state
 from cltrace.export.chrome import ChromeTraceSink
 from cltrace.export.perfetto import PerfettoTraceSink
 from cltrace.record.recorder import RECORDER
-from cltrace.timeline import stamps
+from cltrace.timeline import passes, stamps
 
 
 def main() -> None:
@@ -48,7 +48,8 @@ def main() -> None:
     t1 = time.perf_counter()
     stamps.read(h)
     t2 = time.perf_counter()
-    print(f"{stamps.DETAIL}: handles {len(evs) / (t1 - t0):,.0f}/s, read {len(evs) / (t2 - t1):,.0f} events/s")
+    print(f"resolver passes: {passes.DETAIL}")
+    print(f"stamps {stamps.DETAIL}: handles {len(evs) / (t1 - t0):,.0f}/s, read {len(evs) / (t2 - t1):,.0f} events/s")
     with tempfile.TemporaryDirectory() as tmp:
         js = ChromeTraceSink(os.path.join(tmp, "p.json"))
         pf = PerfettoTraceSink(os.path.join(tmp, "p.pftrace"))

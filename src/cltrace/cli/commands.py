@@ -72,9 +72,9 @@ def _native_parts() -> dict[str, str]:
     from ..export.perfetto import encoder
     from ..read import scan
     from ..record import callsite, regions
-    from ..timeline import stamps
+    from ..timeline import passes, stamps
 
-    return {"event stamps": stamps.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
+    return {"event stamps": stamps.DETAIL, "resolver passes": passes.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
             "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL, "trace scanner": scan.DETAIL}
 
 

@@ -8,7 +8,7 @@
  *                                     START, END. 0: complete, stamps read; > 0: still queued/submitted/
  *                                     running; < 0: the command failed, or its stamps cannot be read
  *                                     (the OpenCL error). Stamps are 0 unless the status is 0.
- *   columns(records, ints, handles, names, cats)
+ *   columns(records, ints, handles, names, cats, paths)
  *                                     one pass over raw records (see below) into int64 columns and
  *                                     the events' handles, instead of a transpose and a dozen passes
  *   wait(handles)                     clWaitForEvents on all of them; on an error (a failed command),
@@ -286,12 +286,14 @@ static PyObject *stamps_transpose(PyObject *self, PyObject *records) {
     return out;
 }
 
-/* columns(records, ints, handles, names, cats): the resolver's first pass over a batch of raw records
+/* columns(records, ints, handles, names, cats, paths): the resolver's first pass over a batch of raw records
  * (tuples laid out as record/recorder.py says: cat, name, id, parent, path, thread, host_begin, host_end,
  * queue, ev0, ev1, attrs, status, error, site). Fills ints, int64[COLS, N] (rows below), and handles,
- * uint64[2, N]: the int_ptr of ev0 and ev1 where the record has device work, else 0. A name or category
- * missing from the dicts ``names``/``cats`` (value -> interned id) gets -1, for the caller to intern; a
- * thread key beyond int64 gets 0 and the flag F_BIG_THREAD, for the caller to read from the record. */
+ * uint64[2, N]: the int_ptr of ev0 and ev1 where the record has device work, else 0. A name, category or
+ * path missing from the dicts ``names``/``cats``/``paths`` (value -> interned id) gets -1, for the caller
+ * to intern; a thread key beyond int64 gets 0 and the flag F_BIG_THREAD, for the caller to read from the
+ * record. Consecutive records mostly share their name, category and path objects: each is looked up
+ * once per run of the same object. */
 enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, C_SITE, N_COLS };
 enum { F_DEV = 1, F_TWO = 2, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16 };
 
@@ -318,6 +320,26 @@ lookup(PyObject *dict, PyObject *key, int64_t *out)
     return as_i64(v, out);
 }
 
+/* ``lookup`` of ``key``, or the previous answer where ``key`` is the object looked up last. */
+typedef struct {
+    PyObject *key;
+    int64_t id;
+} last_seen;
+
+static int
+lookup_cached(PyObject *dict, PyObject *key, last_seen *last, int64_t *out)
+{
+    if (key == last->key && last->id >= 0) {
+        *out = last->id;
+        return 0;
+    }
+    if (lookup(dict, key, out))
+        return -1;
+    last->key = key; /* borrowed: the records hold every key for the whole call */
+    last->id = *out;
+    return 0;
+}
+
 static int
 handle_of(PyObject *ev, PyObject *attr, uint64_t *out)
 {
@@ -332,10 +354,11 @@ handle_of(PyObject *ev, PyObject *attr, uint64_t *out)
 static PyObject *
 stamps_columns(PyObject *self, PyObject *args)
 {
-    PyObject *records, *names, *cats;
+    PyObject *records, *names, *cats, *paths;
     Py_buffer ib, hb;
-    if (!PyArg_ParseTuple(args, "O!w*w*O!O!:columns", &PyList_Type, &records, &ib, &hb, &PyDict_Type, &names,
-                          &PyDict_Type, &cats))
+    last_seen last_name = {NULL, -1}, last_cat = {NULL, -1}, last_path = {NULL, -1};
+    if (!PyArg_ParseTuple(args, "O!w*w*O!O!O!:columns", &PyList_Type, &records, &ib, &hb, &PyDict_Type, &names,
+                          &PyDict_Type, &cats, &PyDict_Type, &paths))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(records);
     PyObject *attr = NULL;
@@ -356,8 +379,9 @@ stamps_columns(PyObject *self, PyObject *args)
         }
         PyObject **f = &PyTuple_GET_ITEM(r, 0);
         if (as_i64(f[2], &c[C_ID * n + i]) || as_i64(f[3], &c[C_PARENT * n + i]) || as_i64(f[6], &c[C_HB * n + i]) ||
-            as_i64(f[7], &c[C_HE * n + i]) || lookup(names, f[1], &c[C_NAME * n + i]) ||
-            lookup(cats, f[0], &c[C_CAT * n + i]))
+            as_i64(f[7], &c[C_HE * n + i]) || lookup_cached(names, f[1], &last_name, &c[C_NAME * n + i]) ||
+            lookup_cached(cats, f[0], &last_cat, &c[C_CAT * n + i]) ||
+            lookup_cached(paths, f[4], &last_path, &c[C_PATH * n + i]))
             goto fail;
         int64_t flags = 0;
         int overflow = 0;
@@ -370,7 +394,6 @@ stamps_columns(PyObject *self, PyObject *args)
         }
         c[C_THREAD * n + i] = (int64_t)key;
         c[C_QUEUE * n + i] = f[8] == Py_None ? 0 : (int64_t)(uintptr_t)f[8];
-        c[C_PATH * n + i] = (int64_t)(uintptr_t)f[4];
         c[C_SITE * n + i] = (int64_t)(uintptr_t)f[14];
         h0[i] = h1[i] = 0;
         if (f[8] != Py_None && f[9] != Py_None) {
@@ -404,7 +427,7 @@ static PyMethodDef methods[] = {
     {"init", stamps_init, METH_VARARGS, "init(path): resolve the OpenCL entry points in the library at path."},
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
     {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps): fill status int32[N] and stamps int64[N, 4]."},
-    {"columns", stamps_columns, METH_VARARGS, "columns(records, ints, handles, names, cats): the resolver's first pass."},
+    {"columns", stamps_columns, METH_VARARGS, "columns(records, ints, handles, names, cats, paths): the resolver's first pass."},
     {"wait", stamps_wait, METH_VARARGS, "wait(handles): wait for every event; a failed one does not stop the rest."},
     {"transpose", stamps_transpose, METH_O, "transpose(records): list(zip(*records)) in one pass."},
     {NULL, NULL, 0, NULL},

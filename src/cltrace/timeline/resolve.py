@@ -2,8 +2,9 @@
 
 Column by column: the records are transposed once, every event's four profiling stamps are read
 in one call (``stamps``: native where built), names, categories and paths become interned ids,
-and each device's stamps are mapped through its clock in one vectorised pass. Python loops run
-over distinct queues, threads, paths and regions, not over launches. Records whose events have
+and each device's stamps are mapped through its clock in one vectorised pass. Grouping, nesting and
+out-of-order lanes are whole-column passes (``passes``: C without the GIL where built); Python loops
+run over distinct queues, threads, sites and paths only, never over spans. Records whose events have
 not completed stay in ``waiting`` for the next batch; with ``block=True`` the resolver first
 waits for them (at flush or export, never per launch).
 """
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import stamps
+from . import passes, stamps
 from .batch import NAMES, SpanBatch, Tables
 from .sites import SiteTable
 from .tracks import COMPILE_THREAD
@@ -31,17 +32,27 @@ _ATTRS = itemgetter(11)  # a raw record's attrs (record/recorder.py R_ATTRS)
 
 
 class Resolver:
-    def __init__(self, tracks: Any, clocks: Any, tables: Tables | None = None) -> None:
+    """Raw records -> ``SpanBatch``es, batch after batch (state kept between them: records waiting for
+    their commands, children waiting for their region, out-of-order lanes).
+
+    ``python=True`` runs the pure-Python passes even where the C extensions are built (tests compare the two).
+    """
+
+    def __init__(self, tracks: Any, clocks: Any, tables: Tables | None = None, python: bool = False) -> None:
         self.tracks = tracks
         self.clocks = clocks
         self.tables = tables or Tables()
         self.sites = SiteTable(self.tables.sites)  # raw call-site captures -> site ids (lines looked up here)
         self.waiting: list[tuple] = []
+        self._stamps = stamps.PYTHON if python else stamps.NATIVE or stamps.PYTHON
+        self._passes = passes.PYTHON if python else passes.ACTIVE
         self._queues: dict[tuple[int, int, int, int], tuple[int, Any, Any]] = {}
         # (queue, thread) of an out-of-order queue -> end time of the last command on each lane
-        self._lanes: dict[tuple[int, int, int], list[int]] = {}
-        # parent id -> {device track: [min dev_start, max dev_end] of resolved children}
-        self._child_ext: dict[int, dict[int, list[int]]] = {}
+        self._lanes: dict[tuple[int, int, int], np.ndarray] = {}
+        # device extents of resolved children whose region is not resolved yet
+        self._extents = self._passes.Extents()
+        self._launch_paths: dict[tuple[int, int], int] = {}  # (region path id, name id) -> a launch's path id
+        self._region_cats = np.fromiter(sorted(self.tables.region_cats), np.int16)
 
     def queue_info(self, queue: Any, thread: int) -> tuple[int, Any, Any]:
         """(device track id, DeviceClock, lane key or None) for work a thread submitted to a queue.
@@ -72,7 +83,8 @@ class Resolver:
         if not todo:
             return SpanBatch.empty(self.tables)
         t = self.tables
-        ints, hs = stamps.columns(todo, t.names.ids, t.cats.ids)
+        st = self._stamps
+        ints, hs = st.columns(todo, t.names.ids, t.cats.ids, t.paths.ids)
         n = len(todo)
         flags = ints[stamps.C_FLAGS]
         dev = (flags & stamps.F_DEV) != 0
@@ -81,19 +93,19 @@ class Resolver:
             upto = n if limit is None else min(limit, n)
             must = np.flatnonzero(dev[:upto])
             h1 = hs[1][must]
-            stamps.wait(np.concatenate([hs[0][must], h1[h1 != 0]]))
+            st.wait(np.concatenate([hs[0][must], h1[h1 != 0]]))
         status = np.zeros(n, np.int32)
         raw = np.zeros((n, 4), np.int64)
         dv = np.flatnonzero(dev)
         if len(dv):
-            st0, s0 = stamps.read(hs[0][dv])
+            st0, s0 = st.read(hs[0][dv])
             status[dv] = st0
             raw[dv] = s0
             has1 = two_ev[dv]
             if has1.any():
                 # A region's two markers: START is the first marker's END, END the second's.
                 rows = dv[has1]
-                st1, s1 = stamps.read(hs[1][rows])
+                st1, s1 = st.read(hs[1][rows])
                 raw[rows, _START] = raw[rows, _END]
                 raw[rows, _END] = s1[:, _END]
                 st1 = st1.astype(np.int32)
@@ -111,15 +123,33 @@ class Resolver:
 
     def _sites(self, todo: list[tuple], obj: np.ndarray) -> np.ndarray:
         """Site ids of the rows: captures are shared objects, so each distinct one is looked up once."""
-        uniq, first, inverse = np.unique(obj, return_index=True, return_inverse=True)
-        ids = np.array([self.sites.site_id(todo[i][14]) for i in first.tolist()], np.int32)
-        return ids[inverse]
+        first, inverse = self._passes.group(obj)
+        return self.sites.ids([todo[i][14] for i in first.tolist()], self._passes.group)[inverse]
 
     def _interned(self, ids: np.ndarray, todo: list[tuple], field: int, table: Any) -> np.ndarray:
-        """``ids`` with the values ``stamps.columns`` did not find (-1) interned now."""
-        for i in np.flatnonzero(ids < 0).tolist():
-            ids[i] = table.id(todo[i][field])
+        """``ids`` with the values ``stamps.columns`` did not find (-1) interned now (each distinct object once)."""
+        miss = np.flatnonzero(ids < 0)
+        if len(miss):
+            values = [todo[i][field] for i in miss.tolist()]
+            first, inverse = self._passes.group(np.fromiter(map(id, values), np.int64, len(values)))
+            ids[miss] = np.array([table.id(values[i]) for i in first.tolist()], np.int64)[inverse]
         return ids
+
+    def _threads(self, todo: list[tuple], thr: np.ndarray, flags: np.ndarray) -> np.ndarray:
+        """Host thread track of each row (the compile track for compile work, -1 for none)."""
+        n = len(thr)
+        big = np.flatnonzero(flags & stamps.F_BIG_THREAD).tolist()
+        thr[big] = -1  # read from their records below
+        tracks = self.tracks
+        track_of = lambda k: -1 if k == -1 else tracks.compile_track() if k == COMPILE_THREAD else tracks.host_thread(k)
+        if n and thr.min() == thr.max():
+            out = np.full(n, track_of(int(thr[0])), np.int64)
+        else:
+            first, inverse = self._passes.group(thr)
+            out = np.array([track_of(k) for k in thr[first].tolist()], np.int64)[inverse]
+        for i in big:
+            out[i] = track_of(todo[i][5])
+        return out
 
     def _columns(self, todo: list[tuple], ints: np.ndarray, dev: np.ndarray, status: np.ndarray,
                  raw: np.ndarray) -> SpanBatch:
@@ -132,20 +162,9 @@ class Resolver:
             "name": self._interned(ints[C.C_NAME], todo, 1, t.names).astype(np.int32),
             "cat": self._interned(ints[C.C_CAT], todo, 0, t.cats).astype(np.int16),
             "site": self._sites(todo, ints[C.C_SITE]),
+            "thread": self._threads(todo, ints[C.C_THREAD], flags),
         }
-        thr = ints[C.C_THREAD]
-        big = np.flatnonzero(flags & C.F_BIG_THREAD).tolist()
-        thr[big] = -1  # read from their records below
-        tracks = self.tracks
-        track_of = lambda k: -1 if k == -1 else tracks.compile_track() if k == COMPILE_THREAD else tracks.host_thread(k)
-        if n and thr.min() == thr.max():
-            out["thread"] = np.full(n, track_of(int(thr[0])), np.int64)
-        else:
-            uthr, ithr = np.unique(thr, return_inverse=True)
-            out["thread"] = np.array([track_of(k) for k in uthr.tolist()], np.int64)[ithr]
-        for i in big:
-            out["thread"][i] = track_of(todo[i][5])
-        region = np.isin(out["cat"], np.fromiter(t.region_cats, np.int16))
+        region = np.isin(out["cat"], self._region_cats)
         out["path"] = self._paths(todo, ints[C.C_PATH], out["name"], region)
         attrs = list(map(_ATTRS, todo)) if (flags & C.F_ATTRS).any() else [None] * n
         errors: dict[int, str] = {}
@@ -160,16 +179,12 @@ class Resolver:
         track = np.zeros(n, np.int64)
         off = np.zeros(n, np.int64)
         off_end = np.zeros(n, np.int64)  # regions' END may be drawn with a later offset than their START
-        lane_rows: list[int] = []
-        lane_keys: dict[int, tuple[Any, int, Any]] = {}
+        lanes: list[tuple[tuple[Any, int, Any], np.ndarray]] = []  # (queue, thread, lane key), its commands' rows
+        on_lane = np.zeros(n, bool)
         if len(rows):
-            # Group rows by (queue object, submitting thread) with array operations; look each group up once.
-            qid = ints[C.C_QUEUE][rows]
-            uq, iq = np.unique(qid, return_inverse=True)
-            key = iq.astype(np.int64) * (1 << 32) + out["thread"][rows]
-            uk, kfirst, ik = np.unique(key, return_index=True, return_inverse=True)
-            firsts = rows[kfirst].tolist()
-            infos = [self.queue_info(todo[i][8], todo[i][5]) for i in firsts]
+            # Group rows by (queue object, submitting thread); look each group up once.
+            first, ik = self._passes.group(np.stack([ints[C.C_QUEUE][rows], out["thread"][rows]]))
+            infos = [self.queue_info(todo[i][8], todo[i][5]) for i in rows[first].tolist()]
             track[rows] = np.array([inf[0] for inf in infos], np.int64)[ik]
             clocks: dict[int, tuple[Any, list[int]]] = {}
             for g, inf in enumerate(infos):
@@ -179,14 +194,18 @@ class Resolver:
                 self._place(clock, mine, raw, region, off, off_end)
             for g, inf in enumerate(infos):
                 if inf[2] is not None:  # an out-of-order queue: its commands go on lanes
-                    for j in np.flatnonzero(ik == g).tolist():
-                        i = int(rows[j])
-                        if not region[i]:
-                            lane_rows.append(i)
-                            lane_keys[i] = (todo[i][8], todo[i][5], inf[2])
+                    mine = rows[ik == g]
+                    mine = mine[~region[mine]]
+                    if len(mine):
+                        i = int(mine[0])
+                        lanes.append(((todo[i][8], todo[i][5], inf[2]), mine))
+                        on_lane[mine] = True
         raw_start = raw[:, _START].copy()
         raw_end = raw[:, _END].copy()
-        self._nest(out, region, ok, track, off, off_end, raw_start, raw_end, lane_rows)
+        parent = out["parent"]
+        kind = np.where(region, np.where(ok, passes.REGION, passes.REGION_UNPLACED),
+                        np.where(ok & ~on_lane & (parent != 0), passes.LEAF, 0))
+        self._extents.nest(kind, out["id"], parent, track, off, off_end, raw_start, raw_end)
         out["track"] = track
         z = np.where(ok, off, 0)
         out["raw_start"] = np.where(ok, raw_start, 0)
@@ -195,8 +214,8 @@ class Resolver:
         out["dev_submit"] = np.where(ok, raw[:, _SUBMIT] - z, 0)
         out["dev_start"] = out["raw_start"] - z
         out["dev_end"] = out["raw_end"] - np.where(ok, off_end, 0)
-        if lane_rows:
-            self._assign_lanes(lane_rows, lane_keys, out)
+        for key, mine in lanes:
+            self._assign_lanes(key, mine, out)
         out["status"] = err.astype(np.int8)
         return SpanBatch(t, out, attrs, errors)
 
@@ -222,98 +241,41 @@ class Resolver:
                 off[rows[reg]] = o
                 off_end[rows[reg]] = o
 
-    def _paths(self, todo: list[tuple], path_obj: np.ndarray, name_ids: np.ndarray, region: np.ndarray) -> np.ndarray:
+    def _paths(self, todo: list[tuple], pid: np.ndarray, name_ids: np.ndarray, region: np.ndarray) -> np.ndarray:
         """Interned full path per row: a region's recorded path ends in its name; a launch's gets it added.
 
-        Rows share path objects (a region's path tuple is every child's), so rows are grouped by
-        (path object, name, category) with array operations and each distinct group is interned once.
+        ``pid`` holds the recorded paths' ids (``stamps.columns``; -1: not interned yet). A launch's path is
+        looked up once per distinct (recorded path, name) in the batch, from a table kept between batches.
         """
-        uo, io = np.unique(path_obj, return_inverse=True)
-        nn = len(self.tables.names.values) + 1
-        key = (io.astype(np.int64) * nn + name_ids) * 2 + region
-        uk, kfirst, ik = np.unique(key, return_index=True, return_inverse=True)
-        names = self.tables.names.values
-        intern = self.tables.paths.id
-        ids = [intern(todo[r][4] if reg else todo[r][4] + (names[nm],))
-               for r, reg, nm in zip(kfirst.tolist(), region[kfirst].tolist(), name_ids[kfirst].tolist())]
-        return np.array(ids, np.int32)[ik]
+        paths = self.tables.paths
+        pid = self._interned(pid, todo, 4, paths)
+        launch = np.flatnonzero(~region)
+        if not len(launch):
+            return pid.astype(np.int32)
+        first, inverse = self._passes.group(np.stack([pid[launch], name_ids[launch]]))
+        known, names = self._launch_paths, self.tables.names.values
+        ids = []
+        for key in zip(pid[launch[first]].tolist(), name_ids[launch[first]].tolist()):
+            i = known.get(key)
+            if i is None:
+                i = known[key] = paths.id(paths.values[key[0]] + (names[key[1]],))
+            ids.append(i)
+        out = pid.astype(np.int32)
+        out[launch] = np.array(ids, np.int32)[inverse]
+        return out
 
-    def _nest(self, out: dict[str, np.ndarray], region: np.ndarray, ok: np.ndarray, track: np.ndarray,
-              off: np.ndarray, off_end: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray,
-              lane_rows: list[int]) -> None:
-        """Widen regions' device spans to their children's (markers can be stamped loosely), so nesting holds.
-
-        Children's extents are gathered per (parent, track) in one sorted pass; regions are then taken in
-        record order (an inner region is recorded before the region around it) and pass theirs upwards.
-        """
-        ext = self._child_ext
-        parent = out["parent"]
-        leaf = ok & ~region & (parent != 0)
-        if lane_rows:
-            leaf[lane_rows] = False  # on a lane: does not widen its region
-        rows = np.flatnonzero(leaf)
-        if len(rows):
-            p, tr = parent[rows], track[rows]
-            ds, de = raw_start[rows] - off[rows], raw_end[rows] - off_end[rows]
-            order = np.lexsort((tr, p))
-            p, tr, ds, de = p[order], tr[order], ds[order], de[order]
-            first = np.flatnonzero(np.r_[True, (p[1:] != p[:-1]) | (tr[1:] != tr[:-1])])
-            lo = np.minimum.reduceat(ds, first)
-            hi = np.maximum.reduceat(de, first)
-            for pp, tt, a, b in zip(p[first].tolist(), tr[first].tolist(), lo.tolist(), hi.tolist()):
-                cur = ext.setdefault(pp, {}).get(tt)
-                if cur is None:
-                    ext[pp][tt] = [a, b]
-                else:
-                    if a < cur[0]:
-                        cur[0] = a
-                    if b > cur[1]:
-                        cur[1] = b
-        regs = np.flatnonzero(region)
-        if not len(regs):
-            return
-        rs, re_ = raw_start[regs].tolist(), raw_end[regs].tolist()
-        rows = zip(out["id"][regs].tolist(), ok[regs].tolist(), track[regs].tolist(), off[regs].tolist(),
-                   off_end[regs].tolist(), parent[regs].tolist())
-        pop = ext.pop
-        for j, (sid, good, t, o, oe, pp) in enumerate(rows):
-            mine = pop(sid, None)
-            if not good:
-                continue
-            e = mine.get(t) if mine else None
-            if e is not None:
-                if e[0] + o < rs[j]:
-                    rs[j] = e[0] + o
-                if e[1] + oe > re_[j]:
-                    re_[j] = e[1] + oe
-            if pp:
-                a, b = rs[j] - o, re_[j] - oe
-                cur = ext.setdefault(pp, {}).get(t)
-                if cur is None:
-                    ext[pp][t] = [a, b]
-                else:
-                    if a < cur[0]:
-                        cur[0] = a
-                    if b > cur[1]:
-                        cur[1] = b
-        raw_start[regs] = rs
-        raw_end[regs] = re_
-
-    def _assign_lanes(self, rows: list[int], keys: dict[int, tuple[Any, int, Any]], out: dict[str, np.ndarray]) -> None:
-        """Put out-of-order commands, in start order, on the first lane free at their start."""
+    def _assign_lanes(self, key: tuple[Any, int, Any], rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Put one out-of-order queue's commands, in start order, on the first lane free at their start."""
+        queue, thread, lane_key = key
         ds, de, track = out["dev_start"], out["dev_end"], out["track"]
-        for i in sorted(rows, key=lambda r: int(ds[r])):
-            queue, thread, key = keys[i]
-            ends = self._lanes.setdefault(key, [])
-            s, e = int(ds[i]), int(de[i])
-            for j, last in enumerate(ends):
-                if last <= s:
-                    ends[j] = e
-                    break
-            else:
-                ends.append(e)
-                j = len(ends) - 1
-            track[i] = self.tracks.device_queue(queue, thread, None, str(j + 1))
+        rows = rows[np.argsort(ds[rows], kind="stable")]
+        lanes, self._lanes[lane_key] = self._passes.first_fit(
+            ds[rows], de[rows], self._lanes.get(lane_key, np.zeros(0, np.int64)))
+        used = np.unique(lanes)
+        lane_track = np.zeros(int(used[-1]) + 1, np.int64)
+        for j in used.tolist():
+            lane_track[j] = self.tracks.device_queue(queue, thread, None, str(j + 1))
+        track[rows] = lane_track[lanes]
 
     @staticmethod
     def _device_failed(i: int, e0: Any, e1: Any, code: int, attrs: list[Any], errors: dict[int, str],

@@ -7,8 +7,9 @@ OpenTelemetry semantic-convention keys below.
 """
 from __future__ import annotations
 
+from operator import itemgetter
 from types import CodeType
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -99,16 +100,24 @@ class SiteTable:
         self._ids: dict[tuple, int] = {}
         self._codes: dict[int, CodeType] = {}
 
-    def column(self, raws: tuple | list) -> np.ndarray:
-        """The site id of each row's capture (-1 where there is none)."""
+    def ids(self, raws: list, group: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+        """The site id of each distinct capture object (-1 where there is none).
+
+        Where many are one-frame captures (the Python capture hands out a new tuple each time), they
+        are grouped by (code identity, offset) with ``group`` (``timeline.passes``) and each distinct
+        one is looked up once.
+        """
         n = len(raws)
-        out = np.full(n, -1, np.int32)
-        if not n:
-            return out
-        obj = np.fromiter(map(id, raws), np.int64, n)
-        uniq, first, inverse = np.unique(obj, return_index=True, return_inverse=True)
-        ids = np.array([self.site_id(raws[i]) for i in first.tolist()], np.int32)
-        return ids[inverse]
+        if n > 16:
+            try:
+                one_frame = set(map(len, raws)) == {2}
+            except TypeError:  # some rows have no capture
+                one_frame = False
+            if one_frame:
+                code = np.fromiter(map(id, map(itemgetter(0), raws)), np.int64, n)
+                first, inverse = group(np.stack([code, np.fromiter(map(itemgetter(1), raws), np.int64, n)]))
+                return np.array([self.site_id(raws[i]) for i in first.tolist()], np.int32)[inverse]
+        return np.array([self.site_id(r) for r in raws], np.int32)
 
     def site_id(self, raw: tuple | None) -> int:
         if not raw:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from itertools import compress, repeat
 from operator import attrgetter
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -33,7 +34,7 @@ class Impl(NamedTuple):
     read: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     wait: Callable[[np.ndarray], None]
     transpose: Callable[[list], list]
-    columns: Callable[[list, dict, dict], tuple[np.ndarray, np.ndarray]]
+    columns: Callable[[list, dict, dict, dict], tuple[np.ndarray, np.ndarray]]
 
 
 def _as_handles(handles: Any) -> np.ndarray:
@@ -128,7 +129,7 @@ C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, C
 F_DEV, F_TWO, F_ERROR, F_ATTRS, F_BIG_THREAD = 1, 2, 4, 8, 16
 
 
-def _python_columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray, np.ndarray]:
+def _python_columns(records: list, names: dict, cats: dict, paths: dict) -> tuple[np.ndarray, np.ndarray]:
     n = len(records)
     ints = np.zeros((N_COLS, n), np.int64)
     hs = np.zeros((2, n), np.uint64)
@@ -138,22 +139,38 @@ def _python_columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray,
     cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus, _, site = cols[:15]
     for row, col in ((C_ID, sid), (C_PARENT, parent), (C_HB, hb), (C_HE, he)):
         ints[row] = np.fromiter(col, np.int64, n)
-    big = [k >= 1 << 63 for k in thread]
-    ints[C_THREAD] = [0 if b else k for k, b in zip(thread, big)]
-    ints[C_QUEUE] = [0 if q is None else id(q) for q in queue]
-    ints[C_PATH] = np.fromiter(map(id, path), np.int64, n)
+    flags = ints[C_FLAGS]
+    try:
+        ints[C_THREAD] = np.fromiter(thread, np.int64, n)
+    except OverflowError:  # a reused thread ident's key (generation above bit 64): the caller reads it
+        big = np.fromiter((k >= 1 << 63 for k in thread), bool, n)
+        ints[C_THREAD] = [0 if b else k for k, b in zip(thread, big.tolist())]
+        flags[big] |= F_BIG_THREAD
+    none = id(None)
+    q = ints[C_QUEUE]
+    q[:] = np.fromiter(map(id, queue), np.int64, n)
+    q[q == none] = 0
+    ints[C_PATH] = _ids_of_objects(path, paths)
     ints[C_SITE] = np.fromiter(map(id, site), np.int64, n)
-    ints[C_NAME] = [names.get(v, -1) for v in name]
-    ints[C_CAT] = [cats.get(v, -1) for v in cat]
-    dev = [q is not None and e is not None for q, e in zip(queue, ev0)]
-    two = [d and e is not None for d, e in zip(dev, ev1)]
-    ints[C_FLAGS] = (np.array(dev, np.int64) * F_DEV + np.array(two, np.int64) * F_TWO
-                     + np.fromiter((s is not None for s in rstatus), np.int64, n) * F_ERROR
-                     + np.fromiter((a is not None for a in attrs), np.int64, n) * F_ATTRS
-                     + np.array(big, np.int64) * F_BIG_THREAD)
-    hs[0] = [e.int_ptr if d else 0 for d, e in zip(dev, ev0)]
-    hs[1] = [e.int_ptr if t else 0 for t, e in zip(two, ev1)]
+    ints[C_NAME] = np.fromiter(map(names.get, name, repeat(-1)), np.int64, n)
+    ints[C_CAT] = np.fromiter(map(cats.get, cat, repeat(-1)), np.int64, n)
+    dev = (q != 0) & (np.fromiter(map(id, ev0), np.int64, n) != none)
+    two = dev & (np.fromiter(map(id, ev1), np.int64, n) != none)
+    flags |= (dev * F_DEV) | (two * F_TWO)
+    flags[np.fromiter(map(id, rstatus), np.int64, n) != none] |= F_ERROR
+    flags[np.fromiter(map(id, attrs), np.int64, n) != none] |= F_ATTRS
+    ptr = attrgetter("int_ptr")
+    hs[0][dev] = np.fromiter(map(ptr, compress(ev0, dev.tolist())), np.uint64, int(dev.sum()))
+    hs[1][two] = np.fromiter(map(ptr, compress(ev1, two.tolist())), np.uint64, int(two.sum()))
     return ints, hs
+
+
+def _ids_of_objects(values: tuple, ids: dict) -> np.ndarray:
+    """``ids.get(v, -1)`` of each value, looked up once per distinct object (rows share path tuples)."""
+    obj = np.fromiter(map(id, values), np.int64, len(values))
+    _, first, inverse = np.unique(obj, return_index=True, return_inverse=True)
+    get = ids.get
+    return np.array([get(values[i], -1) for i in first.tolist()], np.int64)[inverse]
 
 
 PYTHON = Impl(_python_handles, _python_read, _python_wait, _python_transpose, _python_columns)
@@ -208,10 +225,10 @@ def _load_native() -> Impl:
         _stamps.read(hs, status, stamps)
         return status, stamps
 
-    def columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray, np.ndarray]:
+    def columns(records: list, names: dict, cats: dict, paths: dict) -> tuple[np.ndarray, np.ndarray]:
         n = len(records)
         ints, hs = np.empty((N_COLS, n), np.int64), np.empty((2, n), np.uint64)
-        _stamps.columns(records, ints, hs, names, cats)
+        _stamps.columns(records, ints, hs, names, cats, paths)
         return ints, hs
 
     def wait(handles: np.ndarray) -> None:
@@ -253,11 +270,12 @@ def transpose(records: list) -> list:
     return _active.transpose(records)
 
 
-def columns(records: list, names: dict, cats: dict) -> tuple[np.ndarray, np.ndarray]:
-    """The resolver's first pass: int64[N_COLS, N] (rows C_ID... C_SITE, identities of path and site objects; NAME/CAT -1 where the value is
-    not yet in ``names``/``cats``, dicts value -> id; THREAD 0 and flag F_BIG_THREAD where the key does
-    not fit int64) and uint64[2, N] handles of ev0 and ev1 (0: none)."""
-    return _active.columns(records, names, cats)
+def columns(records: list, names: dict, cats: dict, paths: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The resolver's first pass: int64[N_COLS, N] (rows C_ID... C_SITE; SITE the identity of the site
+    object; NAME/CAT/PATH the value's id in ``names``/``cats``/``paths``, dicts value -> id, or -1 where
+    it is not there yet; THREAD 0 and flag F_BIG_THREAD where the key does not fit int64) and
+    uint64[2, N] handles of ev0 and ev1 (0: none)."""
+    return _active.columns(records, names, cats, paths)
 
 
 def wait_events(events: Sequence[Any]) -> None:
