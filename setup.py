@@ -13,14 +13,15 @@ from setuptools import Extension, setup
 _O2 = [] if sys.platform == "win32" else ["-O2"]
 
 
-def _ext(name: str, source: str, **kw: object) -> Extension:
-    return Extension(name, sources=[source], extra_compile_args=_O2, optional=True, **kw)
+def _ext(name: str, source: str, extra_sources: list[str] = [], **kw: object) -> Extension:
+    return Extension(name, sources=[source, *extra_sources], extra_compile_args=_O2, optional=True, **kw)
 
 
 setup(
     ext_modules=[
-        _ext("cltrace.timeline._stamps", "src/cltrace/timeline/_stamps.c",
-             libraries=[] if sys.platform == "win32" else ["dl"]),
+        _ext("cltrace.timeline._stamps", "src/cltrace/timeline/_stamps.c", extra_sources=["src/cltrace/timeline/_reaper.c"],
+             depends=["src/cltrace/timeline/_opencl.h", "src/cltrace/timeline/_reaper.h"],
+             libraries=[] if sys.platform == "win32" else ["dl", "pthread"]),
         _ext("cltrace.timeline._resolve", "src/cltrace/timeline/_resolve.c"),
         _ext("cltrace.record._region", "src/cltrace/record/_region.c"),
         _ext("cltrace.export._chrome", "src/cltrace/export/_chrome.c"),

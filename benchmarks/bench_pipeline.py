@@ -323,7 +323,7 @@ def main() -> None:
     args = ap.parse_args()
     s = Setup()
     print(f"device: {s.q.device.name.strip()} ({s.q.device.platform.name.strip()}); stamps path: {stamps.PATH}; "
-          f"resolver passes: {passes.PATH}; "
+          f"resolver passes: {passes.PATH}; event reaper: {stamps.REAPER_DETAIL}; "
           f"python {sys.version.split()[0]}")
     rows: list[tuple[str, str, str, str, str]] = []
 

@@ -1,6 +1,6 @@
 """What the resolver thread does while a launch loop runs: its wake-ups, steps and records per step.
 
-    python benchmarks/worker_probe.py [--seconds 3] [--threads 1]
+    python benchmarks/worker_probe.py [--seconds 3] [--threads 1]      (CLTRACE_REAPER=0: without the reaper)
 
 Counts, every 250 ms, how often the worker woke, how many steps it ran, the records those steps took
 and resolved, and the backlog: a worker that wakes but takes nothing, or never wakes, shows here.
@@ -18,6 +18,7 @@ import pyopencl as cl
 
 import cltrace
 from cltrace.record.recorder import RECORDER
+from cltrace.timeline import stamps
 
 sys.path.insert(0, os.path.dirname(__file__))
 from stall_probe import SRC  # noqa: E402
@@ -98,7 +99,8 @@ def main() -> None:
             time.sleep(0.25)
             print(f"{time.perf_counter() - t0:5.2f} s: woke {wake.waits}, steps {steps['n']} ({steps['s'] * 1e3:.0f} ms), "
                   f"took {steps['took']}, resolved {steps['resolved']}, pending {len(RECORDER.pending)}, "
-                  f"waiting {len(RECORDER.resolver.waiting)}, lost {RECORDER.lost}, worker alive "
+                  f"waiting {len(RECORDER.resolver.waiting)}, lost {RECORDER.lost}, events held by the reaper "
+                  f"{(stamps.reaper_stats() or {}).get('held', 'n/a (off)')}, worker alive "
                   f"{RECORDER._worker is not None and RECORDER._worker.is_alive()}", flush=True)
         cltrace.stop()
 

@@ -14,6 +14,7 @@ Python passes against brute-force references.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import random
@@ -66,12 +67,15 @@ class ForkedClocks:
         return fork
 
 
-def recorded(scenario: Callable[[], Any]) -> list[tuple]:
-    """The raw records a scenario appends, taken before the recorder's worker resolves them."""
+def recorded(scenario: Callable[[], Any], tickets: bool = False) -> list[tuple]:
+    """The raw records a scenario appends, taken before the recorder's worker resolves them. With
+    ``tickets`` the hot path trades the events for the reaper's tickets (native path), else keeps them."""
     RECORDER.configure(max_pending=1 << 20)
+    if tickets and stamps.REAPER is None:
+        pytest.fail(f"the reaper is not active (stamps: {stamps.DETAIL})")
     cltrace.start()
     try:
-        with RECORDER._lock:  # the worker resolves under this lock: it waits until the records are taken
+        with RECORDER._lock, (contextlib.nullcontext() if tickets else stamps.events_kept()):  # the worker resolves under this lock: it waits until the records are taken
             try:
                 scenario()
                 return list(RECORDER.pending)
@@ -104,8 +108,12 @@ def assert_same(nb: SpanBatch, pb: SpanBatch, where: str) -> None:
 def resolve_both(recs: list[tuple], cuts: list[int], finish: Callable[[], None] | None = None,
                  cut_after_finish: int | None = None) -> list[SpanBatch]:
     """Feed both resolvers the same batches (``recs`` cut at ``cuts``); ``finish`` runs before the batch
-    starting at ``cut_after_finish``; the last batch blocks. Returns the native batches."""
+    starting at ``cut_after_finish``; the last batch blocks. Returns the native batches. Records with
+    tickets are read by both: the native resolver, first, leaves them for the Python one to free."""
     nat, py = twins()
+    ticketed = sum(type(r[9]) is int for r in recs)
+    if ticketed:
+        nat._done = lambda hs: None
     bounds = [0] + sorted(set(c for c in cuts if 0 < c < len(recs))) + [len(recs)]
     out = []
     for k, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
@@ -118,12 +126,15 @@ def resolve_both(recs: list[tuple], cuts: list[int], finish: Callable[[], None] 
         assert len(nat.waiting) == len(py.waiting) and all(a is b for a, b in zip(nat.waiting, py.waiting))
         assert len(nat._extents) == len(py._extents)
         out.append(nb)
+    if ticketed:
+        left = stamps.peek(np.array([r[9] for r in recs if type(r[9]) is int], np.uint64))[0]
+        assert (left == -58).all(), "every ticket of a resolved record is freed"  # CL_INVALID_EVENT
     return out
 
 
 # --- scenarios on real PoCL events --------------------------------------------------------------
 
-def threads_and_queues(cl_ctx: Any, queue: Any, kernels: Any) -> list[tuple]:
+def threads_and_queues(cl_ctx: Any, queue: Any, kernels: Any, tickets: bool = False) -> list[tuple]:
     """Nested regions on three threads and two queues, host-only regions, kernels outside regions."""
     q2 = cltrace.profiling_queue(cl_ctx)
 
@@ -152,12 +163,14 @@ def threads_and_queues(cl_ctx: Any, queue: Any, kernels: Any) -> list[tuple]:
         queue.finish()
         q2.finish()
 
-    return recorded(scenario)
+    return recorded(scenario, tickets)
 
 
-def test_nested_regions_across_threads_and_queues_resolve_identically(cl_ctx, queue, kernels):
+@pytest.mark.parametrize("tickets", [False, True], ids=["events", "tickets"])
+def test_nested_regions_across_threads_and_queues_resolve_identically(cl_ctx, queue, kernels, tickets):
     native_passes()
-    recs = threads_and_queues(cl_ctx, queue, kernels)
+    recs = threads_and_queues(cl_ctx, queue, kernels, tickets)
+    assert any(type(r[9]) is int for r in recs) == tickets
     assert len(recs) > 200
     batches = resolve_both(recs, list(range(0, len(recs), 37)))
     spans = SpanBatch.concat(batches[0].tables, batches)
@@ -173,15 +186,17 @@ def test_every_batch_boundary_resolves_identically(cl_ctx, queue, kernels, size)
     resolve_both(recs, list(range(0, len(recs), size)))
 
 
-def test_shuffled_records_resolve_identically(cl_ctx, queue, kernels):
+@pytest.mark.parametrize("tickets", [False, True], ids=["events", "tickets"])
+def test_shuffled_records_resolve_identically(cl_ctx, queue, kernels, tickets):
     """Records out of record order (regions before their children, threads interleaved anyhow)."""
     native_passes()
-    recs = threads_and_queues(cl_ctx, queue, kernels)
+    recs = threads_and_queues(cl_ctx, queue, kernels, tickets)
     random.Random(7).shuffle(recs)
     resolve_both(recs, list(range(0, len(recs), 50)))
 
 
-def test_held_back_and_failed_commands_resolve_identically(cl_ctx, queue, kernels):
+@pytest.mark.parametrize("tickets", [False, True], ids=["events", "tickets"])
+def test_held_back_and_failed_commands_resolve_identically(cl_ctx, queue, kernels, tickets):
     """Commands held by a user event complete after later ones (they wait between batches); a second
     gate fails, so the commands behind it fail; a queue without profiling gives no stamps."""
     native_passes()
@@ -210,7 +225,7 @@ def test_held_back_and_failed_commands_resolve_identically(cl_ctx, queue, kernel
                 gate.set_status(status)
 
     try:
-        recs = recorded(scenario)
+        recs = recorded(scenario, tickets)
         batches = resolve_both(recs, [3, 9, len(recs) - 2], finish=open_gates, cut_after_finish=len(recs) - 2)
     finally:
         open_gates()  # whatever failed: nothing may wait on them forever
@@ -221,7 +236,8 @@ def test_held_back_and_failed_commands_resolve_identically(cl_ctx, queue, kernel
     assert any(a and "cltrace.device_time" in a for a in spans.attrs)  # failed or without profiling
 
 
-def test_out_of_order_queue_lanes_resolve_identically(cl_ctx, kernels):
+@pytest.mark.parametrize("tickets", [False, True], ids=["events", "tickets"])
+def test_out_of_order_queue_lanes_resolve_identically(cl_ctx, kernels, tickets):
     native_passes()
     q = cltrace.profiling_queue(cl_ctx, out_of_order=True)
     spin = kernels.kernel("spin")
@@ -234,7 +250,7 @@ def test_out_of_order_queue_lanes_resolve_identically(cl_ctx, kernels):
                     cltrace.launch(spin, q, (kernels.n,), None, buf, np.int32(20 + 30 * i))
         q.finish()
 
-    recs = recorded(scenario)
+    recs = recorded(scenario, tickets)
     batches = resolve_both(recs, list(range(0, len(recs), 5)))
     spans = SpanBatch.concat(batches[0].tables, batches)
     kernel_tracks = set(spans.track[np.array(spans.cat_list()) == "kernel"].tolist())

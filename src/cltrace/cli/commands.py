@@ -74,7 +74,7 @@ def _native_parts() -> dict[str, str]:
     from ..record import callsite, regions
     from ..timeline import passes, stamps
 
-    return {"event stamps": stamps.DETAIL, "resolver passes": passes.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
+    return {"event stamps": stamps.DETAIL, "event reaper": stamps.REAPER_DETAIL, "resolver passes": passes.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
             "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL, "trace scanner": scan.DETAIL}
 
 

@@ -22,6 +22,7 @@ from ..errors import ProfilingNotEnabledError
 from ..record.callsite import capture
 from ..record.queues import has_profiling
 from ..record.recorder import RECORDER, new_id
+from ..record import regions
 from ..record.regions import _ROOT, _tls, failed_launch
 from .context import default_queue
 from ..timeline.spans import KERNEL
@@ -107,13 +108,12 @@ def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profi
             st = tls.stack
             parent, path = st[-1] if st else root
             if m.profiled:
-                append(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
+                {push}(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
                         queue, ev, None, m.attrs, None, None, site(2)))
             else:
-                append(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
+                {push}(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
                         None, None, None, m.attrs, None, None, site(2)))
-            if len(pending) >= recorder._room:
-                recorder._drain_backpressure()
+            {room}
         if profile is not None:
             profile._add(ev, queue, hb, he, m.name, m.from_cache, m.charge)
         return ev
@@ -130,7 +130,11 @@ def _failed(exc: Exception, m: "_LaunchMeta", queue: Any, hb: int | None) -> Exc
 # back-pressure check (as ``RECORDER.push``), and this thread's innermost open region.
 _RECORD_GLOBALS = {"tls": _tls, "root": _ROOT, "new_id": new_id,
                    "pending": RECORDER.pending, "append": RECORDER.pending.append, "recorder": RECORDER,
-                   "cl_error": cl.Error, "failed": _failed, "site": capture}
+                   "cl_error": cl.Error, "failed": _failed, "site": capture, "push": regions.native_push}
+# With the C push (native path) a record is pushed as ``record_launch`` pushes it: untracked, its event
+# traded for the reaper's ticket, back-pressure checked in C. Otherwise appended here, checked here.
+_PUSH, _ROOM = (("push", "") if regions.native_push is not None else
+                ("append", "if len(pending) >= recorder._room:\n                recorder._drain_backpressure()"))
 _FACTORIES: dict[tuple[int, bool], Any] = {}
 
 
@@ -146,7 +150,7 @@ def _factory(nargs: int, typed: bool) -> Any:
             fast = f"{setargs}return enqueue(queue, knl, gs, ls, None, wait_for, False, False)"
         ns: dict[str, Any] = dict(_RECORD_GLOBALS)
         # A fixed template (only the arity varies), under a name callsite takes for cltrace's own code.
-        exec(compile(_TEMPLATE.format(params=params, fast=fast, cat=KERNEL), "<cltrace launcher>", "exec"), ns)
+        exec(compile(_TEMPLATE.format(params=params, fast=fast, cat=KERNEL, push=_PUSH, room=_ROOM), "<cltrace launcher>", "exec"), ns)
         make = _FACTORIES[(nargs, typed)] = ns["make"]
     return make
 

@@ -272,11 +272,69 @@ untrack_record(PyObject *t)
         PyObject_GC_UnTrack(t);
 }
 
+/* The reaper's hot-path entry (timeline/_reaper.c, from init's capsule): the event's ticket, or -1. */
+typedef int (*track_fn)(PyObject *ev, uint64_t *ticket);
+static track_fn g_track = NULL;
+
+/* The record with its command's events traded for the reaper's tickets (a new reference): the tuple
+ * itself where only the caller's temporary refers to it, else a copy. The record as it is where the
+ * reaper cannot take them. */
+static PyObject *
+with_tickets(PyObject *rec)
+{
+    PyObject *e0, *e1;
+    if (g_track == NULL || !PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) < 15 ||
+        PyTuple_GET_ITEM(rec, 8) == Py_None || (e0 = PyTuple_GET_ITEM(rec, 9)) == Py_None || PyLong_Check(e0))
+        return Py_NewRef(rec);
+    e1 = PyTuple_GET_ITEM(rec, 10);
+    uint64_t t0, t1 = 0;
+    if (g_track(e0, &t0) < 0)
+        return Py_NewRef(rec);
+    PyObject *o0 = PyLong_FromUnsignedLongLong(t0), *o1 = NULL;
+    if (o0 == NULL)
+        return NULL; /* the ticket stays held: its slot leaks, never a driver event */
+    if (e1 != Py_None) {
+        if (g_track(e1, &t1) < 0) {
+            Py_DECREF(o0);
+            return Py_NewRef(rec); /* both stay Events: the reaper reads the first ticket's, held by nobody */
+        }
+        if ((o1 = PyLong_FromUnsignedLongLong(t1)) == NULL) {
+            Py_DECREF(o0);
+            return NULL;
+        }
+    }
+    PyObject *out = rec;
+    if (Py_REFCNT(rec) == 1) {
+        Py_INCREF(out);
+    } else {
+        out = PyTuple_GetSlice(rec, 0, PyTuple_GET_SIZE(rec));
+        if (out == NULL) {
+            Py_DECREF(o0);
+            Py_XDECREF(o1);
+            return NULL;
+        }
+        untrack_record(out);
+    }
+    PyObject *old0 = PyTuple_GET_ITEM(out, 9);
+    PyTuple_SET_ITEM(out, 9, o0);
+    Py_DECREF(old0); /* the user's Event may go now: the reaper holds the cl_event */
+    if (o1 != NULL) {
+        PyObject *old1 = PyTuple_GET_ITEM(out, 10);
+        PyTuple_SET_ITEM(out, 10, o1);
+        Py_DECREF(old1);
+    }
+    return out;
+}
+
 /* pending.append(rec); past RECORDER._room, RECORDER._drain_backpressure(). -1 on error. */
 static int
 push_record(PyObject *rec)
 {
+    rec = with_tickets(rec);
+    if (rec == NULL)
+        return -1;
     PyObject *res = PyObject_CallOneArg(g_append, rec);
+    Py_DECREF(rec);
     if (res == NULL)
         return -1;
     Py_DECREF(res);
@@ -844,11 +902,15 @@ static PyTypeObject RegionType = {
 static PyObject *
 mod_init(PyObject *mod, PyObject *args)
 {
-    PyObject *tls, *ids, *pending, *recorder, *marker, *decorate, *status_error, *region_cat;
+    PyObject *tls, *ids, *pending, *recorder, *marker, *decorate, *status_error, *region_cat, *reaper = Py_None;
     int per_os_thread;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOp:init", &tls, &ids, &pending, &recorder, &marker, &decorate,
-                          &status_error, &region_cat, &per_os_thread))
+    if (!PyArg_ParseTuple(args, "OOOOOOOOp|O:init", &tls, &ids, &pending, &recorder, &marker, &decorate,
+                          &status_error, &region_cat, &per_os_thread, &reaper))
         return NULL;
+    track_fn track = NULL;
+    if (reaper != Py_None && (track = (track_fn)PyCapsule_GetPointer(reaper, "cltrace.timeline._stamps.track")) == NULL)
+        return NULL;
+    g_track = track;
     if (Py_TYPE(ids)->tp_iternext == NULL)
         return PyErr_Format(PyExc_TypeError, "init: ids must be an iterator (itertools.count)");
     PyObject *append = PyObject_GetAttrString(pending, "append");
@@ -880,8 +942,9 @@ mod_now(PyObject *mod, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"init", mod_init, METH_VARARGS,
-     "init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread): "
-     "share the Python state (per_os_thread: tls is a plain threading.local)."},
+     "init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread, reaper=None): "
+     "share the Python state (per_os_thread: tls is a plain threading.local; reaper: the capsule of "
+     "timeline._stamps' track, to trade records' events for tickets)."},
     {"push", mod_push, METH_O, "push(rec): append a raw record (untracked by the cyclic GC) to the pending deque, with back-pressure."},
     {"now", mod_now, METH_NOARGS, "The host clock in ns, read as time.perf_counter_ns() reads it."},
     {"site", (PyCFunction)(void (*)(void))mod_site, METH_FASTCALL,

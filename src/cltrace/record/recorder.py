@@ -7,11 +7,15 @@ Data path, in one direction:
          one ``SpanBatch`` of columns per chunk; see timeline/resolve.py)
       -> statistics, the in-memory store and every sink, each fed the whole batch
 
+Events: on the native path the hot path trades each command's event for a ticket of the reaper
+thread (timeline/_reaper.c), which reads its stamps and releases it once the command is done,
+without the GIL; records then hold no driver event while they wait for this worker.
+
 Memory policy: records not yet resolved (queued here or waiting for their commands) are kept
 near ``max_pending``. Past it, the launching thread waits for the *device* only: for the older
 half of the commands still running, with the GIL released. Our own work never makes it wait;
-if the worker falls behind, records past ``hard_cap`` (twice the cap plus one chunk) are
-dropped and counted (``lost``: missing from every output). Resolved spans kept in memory (for
+if the worker falls behind, records past ``hard_cap`` (four times the cap plus one chunk with
+the reaper, twice without) are dropped and counted (``lost``: missing from every output). Resolved spans kept in memory (for
 ``spans()``, reports and late export) are capped at ``capacity`` (about 110 B each);
 ``overflow="discard"`` drops new spans (the start of the run is kept), ``overflow="ring"``
 drops the oldest; ``memory_dropped`` counts them. Streaming sinks receive every span.
@@ -138,10 +142,13 @@ class Recorder:
         backlog = len(pending) + len(waiting)
         if backlog >= self.hard_cap:  # the worker is behind: never wait for ourselves, drop and count
             try:
-                pending.pop()
+                rec = pending.pop()
                 self.lost += 1
             except IndexError:
                 pass
+            else:
+                if type(rec[R_EV0]) is int:  # its tickets: the reaper may free their slots
+                    stamps.done([rec[R_EV0], rec[R_EV1] or 0])
         elif backlog >= cap:
             older = waiting or pending
             try:
@@ -150,17 +157,18 @@ class Recorder:
                 rec = None
             ev = None if rec is None or rec[R_QUEUE] is None else (rec[R_EV1] or rec[R_EV0])
             try:
-                if ev is not None and ev.command_execution_status > 0:
+                if ev is not None and stamps.running(ev):
                     self.device_waits += 1
-                    stamps.wait(stamps.handles([ev]))  # the device is behind: the GIL is released meanwhile
+                    stamps.wait_ref(ev)  # the device is behind: the GIL is released meanwhile
             except Exception:
                 pass
         self._room = min(len(pending) + max(16, cap // 16), self.hard_cap)
 
     @property
     def hard_cap(self) -> int:
-        """Records unresolved past which new ones are dropped (the worker is behind, not the device)."""
-        return 2 * self.max_pending + CHUNK
+        """Records unresolved past which new ones are dropped (the worker is behind, not the device).
+        With the reaper a waiting record holds no driver event, only a ticket: twice the room."""
+        return (4 if stamps.REAPER is not None else 2) * self.max_pending + CHUNK
 
     # ---- the worker -------------------------------------------------------------
     def activate(self) -> None:
@@ -407,6 +415,7 @@ class Recorder:
                 self.remove_sink(sink)
             except Exception as exc:
                 log.warning("cltrace: closing %r failed: %s", sink, exc)
+        stamps.stop_reaper()  # before the driver's own exit handlers; later tickets are read inline
 
 
 RECORDER = Recorder()

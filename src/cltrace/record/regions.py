@@ -31,6 +31,7 @@ from . import queues as _queues
 from .callsite import capture as _site
 from .queues import active_queue, has_profiling
 from .recorder import RECORDER, new_id
+from ..timeline import stamps
 from ..timeline.spans import KERNEL, REGION, REGION_CATS, STATUS_ERROR, TRANSFER
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -181,7 +182,7 @@ def _load_native() -> Any:
     base = type(_tls).__base__  # CPython's own, not a per-greenlet local (gevent patches threading.local)
     per_os_thread = (base.__module__, base.__qualname__) == ("_thread", "_local")
     _region.init(_tls, new_id.__self__, _pending, RECORDER, _marker, _decorate,  # type: ignore[attr-defined]
-                 STATUS_ERROR, REGION, per_os_thread)
+                 STATUS_ERROR, REGION, per_os_thread, stamps.REAPER)
     return _region.Region
 
 
@@ -191,8 +192,11 @@ REGION_WHY: str = _CHOICE.why  # why the C region is not used ("" when it is)
 REGION_PATH: str = _CHOICE.path
 REGION_DETAIL: str = _CHOICE.detail
 _RegionType: Any = _Region if _NativeRegion is None else _NativeRegion
-if _NativeRegion is not None:  # launches and copies push through C too: each record untracked by the cyclic GC
-    _push = sys.modules[_NativeRegion.__module__].push
+# Launches and copies push through C too: each record untracked by the cyclic GC, its events traded
+# for the reaper's tickets (timeline/stamps.py). None on the Python fallback.
+native_push: Any = None if _NativeRegion is None else sys.modules[_NativeRegion.__module__].push
+if native_push is not None:
+    _push = native_push
 
 
 def swap_region_types(types: tuple[Any, Any]) -> tuple[Any, Any]:

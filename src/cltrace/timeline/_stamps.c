@@ -28,33 +28,13 @@
 #include <dlfcn.h>
 #endif
 
-typedef int32_t cl_int;
-typedef uint32_t cl_uint;
-typedef uint64_t cl_ulong;
-typedef void *cl_event;
+#include "_opencl.h"
+#include "_reaper.h"
 
-#ifdef _WIN32
-#define CL_API_CALL __stdcall
-#else
-#define CL_API_CALL
-#endif
-
-#define CL_SUCCESS 0
-#define CL_COMPLETE 0
-#define CL_PROFILING_INFO_NOT_AVAILABLE (-7)
-#define CL_EVENT_COMMAND_EXECUTION_STATUS 0x11D3
-#define CL_PROFILING_COMMAND_QUEUED 0x1280
-#define CL_PROFILING_COMMAND_SUBMIT 0x1281
-#define CL_PROFILING_COMMAND_START 0x1282
-#define CL_PROFILING_COMMAND_END 0x1283
-
-typedef cl_int(CL_API_CALL *profiling_info_fn)(cl_event, cl_uint, size_t, void *, size_t *);
-typedef cl_int(CL_API_CALL *event_info_fn)(cl_event, cl_uint, size_t, void *, size_t *);
-typedef cl_int(CL_API_CALL *wait_fn)(cl_uint, const cl_event *);
-
-static profiling_info_fn get_profiling_info = NULL;
-static event_info_fn get_event_info = NULL;
-static wait_fn wait_for_events = NULL;
+profiling_info_fn get_profiling_info = NULL;
+event_info_fn get_event_info = NULL;
+wait_fn wait_for_events = NULL;
+refcount_fn retain_event = NULL, release_event = NULL;
 
 static PyObject *
 stamps_init(PyObject *self, PyObject *args)
@@ -77,12 +57,17 @@ stamps_init(PyObject *self, PyObject *args)
     profiling_info_fn p = (profiling_info_fn)SYM("clGetEventProfilingInfo");
     event_info_fn e = (event_info_fn)SYM("clGetEventInfo");
     wait_fn w = (wait_fn)SYM("clWaitForEvents");
+    refcount_fn r = (refcount_fn)SYM("clRetainEvent"), u = (refcount_fn)SYM("clReleaseEvent");
 #undef SYM
     if (p == NULL || e == NULL || w == NULL)
         return PyErr_Format(PyExc_OSError, "%s lacks clGetEventProfilingInfo/clGetEventInfo/clWaitForEvents", path);
     get_profiling_info = p;
     get_event_info = e;
     wait_for_events = w;
+    if (r != NULL && u != NULL) { /* the reaper's; without them records keep their Events */
+        retain_event = r;
+        release_event = u;
+    }
     Py_RETURN_NONE;
 }
 
@@ -143,7 +128,7 @@ fail:
 
 /* One event: its status, and its four stamps when the status is 0. END first: for a complete
  * command that is the only call that can fail, so the usual case costs four calls and no more. */
-static cl_int
+cl_int
 read_one(cl_event ev, int64_t *st)
 {
     cl_ulong v[4];
@@ -214,6 +199,15 @@ stamps_read(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
+void
+wait_all(const cl_event *evs, size_t n)
+{
+    if (n > 0 && wait_for_events((cl_uint)n, evs) != CL_SUCCESS) {
+        for (size_t i = 0; i < n; i++)
+            wait_for_events(1, &evs[i]);
+    }
+}
+
 static PyObject *
 stamps_wait(PyObject *self, PyObject *args)
 {
@@ -229,12 +223,12 @@ stamps_wait(PyObject *self, PyObject *args)
     Py_ssize_t n = h.len / (Py_ssize_t)sizeof(uint64_t);
     const uint64_t *hs = (const uint64_t *)h.buf;
     Py_BEGIN_ALLOW_THREADS
-    /* Where a handle is narrower than 64 bits the array cannot be passed as it is: one by one. */
-    if (n > 0 && (sizeof(cl_event) != sizeof(uint64_t) ||
-                  wait_for_events((cl_uint)n, (const cl_event *)hs) != CL_SUCCESS)) {
+    if (sizeof(cl_event) == sizeof(uint64_t)) {
+        wait_all((const cl_event *)hs, (size_t)n);
+    } else { /* a handle narrower than 64 bits: one by one */
         for (Py_ssize_t i = 0; i < n; i++) {
             cl_event ev = (cl_event)(uintptr_t)hs[i];
-            wait_for_events(1, &ev);
+            wait_all(&ev, 1);
         }
     }
     Py_END_ALLOW_THREADS
@@ -295,7 +289,7 @@ static PyObject *stamps_transpose(PyObject *self, PyObject *records) {
  * record. Consecutive records mostly share their name, category and path objects: each is looked up
  * once per run of the same object. */
 enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, C_SITE, N_COLS };
-enum { F_DEV = 1, F_TWO = 2, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16 };
+enum { F_DEV = 1, F_TWO = 2, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16, F_TICKETS = 32 };
 
 static int
 as_i64(PyObject *v, int64_t *out)
@@ -398,12 +392,23 @@ stamps_columns(PyObject *self, PyObject *args)
         h0[i] = h1[i] = 0;
         if (f[8] != Py_None && f[9] != Py_None) {
             flags |= F_DEV;
-            if (handle_of(f[9], attr, &h0[i]))
-                goto fail;
-            if (f[10] != Py_None) {
-                flags |= F_TWO;
-                if (handle_of(f[10], attr, &h1[i]))
+            if (PyLong_CheckExact(f[9])) { /* the reaper's tickets (the hot path traded the events for them) */
+                flags |= F_TICKETS;
+                h0[i] = (uint64_t)PyLong_AsUnsignedLongLong(f[9]);
+                if (f[10] != Py_None) {
+                    flags |= F_TWO;
+                    h1[i] = (uint64_t)PyLong_AsUnsignedLongLong(f[10]);
+                }
+                if (PyErr_Occurred())
                     goto fail;
+            } else {
+                if (handle_of(f[9], attr, &h0[i]))
+                    goto fail;
+                if (f[10] != Py_None) {
+                    flags |= F_TWO;
+                    if (handle_of(f[10], attr, &h1[i]))
+                        goto fail;
+                }
             }
         }
         if (f[12] != Py_None)
@@ -423,7 +428,34 @@ fail:
     return NULL;
 }
 
+static PyObject *
+stamps_track(PyObject *self, PyObject *ev)
+{
+    uint64_t t;
+    if (reaper_track(ev, &t) < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(t);
+}
+
+static PyObject *
+stamps_reaper(PyObject *self, PyObject *unused)
+{
+    if (!ready())
+        return NULL;
+    if (!reaper_available())
+        Py_RETURN_NONE;
+    return PyCapsule_New((void *)reaper_track, "cltrace.timeline._stamps.track", NULL);
+}
+
 static PyMethodDef methods[] = {
+    {"reaper", stamps_reaper, METH_NOARGS, "reaper(): the capsule of the hot path's track(), or None where there is no reaper."},
+    {"track", stamps_track, METH_O, "track(event): the event's ticket (retained until its stamps are read), or None."},
+    {"peek", reaper_peek, METH_VARARGS, "peek(tickets, status, stamps, failed): what read() gives, for tickets."},
+    {"wait_tickets", reaper_wait, METH_O, "wait_tickets(tickets): wait for their commands (GIL released)."},
+    {"done", reaper_done, METH_O, "done(tickets): the records are resolved or dropped: free their slots."},
+    {"reaper_stats", reaper_stats, METH_NOARGS, "reaper_stats(): counters of the reaper thread."},
+    {"pause_reaper", reaper_pause, METH_O, "pause_reaper(on): while on, track() declines (records keep their Events); returns the previous setting."},
+    {"stop_reaper", reaper_stop, METH_NOARGS, "stop_reaper(): stop the reaper thread (at exit); later events stay in their records."},
     {"init", stamps_init, METH_VARARGS, "init(path): resolve the OpenCL entry points in the library at path."},
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
     {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps): fill status int32[N] and stamps int64[N, 4]."},

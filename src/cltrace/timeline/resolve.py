@@ -53,6 +53,7 @@ class Resolver:
         self._extents = self._passes.Extents()
         self._launch_paths: dict[tuple[int, int], int] = {}  # (region path id, name id) -> a launch's path id
         self._region_cats = np.fromiter(sorted(self.tables.region_cats), np.int16)
+        self._failed = np.zeros(0, np.int8)  # the batch in hand: which failed commands are known failures
 
     def queue_info(self, queue: Any, thread: int) -> tuple[int, Any, Any]:
         """(device track id, DeviceClock, lane key or None) for work a thread submitted to a queue.
@@ -89,37 +90,68 @@ class Resolver:
         flags = ints[stamps.C_FLAGS]
         dev = (flags & stamps.F_DEV) != 0
         two_ev = (flags & stamps.F_TWO) != 0
+        tick = (flags & stamps.F_TICKETS) != 0
         if block:
             upto = n if limit is None else min(limit, n)
             must = np.flatnonzero(dev[:upto])
-            h1 = hs[1][must]
-            st.wait(np.concatenate([hs[0][must], h1[h1 != 0]]))
+            for mine, wait in ((must[~tick[must]], st.wait), (must[tick[must]], stamps.wait_tickets)):
+                if len(mine):
+                    h1 = hs[1][mine]
+                    wait(np.concatenate([hs[0][mine], h1[h1 != 0]]))
         status = np.zeros(n, np.int32)
         raw = np.zeros((n, 4), np.int64)
+        failed = np.zeros(n, np.int8)  # 1: the command failed, 0: it did not, -1: ask its event (_device_failed)
         dv = np.flatnonzero(dev)
         if len(dv):
-            st0, s0 = st.read(hs[0][dv])
+            st0, s0, f0 = self._read(hs[0][dv], tick[dv])
             status[dv] = st0
             raw[dv] = s0
+            failed[dv] = f0
             has1 = two_ev[dv]
             if has1.any():
                 # A region's two markers: START is the first marker's END, END the second's.
                 rows = dv[has1]
-                st1, s1 = st.read(hs[1][rows])
+                st1, s1, f1 = self._read(hs[1][rows], tick[rows])
                 raw[rows, _START] = raw[rows, _END]
                 raw[rows, _END] = s1[:, _END]
                 st1 = st1.astype(np.int32)
                 status[rows] = np.where(st0[has1] < 0, st0[has1],
                                         np.where(st1 < 0, st1, np.maximum(st0[has1], st1)))
+                failed[rows] = np.where((f0[has1] == -1) | (f1 == -1), -1, f0[has1] | f1)
         pending = status > 0
         if pending.any():
             self.waiting = list(compress(todo, pending))
             keep = ~pending
             todo = list(compress(todo, keep))
+            if tick.any():
+                self._done(hs[:, keep & tick])
             if not todo:
                 return SpanBatch.empty(self.tables)
-            ints, dev, status, raw = ints[:, keep], dev[keep], status[keep], raw[keep]
+            ints, dev, status, raw, failed = ints[:, keep], dev[keep], status[keep], raw[keep], failed[keep]
+        elif tick.any():
+            self._done(hs[:, tick])
+        self._failed = failed
         return self._columns(todo, ints, dev, status, raw)
+
+    def _read(self, refs: np.ndarray, tick: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(status, stamps, failed: 1/0, -1 where the event must be asked) of events and tickets."""
+        if not tick.any():
+            status, raw = self._stamps.read(refs)
+            return status, raw, np.full(len(refs), -1, np.int8)
+        status, raw = np.zeros(len(refs), np.int32), np.zeros((len(refs), 4), np.int64)
+        failed = np.full(len(refs), -1, np.int8)
+        t = np.flatnonzero(tick)
+        status[t], raw[t], f = stamps.peek(refs[t])
+        failed[t] = f
+        h = np.flatnonzero(~tick)
+        if len(h):
+            status[h], raw[h] = self._stamps.read(refs[h])
+        return status, raw, failed
+
+    @staticmethod
+    def _done(hs: np.ndarray) -> None:
+        """Tickets of resolved records (both rows of ``hs``; 0 where a record has no second event)."""
+        stamps.done(hs.reshape(-1))
 
     def _sites(self, todo: list[tuple], obj: np.ndarray) -> np.ndarray:
         """Site ids of the rows: captures are shared objects, so each distinct one is looked up once."""
@@ -172,8 +204,9 @@ class Resolver:
         for i in np.flatnonzero(err).tolist():
             errors[i] = todo[i][13]
         failed = dev & (status < 0)
+        known = self._failed
         for i in np.flatnonzero(failed).tolist():
-            self._device_failed(i, todo[i][9], todo[i][10], int(status[i]), attrs, errors, err)
+            self._device_failed(i, todo[i][9], todo[i][10], int(status[i]), int(known[i]), attrs, errors, err)
         ok = dev & (status == 0)
         rows = np.flatnonzero(ok)
         track = np.zeros(n, np.int64)
@@ -278,13 +311,14 @@ class Resolver:
         track[rows] = lane_track[lanes]
 
     @staticmethod
-    def _device_failed(i: int, e0: Any, e1: Any, code: int, attrs: list[Any], errors: dict[int, str],
+    def _device_failed(i: int, e0: Any, e1: Any, code: int, known: int, attrs: list[Any], errors: dict[int, str],
                        err: np.ndarray) -> None:
-        """A failed command, or profiling info that does not exist: keep the host span and say why."""
+        """A failed command, or profiling info that does not exist: keep the host span and say why.
+        ``known``: 1 the command failed, 0 it did not, -1 ask its events."""
         a = dict(attrs[i] or {})
         a["cltrace.device_time"] = f"unavailable: {stamps.describe(code)}"
         attrs[i] = a
-        if _is_event_error(e0) or (e1 is not None and _is_event_error(e1)):
+        if known == 1 or (known == -1 and (_is_event_error(e0) or (e1 is not None and _is_event_error(e1)))):
             err[i] = True
             errors.setdefault(i, f"command failed: {stamps.describe(code)}")
 

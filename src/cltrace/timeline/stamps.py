@@ -8,14 +8,22 @@ the same semantics runs instead; ``PATH`` says which ("native" or "python").
 
 Handles are raw ``cl_event`` pointers (``ev.int_ptr``): the caller keeps the events alive while
 it reads or waits on them.
+
+Tickets (native path, ``_reaper.c``): the hot path trades a command's Event for a ticket, an int kept
+in the record. A native thread reads the stamps as soon as the command is done and releases the
+event, without the GIL: a launch loop that starves every other Python thread (the resolver included)
+no longer makes the driver hold every event it ever issued. ``peek`` reads tickets as ``read`` reads
+handles; ``done`` frees them once their record is resolved or dropped. ``CLTRACE_REAPER=0`` keeps
+the Events in the records instead.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from itertools import compress, repeat
 from operator import attrgetter
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -126,7 +134,7 @@ def _python_transpose(records: list) -> list:
 
 # Rows of ``columns``' int64 output, and the bits of its FLAGS row (the C extension's layout).
 C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, C_SITE, N_COLS = range(12)
-F_DEV, F_TWO, F_ERROR, F_ATTRS, F_BIG_THREAD = 1, 2, 4, 8, 16
+F_DEV, F_TWO, F_ERROR, F_ATTRS, F_BIG_THREAD, F_TICKETS = 1, 2, 4, 8, 16, 32
 
 
 def _python_columns(records: list, names: dict, cats: dict, paths: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -159,6 +167,14 @@ def _python_columns(records: list, names: dict, cats: dict, paths: dict) -> tupl
     flags |= (dev * F_DEV) | (two * F_TWO)
     flags[np.fromiter(map(id, rstatus), np.int64, n) != none] |= F_ERROR
     flags[np.fromiter(map(id, attrs), np.int64, n) != none] |= F_ATTRS
+    if REAPER is not None:  # records whose events the hot path traded for tickets
+        tick = dev & np.fromiter((type(e) is int for e in ev0), bool, n)
+        if tick.any():
+            flags[tick] |= F_TICKETS
+            hs[0][tick] = np.fromiter(compress(ev0, tick.tolist()), np.uint64, int(tick.sum()))
+            t1 = tick & two
+            hs[1][t1] = np.fromiter(compress(ev1, t1.tolist()), np.uint64, int(t1.sum()))
+            dev, two = dev & ~tick, two & ~tick
     ptr = attrgetter("int_ptr")
     hs[0][dev] = np.fromiter(map(ptr, compress(ev0, dev.tolist())), np.uint64, int(dev.sum()))
     hs[1][two] = np.fromiter(map(ptr, compress(ev1, two.tolist())), np.uint64, int(two.sum()))
@@ -200,6 +216,10 @@ def opencl_library() -> str | None:
     return mapped[0] if mapped else ctypes.util.find_library("OpenCL")
 
 
+def _reaper_off() -> bool:
+    return os.environ.get("CLTRACE_REAPER", "").strip() == "0"
+
+
 def _load_native() -> Impl:
     try:
         from . import _stamps
@@ -234,10 +254,19 @@ def _load_native() -> Impl:
     def wait(handles: np.ndarray) -> None:
         _stamps.wait(_as_handles(handles))
 
+    global REAPER, _reaper
+    if not _reaper_off():
+        REAPER = _stamps.reaper()
+        _reaper = _stamps if REAPER is not None else None
     return Impl(handles, read, wait, _stamps.transpose, columns)
 
 
+REAPER: Any = None  # the capsule of the reaper's hot-path entry (record/_region.c), None without one
+_reaper: Any = None
 _CHOICE = choose("reading event stamps", _load_native)
+REAPER_DETAIL: str = ("native thread (events released as their commands complete)" if REAPER is not None else
+                      "off (CLTRACE_REAPER=0: records keep their events)" if _reaper_off() else
+                      "off (records keep their events until resolved)")
 NATIVE: Impl | None = _CHOICE.native
 WHY: str = _CHOICE.why  # why NATIVE is None ("" when it is active)
 PATH: str = _CHOICE.path
@@ -282,6 +311,79 @@ def wait_events(events: Sequence[Any]) -> None:
     """``wait`` on pyopencl Events: cltrace's own waits, never recorded as the program's (``instrument``)."""
     if events:
         wait(handles(events))
+
+
+def track(event: Any) -> Any:
+    """The ticket standing for ``event`` in a record (the reaper holds the event), or ``event`` itself
+    where there is no reaper or it cannot take it."""
+    if _reaper is None or event is None:
+        return event
+    t = _reaper.track(event)
+    return event if t is None else t
+
+
+def peek(tickets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(status, stamps, failed) of tickets, as ``read`` gives them for handles; ``failed`` (bool) says the
+    command failed (a negative status otherwise means its stamps cannot be read). A ticket not done yet
+    can be peeked again."""
+    ts = _as_handles(tickets)
+    n = len(ts)
+    status, st, failed = np.empty(n, np.int32), np.empty((n, 4), np.int64), np.empty(n, np.uint8)
+    if n:
+        _reaper.peek(ts, status, st, failed)
+    return status, st, failed.astype(bool)
+
+
+def wait_tickets(tickets: np.ndarray) -> None:
+    """Wait until the tickets' commands complete or fail (GIL released)."""
+    ts = _as_handles(tickets)
+    if len(ts):
+        _reaper.wait_tickets(ts)
+
+
+def done(tickets: Any) -> None:
+    """The records holding these tickets are resolved or dropped: their slots are freed (0s ignored)."""
+    ts = _as_handles(tickets)
+    if len(ts) and _reaper is not None:
+        _reaper.done(ts)
+
+
+def reaper_stats() -> dict[str, Any] | None:
+    """The reaper's counters (tracked, reaped, read_inline, held, rounds, blocks, running), None without it."""
+    return None if _reaper is None else _reaper.reaper_stats()
+
+
+def stop_reaper() -> None:
+    """Stop the reaper thread (at exit, after the last flush); tickets still held are read inline."""
+    if _reaper is not None:
+        _reaper.stop_reaper()
+
+
+@contextlib.contextmanager
+def events_kept() -> Iterator[None]:
+    """Within: the hot path keeps commands' Events in their records instead of trading them for tickets
+    (tests that resolve the same records twice; a ticket is read for one resolver)."""
+    was = _reaper.pause_reaper(True) if _reaper is not None else False
+    try:
+        yield
+    finally:
+        if _reaper is not None:
+            _reaper.pause_reaper(was)
+
+
+def running(ref: Any) -> bool:
+    """Whether the command behind a record's event or ticket is still queued or running."""
+    if type(ref) is int:
+        return bool(peek(np.array([ref], np.uint64))[0][0] > 0)
+    return ref.command_execution_status > 0
+
+
+def wait_ref(ref: Any) -> None:
+    """Wait for the command behind a record's event or ticket (GIL released)."""
+    if type(ref) is int:
+        wait_tickets(np.array([ref], np.uint64))
+    else:
+        wait(handles([ref]))
 
 
 __all__ = ["PATH", "DETAIL", "handles", "read", "wait", "wait_events", "transpose", "columns"]

@@ -1,0 +1,162 @@
+"""The reaper (timeline/_reaper.c): launch records carry tickets, and a native thread reads each
+command's stamps and releases its event as soon as the command is done, while no Python thread runs
+the resolver (the H200 case: a launch loop starving every other Python thread of the GIL).
+
+Real PoCL events throughout. The fallback-only run (CLTRACE_NATIVE=0) skips these: it has no reaper.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import numpy as np
+import pyopencl as cl
+import pytest
+
+import cltrace
+from cltrace.read.load import load
+from cltrace.record.recorder import R_EV0, RECORDER
+from cltrace.timeline import stamps
+
+pytestmark = pytest.mark.skipif(os.environ.get("CLTRACE_NATIVE", "").strip() == "0",
+                                reason="CLTRACE_NATIVE=0: no reaper on the fallback")
+
+
+@pytest.fixture(autouse=True)
+def reaper() -> None:
+    if stamps.REAPER is None:
+        pytest.fail(f"the reaper is not active ({stamps.DETAIL or stamps.WHY}): reinstall with `pip install -e .`")
+
+
+def holders(evs: list[Any]) -> set[int]:
+    """How many references to each of the program's Events there are besides the test's list."""
+    return {sys.getrefcount(evs[i]) - 2 for i in range(len(evs))}  # the list and getrefcount's argument
+
+
+def until(cond: Any, timeout: float = 5.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.005)
+    return cond()
+
+
+def launch_blocked(queue: Any, kernels: Any, n: int, keep_events: bool) -> tuple[list[Any], list[tuple]]:
+    """``n`` launches while the resolver cannot run (its lock held, as a starved worker); returns the
+    program's own Events and the records waiting."""
+    RECORDER.configure(max_pending=1 << 20)
+    cltrace.start()
+    with RECORDER._lock:
+        ctx = stamps.events_kept() if keep_events else None
+        if ctx:
+            ctx.__enter__()
+        try:
+            evs = [kernels.launch_add(queue) for _ in range(n)]
+        finally:
+            if ctx:
+                ctx.__exit__(None, None, None)
+        queue.finish()
+        recs = list(RECORDER.pending)
+        if not keep_events:
+            assert until(lambda: stamps.reaper_stats()["held"] == 0)
+        return evs, recs
+
+
+def test_events_are_released_while_the_resolver_cannot_run(queue: Any, kernels: Any) -> None:
+    evs, recs = launch_blocked(queue, kernels, 500, keep_events=False)
+    assert all(type(r[R_EV0]) is int for r in recs)  # tickets, not Events
+    assert holders(evs) == {0}  # no record holds the program's Events
+    assert stamps.reaper_stats()["held"] == 0  # and the reaper has released its own references
+    cltrace.stop()
+    spans = RECORDER.spans()
+    kernels_ = [s for s in spans if s.cat == "kernel"]
+    assert len(kernels_) == 500
+    assert all(s.dev_start is not None and s.dev_end - s.dev_start == s.raw_end - s.raw_start for s in kernels_)
+
+
+def test_without_the_reaper_records_hold_the_events(queue: Any, kernels: Any) -> None:
+    evs, recs = launch_blocked(queue, kernels, 200, keep_events=True)
+    assert all(isinstance(r[R_EV0], cl.Event) for r in recs)
+    assert holders(evs) == {1}  # each record's reference waits for the resolver
+
+
+def test_every_slot_is_freed_once_resolved_or_dropped(queue: Any, kernels: Any) -> None:
+    before = stamps.reaper_stats()
+    RECORDER.configure(max_pending=16)  # hard cap 4 * 16 + 4096 records: the rest are dropped, tickets freed
+    cltrace.start()
+    with RECORDER._lock:
+        for _ in range(RECORDER.hard_cap + 3000):
+            kernels.launch_add(queue)
+        queue.finish()
+    cltrace.stop()
+    RECORDER.flush()
+    assert RECORDER.lost > 0
+    after = stamps.reaper_stats()
+    assert after["tracked"] - before["tracked"] >= RECORDER.hard_cap + 3000
+    assert until(lambda: stamps.reaper_stats()["held"] == 0)
+    assert stamps.reaper_stats()["blocks"] <= max(before["blocks"], 1) + 1  # no slot left behind
+
+
+def test_peek_reads_a_command_the_reaper_has_not_reached(queue: Any, kernels: Any) -> None:
+    """The resolver never waits for the reaper: it reads a done command's ticket itself."""
+    ev = kernels.launch_add(queue)
+    queue.finish()
+    t = stamps.track(ev)
+    assert type(t) is int
+    status, st, failed = stamps.peek(np.array([t], np.uint64))
+    assert status[0] == 0 and not failed[0]
+    assert st[0].tolist() == [ev.profile.queued, ev.profile.submit, ev.profile.start, ev.profile.end]
+    stamps.done([t])
+    assert stamps.peek(np.array([t], np.uint64))[0][0] == -58  # freed: CL_INVALID_EVENT
+
+
+def test_a_held_back_command_waits_and_a_failed_one_says_so(cl_ctx: Any, kernels: Any) -> None:
+    q = cltrace.profiling_queue(cl_ctx)
+    gate, bad = cl.UserEvent(cl_ctx), cl.UserEvent(cl_ctx)
+    try:
+        add = kernels.kernel("add")
+        held = stamps.track(cltrace.launch(add, q, (kernels.n,), None, kernels.a, kernels.b, wait_for=[gate]))
+        q2 = cltrace.profiling_queue(cl_ctx)
+        doomed = stamps.track(cltrace.launch(add, q2, (kernels.n,), None, kernels.a, kernels.b, wait_for=[bad]))
+        time.sleep(0.05)
+        status, _, _ = stamps.peek(np.array([held, doomed], np.uint64))
+        assert (status > 0).all()  # still waiting: peeked again later
+        assert stamps.running(held)
+        gate.set_status(cl.command_execution_status.COMPLETE)
+        bad.set_status(-1)
+        stamps.wait_tickets(np.array([held, doomed], np.uint64))
+        status, st, failed = stamps.peek(np.array([held, doomed], np.uint64))
+        assert status[0] == 0 and not failed[0] and st[0, 3] >= st[0, 2] > 0
+        assert status[1] < 0 and failed[1]
+        stamps.done([held, doomed])
+    finally:
+        for g in (gate, bad):
+            if g.command_execution_status > 0:
+                g.set_status(cl.command_execution_status.COMPLETE)
+
+
+def test_a_traced_program_exits_cleanly_with_the_reaper_running(tmp_path: Any) -> None:
+    """At exit the last records are resolved (inline where the reaper has stopped) and the process
+    ends without a hang or a crash in the driver's teardown."""
+    out = tmp_path / "t.json"
+    script = textwrap.dedent(f"""
+        import cltrace, pyopencl as cl, numpy as np
+        q = cltrace.profiling_queue()
+        prg = cltrace.compile("__kernel void k(__global float *x) {{ x[get_global_id(0)] += 1.0f; }}",
+                              context=q.context)
+        buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 256)
+        cltrace.start({str(out)!r})
+        for _ in range(3000):
+            prg.k[256, None, q](buf)
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    spans, meta = load(str(out))
+    ks = [s for s in spans if s.name == "k"]
+    assert len(ks) == 3000 and meta["dropped_spans"] == 0
+    assert all(s.dev_end is not None and s.dev_end >= s.dev_start for s in ks)  # every one timed by the device
