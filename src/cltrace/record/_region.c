@@ -273,7 +273,7 @@ untrack_record(PyObject *t)
 }
 
 /* The reaper's hot-path entry (timeline/_reaper.c, from init's capsule): the event's ticket, or -1. */
-typedef int (*track_fn)(PyObject *ev, uint64_t *ticket);
+typedef int (*track_fn)(PyObject *ev, PyObject *queue, uint64_t *ticket);
 static track_fn g_track = NULL;
 
 /* The record with its command's events traded for the reaper's tickets (a new reference): the tuple
@@ -288,13 +288,14 @@ with_tickets(PyObject *rec)
         return Py_NewRef(rec);
     e1 = PyTuple_GET_ITEM(rec, 10);
     uint64_t t0, t1 = 0;
-    if (g_track(e0, &t0) < 0)
+    PyObject *q = PyTuple_GET_ITEM(rec, 8);
+    if (g_track(e0, q, &t0) < 0)
         return Py_NewRef(rec);
     PyObject *o0 = PyLong_FromUnsignedLongLong(t0), *o1 = NULL;
     if (o0 == NULL)
         return NULL; /* the ticket stays held: its slot leaks, never a driver event */
     if (e1 != Py_None) {
-        if (g_track(e1, &t1) < 0) {
+        if (g_track(e1, q, &t1) < 0) {
             Py_DECREF(o0);
             return Py_NewRef(rec); /* both stay Events: the reaper reads the first ticket's, held by nobody */
         }

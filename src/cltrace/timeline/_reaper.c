@@ -28,6 +28,7 @@
 
 #define BLOCK_BITS 12
 #define BLOCK (1u << BLOCK_BITS)
+#define MAX_BUSY 32 /* in-order queues skipped past their first running command, per round */
 #define DIR_SIZE (1u << 16) /* blocks addressable at once: 268M tickets in flight, far past any cap */
 
 enum { HOLDS = 1, HAS_DATA = 2, DONE = 4, FAILED = 8 };
@@ -47,6 +48,7 @@ typedef struct {
 typedef struct {
     uint64_t t;
     cl_event ev;
+    uintptr_t queue; /* an in-order queue's identity (its commands complete in order), 0 if unknown */
 } held_t;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -59,6 +61,7 @@ static held_t *held; /* the reaper's own list of events it still holds */
 static size_t n_held, cap_held;
 static int running, idle, stopping;
 static int paused; /* ``pause(True)``: track() declines, records keep their Events */
+static long poll_min_ns = 250000, poll_max_ns = 2000000; /* the reaper's pace (``reaper_config``) */
 static pthread_t thread;
 /* Counters (under mu): for tests, ``cltrace devices`` and the benchmarks. */
 static uint64_t n_tracked, n_reaped, n_inline, n_live, n_rounds;
@@ -111,7 +114,7 @@ static void *
 reap_loop(void *arg)
 {
     (void)arg;
-    long pause_ns = 100000;
+    long pause_ns = poll_min_ns;
     held_t *done_list = NULL;
     size_t cap_done = 0;
     struct { int64_t st[4]; int32_t status; int failed; } *res = NULL;
@@ -150,9 +153,29 @@ reap_loop(void *arg)
             res = p;
             cap_res = n;
         }
+        /* Commands of one in-order queue complete in order: past its first one still running, the
+         * rest of that queue waits for the next round unread (a launch loop keeps hundreds in flight,
+         * and every driver call here competes with the program's enqueues for the driver's lock). */
+        uintptr_t busy[MAX_BUSY];
+        int n_busy = 0, full_scan = (n_rounds & 63) == 0;
         for (size_t i = 0; i < n; i++) {
+            uintptr_t q = held[i].queue;
+            if (q && !full_scan) {
+                int skip = 0;
+                for (int b = 0; b < n_busy; b++)
+                    if (busy[b] == q) {
+                        skip = 1;
+                        break;
+                    }
+                if (skip) {
+                    held[kept++] = held[i];
+                    continue;
+                }
+            }
             cl_int s = read_one(held[i].ev, res[k].st);
             if (s > 0) {
+                if (q && n_busy < MAX_BUSY)
+                    busy[n_busy++] = q;
                 held[kept++] = held[i];
                 continue;
             }
@@ -187,9 +210,9 @@ reap_loop(void *arg)
             for (size_t j = 0; j < k; j++) /* after the slots say so: nobody copies a released handle */
                 release_event(done_list[j].ev);
         }
-        /* Poll faster while commands complete, slower while the device is busy with long ones. */
+        /* Poll often while commands complete, less while the device is busy with long ones. */
         if (n_held) {
-            pause_ns = k ? 100000 : (pause_ns < 2000000 ? pause_ns * 2 : 2000000);
+            pause_ns = k ? poll_min_ns : (pause_ns < poll_max_ns ? pause_ns * 2 : poll_max_ns);
             nap(pause_ns);
         }
     }
@@ -215,8 +238,33 @@ after_fork_child(void)
     n_tracked = n_reaped = n_inline = n_live = n_rounds = 0;
 }
 
+/* Whether ``queue`` (a pyopencl CommandQueue) executes in order; asked once per queue object in a row. */
+static int
+in_order(PyObject *queue)
+{
+    static PyObject *last = NULL, *attr = NULL;
+    static int last_answer = 0;
+    if (queue == last)
+        return last_answer;
+    if (attr == NULL && (attr = PyUnicode_InternFromString("properties")) == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *v = PyObject_GetAttr(queue, attr);
+    long props = v == NULL ? -1 : PyLong_AsLong(v);
+    Py_XDECREF(v);
+    if (props == -1) {
+        PyErr_Clear();
+        return 0;
+    }
+    last = queue; /* an identity only, never dereferenced: a new queue at a freed one's address is asked again
+                     at the next other queue, and a wrong answer only costs an extra read */
+    last_answer = (props & 1) == 0; /* CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE */
+    return last_answer;
+}
+
 int
-reaper_track(PyObject *ev, uint64_t *ticket)
+reaper_track(PyObject *ev, PyObject *queue, uint64_t *ticket)
 {
     static PyObject *attr = NULL;
     if (retain_event == NULL || stopping || paused)
@@ -238,6 +286,7 @@ reaper_track(PyObject *ev, uint64_t *ticket)
     }
     if (retain_event((cl_event)(uintptr_t)h) != CL_SUCCESS)
         return -1;
+    uintptr_t queue_key = queue != NULL && queue != Py_None && in_order(queue) ? (uintptr_t)queue : 0;
     pthread_mutex_lock(&mu);
     uint64_t t = next_ticket;
     block_t **pb = &dir[(t >> BLOCK_BITS) & (DIR_SIZE - 1)];
@@ -254,6 +303,7 @@ reaper_track(PyObject *ev, uint64_t *ticket)
     s->state = HOLDS;
     incoming[n_in].t = t;
     incoming[n_in].ev = s->ev;
+    incoming[n_in].queue = queue_key;
     n_in++;
     n_tracked++;
     n_live++;
@@ -498,6 +548,21 @@ reaper_stop(PyObject *self, PyObject *unused)
 }
 
 PyObject *
+reaper_config(PyObject *self, PyObject *args)
+{
+    long lo, hi;
+    if (!PyArg_ParseTuple(args, "ll:reaper_config", &lo, &hi))
+        return NULL;
+    if (lo < 1000 || hi < lo || hi > 1000000000L) {
+        PyErr_SetString(PyExc_ValueError, "reaper_config: need 1000 <= min_ns <= max_ns <= 1e9");
+        return NULL;
+    }
+    poll_min_ns = lo;
+    poll_max_ns = hi;
+    Py_RETURN_NONE;
+}
+
+PyObject *
 reaper_pause(PyObject *self, PyObject *arg)
 {
     int on = PyObject_IsTrue(arg);
@@ -523,7 +588,8 @@ reaper_available(void)
 #else /* _WIN32: no reaper; records keep their pyopencl Events */
 
 int reaper_available(void) { return 0; }
-int reaper_track(PyObject *ev, uint64_t *ticket) { (void)ev; (void)ticket; return -1; }
+int reaper_track(PyObject *ev, PyObject *queue, uint64_t *ticket) { (void)ev; (void)queue; (void)ticket; return -1; }
+PyObject *reaper_config(PyObject *self, PyObject *args) { return none(); }
 static PyObject *none(void) { PyErr_SetString(PyExc_RuntimeError, "no reaper on this platform"); return NULL; }
 PyObject *reaper_peek(PyObject *self, PyObject *args) { return none(); }
 PyObject *reaper_wait(PyObject *self, PyObject *arg) { return none(); }

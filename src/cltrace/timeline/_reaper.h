@@ -5,16 +5,18 @@
 #include <stdint.h>
 
 /* Capsule "cltrace.timeline._stamps.track": for the hot path in other extensions (record/_region.c). */
-typedef int (*reaper_track_fn)(PyObject *ev, uint64_t *ticket);
+typedef int (*reaper_track_fn)(PyObject *ev, PyObject *queue, uint64_t *ticket);
 
 int reaper_available(void);
-/* Retain ``ev``'s cl_event and give it a ticket; -1 (no exception set) if it cannot: keep the Event then. */
-int reaper_track(PyObject *ev, uint64_t *ticket);
+/* Retain ``ev``'s cl_event and give it a ticket; -1 (no exception set) if it cannot: keep the Event then.
+ * ``queue`` (its pyopencl queue, or NULL) lets the reaper read an in-order queue's commands in order. */
+int reaper_track(PyObject *ev, PyObject *queue, uint64_t *ticket);
 PyObject *reaper_peek(PyObject *self, PyObject *args);
 PyObject *reaper_wait(PyObject *self, PyObject *arg);
 PyObject *reaper_done(PyObject *self, PyObject *arg);
 PyObject *reaper_stats(PyObject *self, PyObject *unused);
 PyObject *reaper_stop(PyObject *self, PyObject *unused);
 PyObject *reaper_pause(PyObject *self, PyObject *arg);
+PyObject *reaper_config(PyObject *self, PyObject *args);
 
 #endif

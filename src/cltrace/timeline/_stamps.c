@@ -432,7 +432,7 @@ static PyObject *
 stamps_track(PyObject *self, PyObject *ev)
 {
     uint64_t t;
-    if (reaper_track(ev, &t) < 0)
+    if (reaper_track(ev, NULL, &t) < 0)
         Py_RETURN_NONE;
     return PyLong_FromUnsignedLongLong(t);
 }
@@ -455,6 +455,7 @@ static PyMethodDef methods[] = {
     {"done", reaper_done, METH_O, "done(tickets): the records are resolved or dropped: free their slots."},
     {"reaper_stats", reaper_stats, METH_NOARGS, "reaper_stats(): counters of the reaper thread."},
     {"pause_reaper", reaper_pause, METH_O, "pause_reaper(on): while on, track() declines (records keep their Events); returns the previous setting."},
+    {"reaper_config", reaper_config, METH_VARARGS, "reaper_config(min_ns, max_ns): the reaper's polling pace while commands complete / while none does."},
     {"stop_reaper", reaper_stop, METH_NOARGS, "stop_reaper(): stop the reaper thread (at exit); later events stay in their records."},
     {"init", stamps_init, METH_VARARGS, "init(path): resolve the OpenCL entry points in the library at path."},
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
