@@ -28,6 +28,7 @@
 
 #define BLOCK_BITS 12
 #define BLOCK (1u << BLOCK_BITS)
+#define DEEP_SLEEP_ROUNDS 64 /* empty rounds (at the slowest pace: ~0.1 s) before sleeping until woken */
 #define MAX_BUSY 32 /* in-order queues skipped past their first running command, per round */
 #define DIR_SIZE (1u << 16) /* blocks addressable at once: 268M tickets in flight, far past any cap */
 
@@ -115,16 +116,21 @@ reap_loop(void *arg)
 {
     (void)arg;
     long pause_ns = poll_min_ns;
+    int empty_rounds = 0;
     held_t *done_list = NULL;
     size_t cap_done = 0;
     struct { int64_t st[4]; int32_t status; int failed; } *res = NULL;
     size_t cap_res = 0;
     for (;;) {
         pthread_mutex_lock(&mu);
-        while (!stopping && n_in == 0 && n_held == 0) {
+        /* Nothing to do for a while (tracing stopped, or a program between phases): sleep until track()
+         * wakes it. While commands come, it naps between rounds instead, so no launch pays a wake-up. */
+        if (!stopping && n_in == 0 && n_held == 0 && empty_rounds >= DEEP_SLEEP_ROUNDS) {
             idle = 1;
-            pthread_cond_wait(&cv, &mu);
+            while (!stopping && n_in == 0)
+                pthread_cond_wait(&cv, &mu);
             idle = 0;
+            empty_rounds = 0;
         }
         if (stopping) {
             pthread_mutex_unlock(&mu);
@@ -210,11 +216,10 @@ reap_loop(void *arg)
             for (size_t j = 0; j < k; j++) /* after the slots say so: nobody copies a released handle */
                 release_event(done_list[j].ev);
         }
-        /* Poll often while commands complete, less while the device is busy with long ones. */
-        if (n_held) {
-            pause_ns = k ? poll_min_ns : (pause_ns < poll_max_ns ? pause_ns * 2 : poll_max_ns);
-            nap(pause_ns);
-        }
+        /* Poll often while commands complete, less while the device is busy with long ones or none come. */
+        empty_rounds = n == 0 ? empty_rounds + 1 : 0;
+        pause_ns = k ? poll_min_ns : (pause_ns < poll_max_ns ? pause_ns * 2 : poll_max_ns);
+        nap(pause_ns);
     }
     free(done_list);
     free(res);
