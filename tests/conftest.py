@@ -20,7 +20,8 @@ import cltrace
 from cltrace.record import regions
 from cltrace.record.recorder import RECORDER
 
-RECORDER_DEFAULTS = {"capacity": 1_000_000, "overflow": "discard", "max_pending": 65_536, "resolve_interval_s": 0.05}
+RECORDER_DEFAULTS = {"capacity": 1_000_000, "overflow": "discard", "max_pending": 65_536, "resolve_interval_s": 0.05,
+                     "tickets_above": 16_384}
 
 KERNEL_SOURCE = """
 __kernel void add(__global float *a, __global const float *b) {

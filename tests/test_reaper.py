@@ -49,7 +49,7 @@ def until(cond: Any, timeout: float = 5.0) -> bool:
 def launch_blocked(queue: Any, kernels: Any, n: int, keep_events: bool) -> tuple[list[Any], list[tuple]]:
     """``n`` launches while the resolver cannot run (its lock held, as a starved worker); returns the
     program's own Events and the records waiting."""
-    RECORDER.configure(max_pending=1 << 20)
+    RECORDER.configure(max_pending=1 << 20, tickets_above=0)
     cltrace.start()
     with RECORDER._lock:
         ctx = stamps.events_kept() if keep_events else None
@@ -85,9 +85,24 @@ def test_without_the_reaper_records_hold_the_events(queue: Any, kernels: Any) ->
     assert holders(evs) == {1}  # each record's reference waits for the resolver
 
 
+def test_records_trade_events_for_tickets_only_past_the_threshold(queue: Any, kernels: Any) -> None:
+    """While the worker keeps up the driver's events stay in the records (the reaper costs nothing);
+    past ``tickets_above`` records waiting, every new record holds a ticket instead."""
+    RECORDER.configure(max_pending=1 << 20, tickets_above=300)
+    cltrace.start()
+    with RECORDER._lock:
+        for _ in range(1000):
+            kernels.launch_add(queue)
+        queue.finish()
+        kinds = [type(r[R_EV0]) is int for r in RECORDER.pending]
+    assert kinds == [False] * 300 + [True] * 700
+    cltrace.stop()
+    assert len([s for s in RECORDER.spans() if s.cat == "kernel" and s.dev_start is not None]) == 1000
+
+
 def test_every_slot_is_freed_once_resolved_or_dropped(queue: Any, kernels: Any) -> None:
     before = stamps.reaper_stats()
-    RECORDER.configure(max_pending=16)  # hard cap 4 * 16 + 4096 records: the rest are dropped, tickets freed
+    RECORDER.configure(max_pending=16, tickets_above=0)  # hard cap 4 * 16 + 4096: the rest dropped, tickets freed
     cltrace.start()
     with RECORDER._lock:
         for _ in range(RECORDER.hard_cap + 3000):

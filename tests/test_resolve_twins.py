@@ -70,7 +70,7 @@ class ForkedClocks:
 def recorded(scenario: Callable[[], Any], tickets: bool = False) -> list[tuple]:
     """The raw records a scenario appends, taken before the recorder's worker resolves them. With
     ``tickets`` the hot path trades the events for the reaper's tickets (native path), else keeps them."""
-    RECORDER.configure(max_pending=1 << 20)
+    RECORDER.configure(max_pending=1 << 20, tickets_above=0)
     if tickets and stamps.REAPER is None:
         pytest.fail(f"the reaper is not active (stamps: {stamps.DETAIL})")
     cltrace.start()

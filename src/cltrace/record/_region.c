@@ -22,7 +22,7 @@
 
 static PyObject *g_tls, *g_ids, *g_pending, *g_append, *g_recorder, *g_marker, *g_decorate;
 static PyObject *g_status_error, *g_region_cat;
-static PyObject *s_stack, *s_key, *s_room, *s_drain, *s_name, *s_empty, *s_colon;
+static PyObject *s_stack, *s_key, *s_room, *s_drain, *s_name, *s_empty, *s_colon, *s_tickets_above;
 static PyObject *g_zero, *g_empty_tuple;
 static int g_cache_stack; /* tls is a plain threading.local: one stack per OS thread, cacheable */
 
@@ -331,7 +331,23 @@ with_tickets(PyObject *rec)
 static int
 push_record(PyObject *rec)
 {
-    rec = with_tickets(rec);
+    /* Past RECORDER.tickets_above records waiting, events are traded for tickets: below it the worker
+     * keeps up and the driver's events cost nothing more; above it, no record holds a driver event. */
+    if (g_track != NULL) {
+        Py_ssize_t waiting = PyObject_Size(g_pending);
+        PyObject *above_o = PyObject_GetAttr(g_recorder, s_tickets_above);
+        if (waiting < 0 || above_o == NULL) {
+            Py_XDECREF(above_o);
+            return -1;
+        }
+        Py_ssize_t above = PyLong_AsSsize_t(above_o);
+        Py_DECREF(above_o);
+        if (above == -1 && PyErr_Occurred())
+            return -1;
+        rec = waiting >= above ? with_tickets(rec) : Py_NewRef(rec);
+    } else {
+        Py_INCREF(rec);
+    }
     if (rec == NULL)
         return -1;
     PyObject *res = PyObject_CallOneArg(g_append, rec);
@@ -981,6 +997,7 @@ PyInit__region(void)
     STR(s_stack, "stack");
     STR(s_key, "key");
     STR(s_room, "_room");
+    STR(s_tickets_above, "tickets_above");
     STR(s_drain, "_drain_backpressure");
     STR(s_name, "__name__");
     STR(s_empty, "");

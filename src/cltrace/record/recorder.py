@@ -7,9 +7,12 @@ Data path, in one direction:
          one ``SpanBatch`` of columns per chunk; see timeline/resolve.py)
       -> statistics, the in-memory store and every sink, each fed the whole batch
 
-Events: on the native path the hot path trades each command's event for a ticket of the reaper
-thread (timeline/_reaper.c), which reads its stamps and releases it once the command is done,
-without the GIL; records then hold no driver event while they wait for this worker.
+Events: a record holds its command's event until resolved. When the worker falls behind (more than
+``tickets_above`` records waiting: a launch loop can keep every other Python thread off the GIL),
+the native hot path trades each new event for a ticket of the reaper thread (timeline/_reaper.c),
+which reads its stamps and releases it once the command is done, without the GIL: the driver never
+holds more than that many of our events (NVIDIA's enqueue blocked at ~130k). Below it, nothing is
+paid for the reaper: its reads and releases compete with the program's enqueues for the driver.
 
 Memory policy: records not yet resolved (queued here or waiting for their commands) are kept
 near ``max_pending``. Past it, the launching thread waits for the *device* only: for the older
@@ -68,7 +71,8 @@ class Recorder:
     """Process-wide span recorder. Use the module-level ``RECORDER``."""
 
     def __init__(self, capacity: int = 1_000_000, overflow: str = "discard",
-                 max_pending: int = 65_536, flush_interval_s: float = 1.0, resolve_interval_s: float = 0.05) -> None:
+                 max_pending: int = 65_536, flush_interval_s: float = 1.0, resolve_interval_s: float = 0.05,
+                 tickets_above: int = 16_384) -> None:
         self.tracks = TrackRegistry()
         self.steps = StepTable()  # a scheduled session's traced steps (capture/stepper.py)
         self.gate: Callable[[SpanBatch], SpanBatch] | None = None  # set by a schedule: withholds warm-up
@@ -89,7 +93,8 @@ class Recorder:
         self.start_ns = perf_ns()
         self.start_unix_ns = time.time_ns()
         self._room = max_pending
-        self.configure(capacity, overflow, max_pending, flush_interval_s, resolve_interval_s)
+        self.tickets_above = tickets_above
+        self.configure(capacity, overflow, max_pending, flush_interval_s, resolve_interval_s, tickets_above)
         self._worker: threading.Thread | None = None
         self._wake = threading.Event()
         self._stop_worker = threading.Event()
@@ -99,8 +104,10 @@ class Recorder:
 
     def configure(self, capacity: int | None = None, overflow: str | None = None,
                   max_pending: int | None = None, flush_interval_s: float | None = None,
-                  resolve_interval_s: float | None = None) -> None:
-        """Change the memory caps and the worker's pace. ``overflow`` is ``"discard"`` or ``"ring"``."""
+                  resolve_interval_s: float | None = None, tickets_above: int | None = None) -> None:
+        """Change the memory caps and the worker's pace. ``overflow`` is ``"discard"`` or ``"ring"``;
+        ``tickets_above``: records waiting past which new ones hold the reaper's tickets, not events
+        (native path; 0: always)."""
         if capacity is not None:
             if capacity < 1:
                 raise ValueError("capacity must be >= 1")
@@ -116,6 +123,10 @@ class Recorder:
             self.flush_interval_s = flush_interval_s
         if resolve_interval_s is not None:
             self.resolve_interval_s = resolve_interval_s
+        if tickets_above is not None:
+            if tickets_above < 0:
+                raise ValueError("tickets_above must be >= 0")
+            self.tickets_above = tickets_above
 
     @property
     def dropped(self) -> int:
@@ -167,7 +178,7 @@ class Recorder:
     @property
     def hard_cap(self) -> int:
         """Records unresolved past which new ones are dropped (the worker is behind, not the device).
-        With the reaper a waiting record holds no driver event, only a ticket: twice the room."""
+        With the reaper, records past ``tickets_above`` hold no driver event: twice the room."""
         return (4 if stamps.REAPER is not None else 2) * self.max_pending + CHUNK
 
     # ---- the worker -------------------------------------------------------------
