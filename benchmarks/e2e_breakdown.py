@@ -13,6 +13,11 @@ The loop is bench_pipeline's end-to-end loop (tiny kernels through ``cltrace.lau
              the loop column is the hot path alone, stop() the whole catch-up
   memory     ``cltrace.trace()`` with no file: the sinks' share is traced - memory
 
+``--fresh N`` adds the first trace of a process, as a user's program pays it: N fresh interpreters
+each (importing cltrace, pyopencl and numpy only), alternating with N that emulate the code before
+this branch's first-trace cuts (``FIRST_UNDO``), untraced loop first then start/loop/stop, and the
+cyclic GC's pauses inside.
+
 Each variant prints the wall time of start(), the loop and stop(), then the time spent in the
 pieces of cltrace that ran, per phase and per thread (wrapped here, timed wall-clock: a piece that
 waits for the GIL counts that wait), and in the last column the CPU time they took (all phases:
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import gc
 import os
 import statistics
 import sys
@@ -85,6 +91,7 @@ PIECES: list[tuple[str, Any, str, int]] = [
     ("close .pftrace", PerfettoTraceSink, "close", 1),
     ("fsync", os, "fsync", 2),
 ]
+GC_LABELS = [(f"cyclic GC gen{g}", None, "", 0) for g in range(3)]
 
 
 class Timings:
@@ -123,6 +130,29 @@ class Timings:
         return timed
 
 
+class GcTime:
+    """Cyclic-GC pauses while on: (thread name, generation, t0, t1)."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, int, float, float]] = []
+        self.on = False
+        self._t0: dict[int, float] = {}
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0[threading.get_ident()] = time.perf_counter()
+        else:
+            t0 = self._t0.pop(threading.get_ident(), None)
+            if t0 is not None:
+                self.spans.append((threading.current_thread().name, info["generation"], t0, time.perf_counter()))
+
+
+GC = GcTime()
+
+
 def thread_cpu(t: threading.Thread | None) -> float:
     if t is None or t.ident is None or not t.is_alive():
         return 0.0
@@ -144,21 +174,28 @@ def run_variant(s: Setup, name: str, n: int, tmp: str, r: int, timings: Timings)
         RECORDER._wake.set()
         time.sleep(0.02)
     timings.spans.clear()
-    timings.on = True
+    GC.spans.clear()
+    timings.on = GC.on = True
     t0 = time.perf_counter()
     if name != "untraced":
         session.start(*files, quiet=True)
     t1 = time.perf_counter()
     worker = RECORDER._worker if name != "untraced" else None
     w0, m0, p0 = thread_cpu(worker), time.thread_time(), time.process_time()
-    s.loop(n)
+    q, k, buf, launch = s.q, s.k, s.buf, cltrace.launch  # bench_pipeline's Setup.loop, its finish timed apart
+    for _ in range(n):
+        launch(k, q, (1024,), None, buf)
+    tf, mf = time.perf_counter(), time.thread_time()
+    q.finish()
     t2 = time.perf_counter()
     w1, m1, p1 = thread_cpu(worker), time.thread_time(), time.process_time()
+    out["wall|queue.finish() in the loop"] = t2 - tf
+    out["cpu|queue.finish() in the loop"] = m1 - mf
     behind = len(RECORDER.pending) + len(RECORDER.resolver.waiting) if name != "untraced" else 0
     if name != "untraced":
         session.stop()
     t3 = time.perf_counter()
-    timings.on = False
+    timings.on = GC.on = False
     if name == "held":
         RECORDER.configure(resolve_interval_s=0.05)
         RECORDER._wake.set()  # it sleeps in wait(3600) otherwise, and the next rounds would be "held" too
@@ -175,7 +212,8 @@ def run_variant(s: Setup, name: str, n: int, tmp: str, r: int, timings: Timings)
     out["count|records unresolved at the loop's end"] = behind
     out["count|worker steps during the loop"] = sum(
         1 for label, th, a, _, _ in timings.spans if label == "resolve+deliver step" and th != "MainThread" and t1 <= a < t2)
-    for label, thread, a, b, c in timings.spans:
+    gc_spans = [(f"cyclic GC gen{g}", th, a, b, b - a) for th, g, a, b in GC.spans]
+    for label, thread, a, b, c in timings.spans + gc_spans:
         who = "main" if thread == "MainThread" else "worker" if thread == "cltrace-resolver" else thread
         out[f"{label}|{who}|cpu"] += c
         for ph, (lo, hi) in bounds.items():
@@ -193,8 +231,10 @@ def report(name: str, rounds: list[dict[str, float]]) -> None:
     print(f"\n{name}: total {med('wall|total'):.1f} ms (median; rounds {', '.join(f'{t:.0f}' for t in totals)} ms)")
     print(f"  {'':34s} {'start':>8s} {'loop':>8s} {'stop':>8s} {'cpu':>8s}  ms (wall per phase; cpu: all phases)")
     print(f"  {'wall time':34s} " + " ".join(f"{med(f'wall|{ph}'):8.1f}" for ph in PHASES))
+    print(f"  {'  queue.finish() ending the loop':34s} {'':8s} {med('wall|queue.finish() in the loop'):8.1f} {'':8s} "
+          f"{med('cpu|queue.finish() in the loop'):8.1f}")
     seen = {k.rsplit("|", 1)[0] for r in rounds for k in r if k.count("|") == 2 and not k.endswith("|cpu")}
-    for label, _, _, depth in PIECES:
+    for label, _, _, depth in PIECES + GC_LABELS:
         for who in ("main", "worker"):
             if f"{label}|{who}" not in seen:
                 continue
@@ -276,12 +316,80 @@ def hot_path(s: Setup, n: int = 5000, reps: int = 15) -> None:
 
 a_launches = 30_000
 
+# A fresh interpreter's first trace. argv: launches, "before"/"after", folder. Prints one JSON line.
+FRESH = r"""
+import gc, json, os, sys, time
+import numpy as np
+import pyopencl as cl
+import cltrace
+n, mode, tmp = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if mode == "before":  # the writers called np.unique, whose first call imports numpy.ma (inside the trace)
+    import cltrace.timeline.arrays
+    assert "cltrace.export.perfetto" not in sys.modules  # imported by start(), binding the name below
+    cltrace.timeline.arrays.distinct = np.unique
+q = cltrace.profiling_queue()
+k = cl.Kernel(cl.Program(q.context, "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }").build(), "k")
+buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+def loop():
+    for _ in range(n):
+        cltrace.launch(k, q, (1024,), None, buf)
+    q.finish()
+loop()
+t = time.perf_counter(); loop(); off = time.perf_counter() - t
+pauses = []
+def cb(phase, info, t0=[0.0]):
+    if phase == "start":
+        t0[0] = time.perf_counter()
+    else:
+        pauses.append(time.perf_counter() - t0[0])
+gc.callbacks.append(cb)
+before = set(sys.modules)
+t0 = time.perf_counter()
+cltrace.start(os.path.join(tmp, mode + ".json"), os.path.join(tmp, mode + ".pftrace"), quiet=True)
+t1 = time.perf_counter()
+loop()
+t2 = time.perf_counter()
+cltrace.stop()
+t3 = time.perf_counter()
+gc.callbacks.remove(cb)
+print(json.dumps({"untraced": off, "start": t1 - t0, "loop": t2 - t1, "stop": t3 - t2, "total": t3 - t0,
+                  "gc": sum(pauses), "gc_max": max(pauses, default=0.0),
+                  "imported": len(set(sys.modules) - before),
+                  "numpy.ma": "numpy.ma" in set(sys.modules) - before}))
+"""
+FIRST_UNDO = ["the writers' distinct() in place of np.unique (timeline/arrays.py): no numpy.ma import in the trace"]
+
+
+def fresh(pairs: int, launches: int) -> None:
+    import json
+    import subprocess
+
+    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(pairs):
+            for mode in runs:
+                out = subprocess.run([sys.executable, "-c", FRESH, str(launches), mode, tmp], capture_output=True,
+                                     text=True, check=True, env={**os.environ, "CLTRACE_QUIET": "1"})
+                runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"\nfirst trace of a fresh process ({launches} launches; median of {pairs}; ms)")
+    print(f"  {'':8s} {'untraced':>9s} {'start':>8s} {'loop':>8s} {'stop':>8s} {'total':>8s} {'ratio':>6s} "
+          f"{'GC':>7s} {'GC max':>7s}  modules imported in the trace")
+    for mode, rs in runs.items():
+        def med(key: str) -> float:
+            return statistics.median(r[key] for r in rs) * 1e3
+        print(f"  {mode:8s} {med('untraced'):9.1f} {med('start'):8.1f} {med('loop'):8.1f} {med('stop'):8.1f} "
+              f"{med('total'):8.1f} {med('total') / med('untraced'):6.2f} {med('gc'):7.1f} {med('gc_max'):7.1f}  "
+              f"{statistics.median(r['imported'] for r in rs):.0f}"
+              f"{' (numpy.ma among them)' if any(r['numpy.ma'] for r in rs) else ''}")
+    print("  undone in 'before': " + "; ".join(FIRST_UNDO))
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--launches", type=int, default=30_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--variants", default="untraced,before,traced,held,memory")
+    ap.add_argument("--fresh", type=int, default=0, help="pairs of fresh processes timing their first trace")
     a = ap.parse_args()
     global a_launches
     a_launches = a.launches
@@ -312,6 +420,8 @@ def main() -> None:
     if "before" in results:
         print("cuts undone in 'before': " + "; ".join(UNDO))
     hot_path(s)
+    if a.fresh:
+        fresh(a.fresh, a.launches)
 
 
 if __name__ == "__main__":
