@@ -336,12 +336,14 @@ def loop():
     q.finish()
 loop()
 t = time.perf_counter(); loop(); off = time.perf_counter() - t
-pauses = []
+pauses, full = [], []
 def cb(phase, info, t0=[0.0]):
     if phase == "start":
         t0[0] = time.perf_counter()
     else:
         pauses.append(time.perf_counter() - t0[0])
+        if info["generation"] == 2:
+            full.append(info["collected"])
 gc.callbacks.append(cb)
 before = set(sys.modules)
 t0 = time.perf_counter()
@@ -353,7 +355,7 @@ cltrace.stop()
 t3 = time.perf_counter()
 gc.callbacks.remove(cb)
 print(json.dumps({"untraced": off, "start": t1 - t0, "loop": t2 - t1, "stop": t3 - t2, "total": t3 - t0,
-                  "gc": sum(pauses), "gc_max": max(pauses, default=0.0),
+                  "gc": sum(pauses), "gc_max": max(pauses, default=0.0), "full_gc": len(full),
                   "imported": len(set(sys.modules) - before),
                   "numpy.ma": "numpy.ma" in set(sys.modules) - before}))
 """
@@ -373,12 +375,13 @@ def fresh(pairs: int, launches: int) -> None:
                 runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"\nfirst trace of a fresh process ({launches} launches; median of {pairs}; ms)")
     print(f"  {'':8s} {'untraced':>9s} {'start':>8s} {'loop':>8s} {'stop':>8s} {'total':>8s} {'ratio':>6s} "
-          f"{'GC':>7s} {'GC max':>7s}  modules imported in the trace")
+          f"{'GC':>7s} {'GC max':>7s} {'full GCs':>8s}  modules imported in the trace")
     for mode, rs in runs.items():
         def med(key: str) -> float:
             return statistics.median(r[key] for r in rs) * 1e3
         print(f"  {mode:8s} {med('untraced'):9.1f} {med('start'):8.1f} {med('loop'):8.1f} {med('stop'):8.1f} "
-              f"{med('total'):8.1f} {med('total') / med('untraced'):6.2f} {med('gc'):7.1f} {med('gc_max'):7.1f}  "
+              f"{med('total'):8.1f} {med('total') / med('untraced'):6.2f} {med('gc'):7.1f} {med('gc_max'):7.1f} "
+              f"{sum(r['full_gc'] for r in rs) / len(rs):8.1f}  "
               f"{statistics.median(r['imported'] for r in rs):.0f}"
               f"{' (numpy.ma among them)' if any(r['numpy.ma'] for r in rs) else ''}")
     print("  undone in 'before': " + "; ".join(FIRST_UNDO))
