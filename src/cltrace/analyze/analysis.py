@@ -18,7 +18,8 @@ from . import findings as _findings
 from .kernels import GROUPS, kernel_table, self_time
 from .launches import launches
 from .memory import memory
-from .model import TraceData, distinct, queues_from_registry
+from ..timeline.arrays import distinct
+from .model import TraceData, queues_from_registry
 from .regions import region_tree
 from .report import device_name, region_rows
 from .utilisation import timeline, utilisation

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..timeline.spans import KERNEL
-from .model import TraceData, dense, distinct
+from ..timeline.arrays import distinct
+from .model import TraceData, dense
 
 SORT_KEYS = ("total", "mean", "count", "p99")
 GROUPS = ("name", "shape", "callsite")  # what the table's rows are: per name, name and shape, name and call site

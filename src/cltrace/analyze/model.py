@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..timeline.arrays import distinct
 from ..timeline.batch import SpanBatch
 from ..timeline.spans import BUILD, COMPILE, FILL, KERNEL, REGION_CATS, SYNC, TRANSFER, Span
 
@@ -157,12 +158,6 @@ class TraceData:
     def at(self, t: int) -> float:
         """Seconds since the trace's first span: where to look in Perfetto's timeline."""
         return (t - self.t0) / 1e9
-
-
-def distinct(values: np.ndarray) -> np.ndarray:
-    """Sorted distinct values (``np.unique`` without its hash table, which is slow on int64)."""
-    v = np.sort(values)
-    return v[np.r_[True, v[1:] != v[:-1]]] if len(v) else v
 
 
 def dense(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -27,6 +27,7 @@ from .. import _state
 from ..export.formats import format_for, sink_for, suffix
 from ..record.recorder import RECORDER
 from ..record.steps import OpenStep
+from ..timeline.arrays import distinct
 from ..timeline.batch import SpanBatch, as_batch
 from ..timeline.spans import Span
 from .schedule import ACTIVE, DONE, TRACED, WARMUP, Schedule
@@ -129,7 +130,7 @@ class _Collector:
             return
         safe = np.maximum(idx, 0)
         cycle = np.where(inside & (self.table.take("written", safe) == 1), self.table.take("cycle", safe), 0)
-        for c in np.unique(cycle[cycle > 0]).tolist():
+        for c in distinct(cycle[cycle > 0]).tolist():
             part = batch.take(cycle == c)
             with self._lock:
                 room = RECORDER.capacity - self._rows[c]

@@ -19,11 +19,11 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import IO, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from .base import abandon_file, open_trace_file
+from .base import TraceFile, abandon_file, open_trace_file
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
 from .processes import device_pid, program_name
 from ..record.memory import COUNTER_ARG, counter_name
@@ -134,7 +134,7 @@ class ChromeTraceSink:
         self.path = os.fspath(path)
         self.flush_every = flush_every
         self._encode = encoder or _encode_lines
-        self._fh: IO[bytes] | None = None
+        self._fh: TraceFile | None = None
         self._tracks_written: set[int] = set()
         self._pids: dict[str, int] = {}
         # Track -> its events' constant '"pid":..,"tid":..,"ts":' text, once its metadata is out.
@@ -303,12 +303,7 @@ class ChromeTraceSink:
         fh.write(tail)
         self.bytes_written += len(tail)
         self.events_written += 1
-        fh.flush()
-        try:
-            os.fsync(fh.fileno())
-        except OSError:
-            pass
-        fh.close()
+        fh.close_durably()
         self._fh = None
 
     def abandon(self) -> None:

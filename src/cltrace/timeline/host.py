@@ -16,7 +16,7 @@ from typing import Any
 @functools.lru_cache(maxsize=1)
 def _boot_id() -> str:
     try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as fh:  # hex; utf-8 is loaded already
             return fh.read().strip()
     except OSError:
         return ""

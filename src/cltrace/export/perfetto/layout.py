@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ...timeline.arrays import distinct
 from .columns import (C_EXTRA, C_FLOW, C_K2, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS, C_SID, C_SPANANN,
                       C_TS)
 
@@ -165,7 +166,7 @@ def _put_ragged(out: np.ndarray, dst: np.ndarray, buf: np.ndarray, src: np.ndarr
     if not len(ln):
         return
     lo, hi = int(ln.min()), int(ln.max())
-    for width in range(lo, hi + 1) if hi - lo < 16 else np.unique(ln).tolist():
+    for width in range(lo, hi + 1) if hi - lo < 16 else distinct(ln).tolist():
         if lo == hi:
             d, s_ = dst, src
         else:

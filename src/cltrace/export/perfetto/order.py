@@ -17,6 +17,7 @@ import collections
 
 import numpy as np
 
+from ...timeline.arrays import distinct
 from ...timeline.batch import SpanBatch
 from ...timeline.spans import FILL, KERNEL, MARKER, TRANSFER
 from .columns import C_EXTRA, C_G, C_K1, C_K2, C_K3, C_TRACK, C_TS
@@ -58,7 +59,7 @@ class HoldBack:
         inside = (sorted_ids[at] == par) & (par != 0)
         up = np.where(inside, order[at], np.arange(n))  # in-batch parent, or self
         arrived = self._arrived
-        outside = np.unique(np.where(inside, 0, par))
+        outside = distinct(np.where(inside, 0, par))
         inverse = np.searchsorted(outside, np.where(inside, 0, par))
         waits = np.array([p if p and p not in arrived else 0 for p in outside.tolist()], np.int64)
         top = up
@@ -118,7 +119,7 @@ class HoldBack:
         while len(self._arrived_order) > _ARRIVED_WINDOW:
             self._arrived.discard(self._arrived_order.popleft())
         if held:
-            for g in np.unique(rows[C_G]).tolist():
+            for g in distinct(rows[C_G]).tolist():
                 mine = held.pop(g, None) if g else None
                 if mine:
                     parts.extend(_readd(r, x, extras) for r, x in mine.values())

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...timeline.arrays import distinct
 from ...timeline.batch import SpanBatch
 from ...timeline.spans import TRANSFER
 from .wire import TE_COUNTER, uv
@@ -42,7 +43,7 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
     dv = np.flatnonzero(batch.track)
     m = len(dv)
     dtr = batch.track[dv].astype(np.int64)
-    tracks.open(np.unique(thr).tolist() + np.unique(dtr).tolist(), head)
+    tracks.open(distinct(thr).tolist() + distinct(dtr).tolist(), head)
     group, md, arrivals = hold.groups(leaf_mask(batch), ids, par)
     flows = (batch.track != 0) & ~batch.is_region()
     extras, xid = _extras(batch, thr, tracks)

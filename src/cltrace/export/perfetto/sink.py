@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import IO, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -19,7 +19,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ...record.memory import counter_name
 from ...timeline.batch import as_batch
 from ...timeline.spans import Span
-from ..base import abandon_file, open_trace_file
+from ..base import TraceFile, abandon_file, open_trace_file
 from ..processes import program_name
 from .order import HoldBack
 from .packets import encode
@@ -35,7 +35,7 @@ class PerfettoTraceSink:
     def __init__(self, path: str | os.PathLike[str], flush_every: int = 65536) -> None:
         self.path = os.fspath(path)
         self.flush_every = flush_every
-        self._fh: IO[bytes] | None = None
+        self._fh: TraceFile | None = None
         self._tracks = Tracks(None, 0)  # replaced at start, when the recorder's tracks are known
         self._hold = HoldBack()
         self._dropped_uuid = 0
@@ -121,12 +121,7 @@ class PerfettoTraceSink:
             self._emit(self._encode(*held))
         self._emit(self._dropped(int(meta.get("dropped_spans", 0))) + self._memory_packets()
                    + self._metadata_packet(meta))
-        fh.flush()
-        try:
-            os.fsync(fh.fileno())
-        except OSError:
-            pass
-        fh.close()
+        fh.close_durably()
         self._fh = None
 
     def abandon(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
+from ...timeline.arrays import distinct
 from ...timeline.spans import STATUS_ERROR
 from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
 from ..processes import device_pid
@@ -217,7 +218,7 @@ class Tracks:
         if (key == first).all():
             uniq, inverse = [int(first)], None
         else:
-            u = np.unique(key)
+            u = distinct(key)
             inverse = np.searchsorted(u, key)
             uniq = u.tolist()
         get = self._prefixes.get
