@@ -73,7 +73,7 @@ class Tables:
 class SpanBatch:
     """Resolved spans, column by column. Reads as a sequence of ``Span`` (built on demand)."""
 
-    __slots__ = NAMES + ("tables", "attrs", "errors", "n")
+    __slots__ = NAMES + ("tables", "attrs", "errors", "n", "_attrs_ids")
 
     def __init__(self, tables: Tables, columns: dict[str, np.ndarray], attrs: list[Any] | None = None,
                  errors: dict[int, str] | None = None) -> None:
@@ -85,6 +85,7 @@ class SpanBatch:
             setattr(self, name, np.full(n, _FILL.get(name, 0), dtype) if col is None else np.asarray(col, dtype))
         self.attrs = attrs if attrs is not None else [None] * n  # dict or None per row
         self.errors = errors or {}  # row -> error message, for rows with status 1
+        self._attrs_ids: np.ndarray | None = None
 
     # -- as a sequence of Span ------------------------------------------------------
     def __len__(self) -> int:
@@ -165,7 +166,22 @@ class SpanBatch:
         return [get(i) for i in range(self.n)]
 
     def is_region(self) -> np.ndarray:
-        return np.isin(self.cat, np.fromiter(self.tables.region_cats, np.int16))
+        return self.cat_mask(self.tables.region_cats)
+
+    def cat_mask(self, cat_ids: Iterable[int]) -> np.ndarray:
+        """Rows whose category id is one of ``cat_ids`` (a lookup table over the interned ids)."""
+        lut = np.zeros(len(self.tables.cats.values) + 1, bool)
+        lut[list(cat_ids)] = True
+        return lut[self.cat]
+
+    def attrs_ids(self) -> np.ndarray:
+        """``id()`` of each row's attrs object (int64; launches share one dict per launcher), computed
+        once per batch for the sinks that group rows by it. The batch holds the objects, so the ids
+        stay theirs while it lives."""
+        ids = self._attrs_ids
+        if ids is None:
+            ids = self._attrs_ids = np.fromiter(map(id, self.attrs), np.int64, self.n)
+        return ids
 
     def nbytes(self) -> int:
         """Memory held by the columns and the attrs list (not the shared attrs dicts)."""

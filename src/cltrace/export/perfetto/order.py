@@ -33,7 +33,7 @@ Stashed = tuple[np.ndarray, list["bytes | None"]]  # rows kept for a later write
 def leaf_mask(batch: SpanBatch) -> np.ndarray:
     """Rows whose category never has children."""
     cats = batch.tables.cats
-    return np.isin(batch.cat, np.array([cats.id(c) for c in _LEAF_CATS], np.int16))
+    return batch.cat_mask([cats.id(c) for c in _LEAF_CATS])
 
 
 class HoldBack:
@@ -74,8 +74,9 @@ class HoldBack:
         pend = self._pend_md
         parents = np.flatnonzero(~leaf)
         arrivals = (ids[parents], group[parents])
-        if pend:
-            for i, sid in zip(parents.tolist(), arrivals[0].tolist()):
+        if pend:  # parents seen before as still to come (few): their descendants' last ids
+            known = np.flatnonzero(np.isin(arrivals[0], np.fromiter(pend, np.int64, len(pend))))
+            for i, sid in zip(parents[known].tolist(), arrivals[0][known].tolist()):
                 m = pend.pop(sid, 0)
                 if m > md[i]:
                     md[i] = m

@@ -21,6 +21,7 @@ import numpy as np
 
 from ...timeline.batch import SpanBatch
 from ...timeline.spans import TRANSFER
+from ..distinct import values
 from .wire import TE_COUNTER, uv
 
 from .columns import (C_EXTRA, C_FLOW, C_G, C_K1, C_K2, C_K3, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS,
@@ -42,7 +43,7 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
     dv = np.flatnonzero(batch.track)
     m = len(dv)
     dtr = batch.track[dv].astype(np.int64)
-    tracks.open(np.unique(thr).tolist() + np.unique(dtr).tolist(), head)
+    tracks.open(values(thr).tolist() + values(dtr).tolist(), head)
     group, md, arrivals = hold.groups(leaf_mask(batch), ids, par)
     flows = (batch.track != 0) & ~batch.is_region()
     extras, xid = _extras(batch, thr, tracks)
@@ -83,8 +84,16 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     n = batch.n
     attrs = batch.attrs
     bad = batch.status.astype(bool)
-    plain = attrs.count(None) == n
-    need = bad if plain else np.fromiter(map(bool, attrs), bool, n) | bad
+    ids = batch.attrs_ids()
+    moved = ids[1:] != ids[:-1]  # another attrs object than the row before (runs: one per launcher)
+    starts = np.flatnonzero(moved) + 1
+    plain = not len(starts) and attrs[0] is None if n else True
+    if plain:
+        need = bad
+    else:  # truth of each run's attrs, repeated over the run
+        firsts = [0, *starts.tolist()]
+        truth = np.fromiter(map(bool, map(attrs.__getitem__, firsts)), bool, len(firsts))
+        need = np.repeat(truth, np.diff([*firsts, n])) | bad
     site = batch.site
     values = batch.tables.sites.values
     deep = None
@@ -98,7 +107,7 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     if n > 1:
         changed[1:] = (thr[1:] != thr[:-1]) | (bad[1:] != bad[:-1])
         if not plain:
-            changed[1:] |= _differs(attrs)
+            changed[1:] |= _differs_at(attrs, starts - 1, n - 1)
         if batch.errors:
             changed[1:] |= _differs(batch.error_list())
         if deep is not None:
@@ -106,7 +115,7 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     new = need & changed
     heads = np.flatnonzero(new)
     errors = batch.errors
-    inv, firsts = _distinct(heads, attrs, thr, bad, errors, site if deep is not None else None, len(values))
+    inv, firsts = _distinct(heads, ids, thr, bad, errors, site if deep is not None else None, len(values))
     seqs = tracks.seqs
     extras = [seqs[t].extra(attrs[i], b, errors.get(i),
                             values[s].stacktrace() if deep is not None and deep[i] else None)
@@ -115,12 +124,12 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     return extras, np.where(need, inv[np.cumsum(new) - 1], -1)
 
 
-def _distinct(heads: np.ndarray, attrs: list[Any], thr: np.ndarray, bad: np.ndarray, errors: dict[int, str],
+def _distinct(heads: np.ndarray, ids: np.ndarray, thr: np.ndarray, bad: np.ndarray, errors: dict[int, str],
               site: np.ndarray | None, nsites: int) -> tuple[np.ndarray, np.ndarray]:
-    """For rows ``heads``: the index of each one's distinct (thread, attributes object, failed, error,
-    site), numbered in the order they first occur, and the first row of each."""
+    """For rows ``heads``: the index of each one's distinct (thread, attributes object (``ids``: each
+    row's), failed, error, site), numbered in the order they first occur, and the first row of each."""
     h = len(heads)
-    _, key = np.unique(np.fromiter((id(attrs[i]) for i in heads.tolist()), np.int64, h), return_inverse=True)
+    _, key = np.unique(ids[heads], return_inverse=True)
     key = key.astype(np.int64)
     bound = h
     parts = [(bad[heads].astype(np.int64), 2), (thr[heads], int(thr[heads].max()) + 1)]
@@ -182,6 +191,18 @@ def _counter_rows(batch: SpanBatch, group: np.ndarray, md: np.ndarray, tracks: T
         extras.append(TE_COUNTER + uv(seq.moved))
         out.append(row)
     return np.ascontiguousarray(np.array(out).T) if out else None
+
+
+def _differs_at(values: list[Any], at: np.ndarray, n: int) -> np.ndarray:
+    """``_differs(values)`` where only the pairs (at, at + 1) may differ (the others hold one object:
+    equal, as an object equals itself in a dict's comparison)."""
+    out = np.zeros(n, bool)
+    if len(at):
+        try:
+            out[at] = list(map(ne, map(values.__getitem__, (at + 1).tolist()), map(values.__getitem__, at.tolist())))
+        except (TypeError, ValueError):
+            out[:] = True
+    return out
 
 
 def _differs(values: list[Any]) -> np.ndarray:
