@@ -24,7 +24,11 @@ def values(col: np.ndarray) -> np.ndarray:
         return col[:0]
     span = _dense(col)
     if span is None:
-        return np.unique(col)
+        v = np.sort(col)
+        keep = np.empty(len(v), bool)
+        keep[0] = True
+        np.not_equal(v[1:], v[:-1], out=keep[1:])
+        return v[keep]
     lo, hi = span
     if lo == hi:
         return col[:1].copy()
@@ -45,16 +49,22 @@ def distinct(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             code = np.cumsum(present, dtype=np.int32)
             code -= 1
             return np.flatnonzero(present) + lo, code[at]
-    # np.unique's default sort is slow on a column of few distinct values (a batch's attrs ids):
-    # measured ~40 ns per row against ~10 for this stable sort, 4096 rows of 4 values.
+    vals, _, inverse = unique(col)
+    return vals, inverse.astype(np.int32)
+
+
+def unique(col: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(col, return_index=True, return_inverse=True)`` by one stable sort: numpy's own
+    (2.x) is slow on a column of few distinct values, measured 64-650 us on 4096 rows (with and
+    without ``return_index``) against ~40 for this."""
     order = np.argsort(col, kind="stable")
     ordered = col[order]
     starts = np.empty(len(col), bool)
     starts[:1] = True
     np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
-    inverse = np.empty(len(col), np.int32)
-    inverse[order] = np.cumsum(starts, dtype=np.int32) - 1
-    return ordered[starts], inverse
+    inverse = np.empty(len(col), np.int64)
+    inverse[order] = np.cumsum(starts) - 1
+    return ordered[starts], order[starts], inverse
 
 
 def first_rows(inverse: np.ndarray, k: int) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...timeline.batch import SpanBatch
 from ...timeline.spans import TRANSFER
-from ..distinct import values
+from ..distinct import unique, values
 from .wire import TE_COUNTER, uv
 
 from .columns import (C_EXTRA, C_FLOW, C_G, C_K1, C_K2, C_K3, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS,
@@ -47,7 +47,7 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
     group, md, arrivals = hold.groups(leaf_mask(batch), ids, par)
     flows = (batch.track != 0) & ~batch.is_region()
     extras, xid = _extras(batch, thr, tracks)
-    rows = np.zeros((NCOLS, 2 * n + 2 * m), np.int64)
+    rows = hold.scratch.rows(2 * n + 2 * m)
     h0, h1 = rows[:, :n], rows[:, n:2 * n]
     _pair(h0, h1, thr, batch.host_begin, batch.host_end, ids, md, group)
     h0[C_PRE] = tracks.prefix_ids(tables, thr, batch.cat, batch.name, batch.site)
@@ -129,7 +129,7 @@ def _distinct(heads: np.ndarray, ids: np.ndarray, thr: np.ndarray, bad: np.ndarr
     """For rows ``heads``: the index of each one's distinct (thread, attributes object (``ids``: each
     row's), failed, error, site), numbered in the order they first occur, and the first row of each."""
     h = len(heads)
-    _, key = np.unique(ids[heads], return_inverse=True)
+    _, _, key = unique(ids[heads])
     key = key.astype(np.int64)
     bound = h
     parts = [(bad[heads].astype(np.int64), 2), (thr[heads], int(thr[heads].max()) + 1)]
@@ -143,7 +143,7 @@ def _distinct(heads: np.ndarray, ids: np.ndarray, thr: np.ndarray, bad: np.ndarr
         key = key * size + col
     if bound >= 1 << 62:  # too many combinations for one int64 key: one per run
         key = np.arange(h)
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    _, first, inv = unique(key)
     rank = np.empty(len(first), np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
     return rank[inv], heads[np.sort(first)]
