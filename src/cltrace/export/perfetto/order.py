@@ -130,8 +130,9 @@ class HoldBack:
             parts.append(_readd(*self._tail, extras))
             self._tail = None
         sids = arrivals[0].tolist()
-        if held:
-            for sid, g in zip(sids, arrivals[1].tolist()):
+        if held:  # the arriving parents that rows wait for (few of the arrivals)
+            back = np.flatnonzero(np.isin(arrivals[0], np.fromiter(held, np.int64, len(held))))
+            for sid, g in zip(arrivals[0][back].tolist(), arrivals[1][back].tolist()):
                 mine = held.pop(sid, None)
                 if mine:
                     for r, x in mine.values():

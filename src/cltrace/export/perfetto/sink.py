@@ -93,7 +93,8 @@ class PerfettoTraceSink:
         head: list[bytes] = []
         rows, extras, arrivals = batch_rows(as_batch(spans, self._tables), self._tracks, self._hold, head)
         rows, now = self._hold.hold_back(rows, extras, arrivals)
-        self._emit(b"".join(head) + self._encode(rows, extras, now))
+        self._emit(b"".join(head))
+        self._emit(self._encode(rows, extras, now))
         self._since_flush += len(spans)
         if self._since_flush >= self.flush_every:
             self._since_flush = 0

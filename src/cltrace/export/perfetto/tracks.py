@@ -22,7 +22,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ...timeline.spans import STATUS_ERROR
 from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
-from ..distinct import unique
+from ..distinct import distinct, unique
 from ..processes import device_pid
 from .layout import Pool
 from ...timeline.sites import STACK
@@ -231,7 +231,7 @@ class Tracks:
         """``prefix_ids`` of rows with call sites: one template per distinct (prefix key, site)."""
         u, _, inverse = unique(key)
         m = len(tables.sites.values) + 1
-        u2, _, inv2 = unique(inverse * m + sites + 1)
+        u2, inv2 = distinct(inverse * m + sites + 1)
         get = self._prefixes.get
         ids = []
         for k2 in u2.tolist():
