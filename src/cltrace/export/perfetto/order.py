@@ -19,7 +19,7 @@ import numpy as np
 
 from ...timeline.batch import SpanBatch
 from ...timeline.spans import FILL, KERNEL, MARKER, TRANSFER
-from ..distinct import unique, values
+from ..distinct import member, unique, values
 from .columns import C_EXTRA, C_G, C_K1, C_K2, C_K3, C_TRACK, C_TS, NCOLS
 
 # Spans that never have children, so never a parent that events wait for.
@@ -99,7 +99,7 @@ class HoldBack:
         parents = np.flatnonzero(~leaf)
         arrivals = (ids[parents], group[parents])
         if pend:  # parents seen before as still to come (few): their descendants' last ids
-            known = np.flatnonzero(np.isin(arrivals[0], np.fromiter(pend, np.int64, len(pend))))
+            known = np.flatnonzero(member(arrivals[0], np.fromiter(pend, np.int64, len(pend))))
             for i, sid in zip(parents[known].tolist(), arrivals[0][known].tolist()):
                 m = pend.pop(sid, 0)
                 if m > md[i]:
@@ -131,7 +131,7 @@ class HoldBack:
             self._tail = None
         sids = arrivals[0].tolist()
         if held:  # the arriving parents that rows wait for (few of the arrivals)
-            back = np.flatnonzero(np.isin(arrivals[0], np.fromiter(held, np.int64, len(held))))
+            back = np.flatnonzero(member(arrivals[0], np.fromiter(held, np.int64, len(held))))
             for sid, g in zip(arrivals[0][back].tolist(), arrivals[1][back].tolist()):
                 mine = held.pop(sid, None)
                 if mine:
