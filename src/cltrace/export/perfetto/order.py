@@ -63,13 +63,20 @@ class HoldBack:
     """The rows waiting for a parent or for the next write, and what is known of parents to come."""
 
     def __init__(self) -> None:
-        self.scratch = Scratch()  # the batch's rows (``rows.batch_rows``)
+        self._scratch = Scratch()  # the batch's rows (``rows.batch_rows``), and room for the tail
         self._joined = Scratch()  # the rows with those brought back
+        self._room = 0  # columns at the end of the last ``new_rows`` kept for the tail
         self._pend_md: dict[int, int] = {}  # parent still to come -> last descendant id seen
         self._held: dict[int, dict[int, Stashed]] = {}  # parent -> track -> rows
         self._tail: Stashed | None = None  # each track's latest-timestamp rows
         self._arrived: set[int] = set()
         self._arrived_order: collections.deque[int] = collections.deque()
+
+    def new_rows(self, m: int) -> np.ndarray:
+        """Zeroed rows for a write's m packets, and at the end room for the rows held from the last
+        write (``hold_back`` puts them there: no copy of the whole batch to append them)."""
+        self._room = 0 if self._tail is None else self._tail[0].shape[1]
+        return self._scratch.rows(m + self._room)
 
     def groups(self, leaf: np.ndarray, ids: np.ndarray, par: np.ndarray) -> tuple[np.ndarray, np.ndarray, Arrivals]:
         """Per span: the parent still to come that its events wait for (0: none) and its last descendant id.
@@ -127,8 +134,13 @@ class HoldBack:
         held = self._held
         parts = [rows]
         if self._tail is not None:
-            parts.append(_readd(*self._tail, extras))
+            k = self._tail[0].shape[1]
+            if k and self._room == k and rows.shape[1] >= k:  # the room new_rows left for it
+                _readd(*self._tail, extras, out=rows[:, rows.shape[1] - k:])
+            else:
+                parts.append(_readd(*self._tail, extras))
             self._tail = None
+        self._room = 0
         sids = arrivals[0].tolist()
         if held:  # the arriving parents that rows wait for (few of the arrivals)
             back = np.flatnonzero(member(arrivals[0], np.fromiter(held, np.int64, len(held))))
@@ -205,9 +217,13 @@ def _stash(r: np.ndarray, extras: list[bytes]) -> Stashed:
     return r, [extras[i] if i >= 0 else None for i in r[C_EXTRA].tolist()]
 
 
-def _readd(r: np.ndarray, x: list[bytes | None], extras: list[bytes]) -> np.ndarray:
-    """Stashed rows back into a batch whose extras list is ``extras``."""
-    r = r.copy()
+def _readd(r: np.ndarray, x: list[bytes | None], extras: list[bytes], out: np.ndarray | None = None) -> np.ndarray:
+    """Stashed rows back into a batch whose extras list is ``extras`` (copied, or into ``out``)."""
+    if out is None:
+        r = r.copy()
+    else:
+        out[...] = r
+        r = out
     for j, b in enumerate(x):
         if b is not None:
             r[C_EXTRA, j] = len(extras)

@@ -47,7 +47,7 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
     group, md, arrivals = hold.groups(leaf_mask(batch), ids, par)
     flows = (batch.track != 0) & ~batch.is_region()
     extras, xid = _extras(batch, thr, tracks)
-    rows = hold.scratch.rows(2 * n + 2 * m)
+    rows = hold.new_rows(2 * n + 2 * m)  # with room at the end for the rows held from the last write
     h0, h1 = rows[:, :n], rows[:, n:2 * n]
     _pair(h0, h1, thr, batch.host_begin, batch.host_end, ids, md, group)
     h0[C_PRE] = tracks.prefix_ids(tables, thr, batch.cat, batch.name, batch.site)
@@ -56,7 +56,7 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
     h0[C_PARENT] = par
     h0[C_EXTRA] = xid
     if m:
-        d0, d1 = rows[:, 2 * n:2 * n + m], rows[:, 2 * n + m:]
+        d0, d1 = rows[:, 2 * n:2 * n + m], rows[:, 2 * n + m:2 * n + 2 * m]
         _pair(d0, d1, dtr, batch.dev_start[dv], batch.dev_end[dv], ids[dv], md[dv], group[dv])
         d0[C_PRE] = tracks.prefix_ids(tables, dtr, batch.cat[dv], batch.name[dv])
         f = flows[dv]
@@ -69,7 +69,8 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
         d0[C_RAWEND] = d0[C_RAWE] - d0[C_RAWS] != d1[C_TS] - d0[C_TS]
     counters = _counter_rows(batch, group, md, tracks, head, extras)
     if counters is not None:
-        rows = np.concatenate([rows, counters], axis=1)
+        mine = 2 * n + 2 * m
+        rows = np.concatenate([rows[:, :mine], counters, rows[:, mine:]], axis=1)
     return rows, extras, arrivals
 
 
