@@ -49,6 +49,11 @@ def distinct(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             code = np.cumsum(present, dtype=np.int32)
             code -= 1
             return np.flatnonzero(present) + lo, code[at]
+    heads = np.flatnonzero(col[1:] != col[:-1]) + 1
+    if 4 * len(heads) < len(col):  # long runs of one value (rows of one launcher): sort the runs only
+        runs = np.concatenate(([0], heads))
+        vals, _, inverse = unique(col[runs])
+        return vals, np.repeat(inverse.astype(np.int32), np.diff(np.append(runs, len(col))))
     vals, _, inverse = unique(col)
     return vals, inverse.astype(np.int32)
 
