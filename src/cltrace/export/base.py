@@ -7,7 +7,8 @@ raw events, never wait on the device, and must not raise into the program.
 from __future__ import annotations
 
 import os
-from typing import IO, Any, Protocol, Sequence
+import sys
+from typing import IO, Any, Callable, Protocol, Sequence
 
 from ..timeline.spans import Span
 
@@ -53,3 +54,35 @@ def open_trace_file(path: str) -> IO[bytes]:
     if d:
         os.makedirs(d, exist_ok=True)
     return open(path, "wb", buffering=1 << 20)
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
+_sync_file_range: Callable[[int, int, int, int], int] | None | bool = sys.platform.startswith("linux")
+
+
+def start_writeback(fh: IO[bytes], since: int) -> int:
+    """After ``fh.flush()``: asks the kernel to start writing the file's bytes from offset ``since`` to
+    its end to disk (Linux ``sync_file_range``), without waiting for it. Returns the end, the next
+    call's ``since``.
+
+    The trace files grow by ~1 kB a span (.json); left to the kernel, the dirty pages wait for its
+    periodic writeback and ``close()``'s fsync pays for all of them at once (measured 44 ms for a
+    97 MB .json here, ~0.5 us a span, more than the span's encoding). Started as the file grows, the
+    disk writes while the sinks encode, and close() waits only for the last flush's bytes. Elsewhere,
+    or where the call fails, nothing happens: this only moves when the disk writes.
+    """
+    global _sync_file_range
+    end = fh.tell()
+    if _sync_file_range is True:  # first use: look the call up (ctypes is not imported before)
+        try:
+            import ctypes
+
+            f = ctypes.CDLL(None, use_errno=True).sync_file_range
+            f.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+            f.restype = ctypes.c_int
+            _sync_file_range = f
+        except (OSError, AttributeError):
+            _sync_file_range = None
+    if _sync_file_range and end > since:
+        _sync_file_range(fh.fileno(), since, end - since, _SYNC_FILE_RANGE_WRITE)
+    return end

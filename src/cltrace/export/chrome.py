@@ -23,7 +23,7 @@ from typing import IO, Any, Sequence
 
 import numpy as np
 
-from .base import abandon_file, open_trace_file
+from .base import abandon_file, open_trace_file, start_writeback
 from .distinct import distinct as _distinct, first_rows as _first_rows
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
 from .processes import device_pid, program_name
@@ -121,6 +121,7 @@ class ChromeTraceSink:
         self._base = 0
         self._recorder: Any = None
         self._since_flush = 0
+        self._synced = 0  # file offset up to which writeback was started
         self._clocks_written = ""
         self._memory_at = (-1, 0)  # position in the recorder's memory samples
         self._memory_first: list[tuple[int, int, int]] = []  # live bytes when the sink started
@@ -383,6 +384,7 @@ class ChromeTraceSink:
     def _flush_os(self) -> None:
         self._since_flush = 0
         self._fh.flush()  # type: ignore[union-attr]
+        self._synced = start_writeback(self._fh, self._synced)  # type: ignore[arg-type]
         if self.first_spans_flushed_ns is None and self.spans_written:
             self.first_spans_flushed_ns = time.perf_counter_ns()  # when spans first reached the OS
 

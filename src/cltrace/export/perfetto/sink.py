@@ -19,7 +19,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ...record.memory import counter_name
 from ...timeline.batch import as_batch
 from ...timeline.spans import Span
-from ..base import abandon_file, open_trace_file
+from ..base import abandon_file, open_trace_file, start_writeback
 from ..processes import program_name
 from .order import HoldBack
 from .packets import encode
@@ -45,6 +45,7 @@ class PerfettoTraceSink:
         self._memory_first: list[tuple[int, int, int]] = []  # live bytes when the sink started
         self._memory_tracks: dict[int, int] = {}  # context key -> counter track uuid
         self._since_flush = 0
+        self._synced = 0  # file offset up to which writeback was started
         self._clocks_written = ""
         self._clock = time.perf_counter_ns
         self.bytes_written = 0
@@ -97,8 +98,7 @@ class PerfettoTraceSink:
         self._emit(self._encode(rows, extras, now))
         self._since_flush += len(spans)
         if self._since_flush >= self.flush_every:
-            self._since_flush = 0
-            self._fh.flush()
+            self._flush_os()
 
     def flush(self, meta: dict[str, Any]) -> None:
         if self._fh is None:
@@ -110,8 +110,7 @@ class PerfettoTraceSink:
             # Without the final counts: a reader takes "recorded_spans" as the sign the file was closed.
             out += self._metadata_packet({k: v for k, v in meta.items() if k not in ("dropped_spans", "recorded_spans")})
         self._emit(out)
-        self._since_flush = 0
-        self._fh.flush()
+        self._flush_os()
 
     def close(self, meta: dict[str, Any]) -> None:
         fh = self._fh
@@ -129,6 +128,11 @@ class PerfettoTraceSink:
             pass
         fh.close()
         self._fh = None
+
+    def _flush_os(self) -> None:
+        self._since_flush = 0
+        self._fh.flush()  # type: ignore[union-attr]
+        self._synced = start_writeback(self._fh, self._synced)  # type: ignore[arg-type]
 
     def abandon(self) -> None:
         """In a forked child: the file is the parent's; drop it unwritten (``base.abandon_file``)."""
