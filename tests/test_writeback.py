@@ -52,3 +52,12 @@ def test_each_flush_starts_writeback_of_the_bytes_since_the_last(tmp_path: Any, 
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous: each byte once
     assert 0 < ranges[-1][1] <= os.path.getsize(path)
     assert cltrace.analyze(str(path)) is not None  # the file reads back
+
+
+def test_a_file_that_cannot_seek_is_left_alone(tmp_path: Any) -> None:
+    r, w = os.pipe()
+    with os.fdopen(w, "wb") as fh, os.fdopen(r, "rb") as back:
+        fh.write(b"abc")
+        fh.flush()
+        assert base.start_writeback(fh, 0) == 0
+        assert back.read(3) == b"abc"

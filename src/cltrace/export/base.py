@@ -72,7 +72,10 @@ def start_writeback(fh: IO[bytes], since: int) -> int:
     or where the call fails, nothing happens: this only moves when the disk writes.
     """
     global _sync_file_range
-    end = fh.tell()
+    try:
+        end = fh.tell()
+    except (OSError, ValueError):  # not a seekable file (a pipe): nothing to start
+        return since
     if _sync_file_range is True:  # first use: look the call up (ctypes is not imported before)
         try:
             import ctypes
@@ -84,5 +87,8 @@ def start_writeback(fh: IO[bytes], since: int) -> int:
         except (OSError, AttributeError):
             _sync_file_range = None
     if _sync_file_range and end > since:
-        _sync_file_range(fh.fileno(), since, end - since, _SYNC_FILE_RANGE_WRITE)
+        try:
+            _sync_file_range(fh.fileno(), since, end - since, _SYNC_FILE_RANGE_WRITE)
+        except (OSError, ValueError):
+            pass
     return end
