@@ -49,4 +49,7 @@ def test_batch_category_mask_and_attrs_ids() -> None:
     assert b.is_region().tolist() == np.isin(cats, sorted(t.region_cats)).tolist() == [False, True, False, False]
     assert b.cat_mask([t.cats.id("kernel")]).tolist() == [True, False, True, False]
     ids = b.attrs_ids()
-    assert ids.tolist() == [id(a) for a in b.attrs] and b.attrs_ids() is ids  # computed once
+    assert ids.tolist() == [id(a) for a in b.attrs] and b.attrs_ids() is ids  # computed once per batch
+    other = SpanBatch(t, {"id": np.arange(2)}, [None, shared])
+    assert other.attrs_ids().tolist() == [id(None), id(shared)]
+    assert b.attrs_ids().tolist() == ids.tolist() and not hasattr(b, "__dict__")  # nothing kept on the batch

@@ -8,6 +8,7 @@ columns; a ``Span`` object is built only when someone asks for one (iteration, i
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -26,6 +27,7 @@ COLUMNS: tuple[tuple[str, Any], ...] = (
     ("site", np.int32),
 )
 NAMES = tuple(c for c, _ in COLUMNS)
+_last_ids: tuple[Any, np.ndarray] | None = None  # (weak reference to a batch, its attrs ids)
 _FILL = {"site": -1}  # a column's value where a batch is built without it (else 0)
 
 
@@ -73,7 +75,7 @@ class Tables:
 class SpanBatch:
     """Resolved spans, column by column. Reads as a sequence of ``Span`` (built on demand)."""
 
-    __slots__ = NAMES + ("tables", "attrs", "errors", "n", "_attrs_ids")
+    __slots__ = NAMES + ("tables", "attrs", "errors", "n", "__weakref__")
 
     def __init__(self, tables: Tables, columns: dict[str, np.ndarray], attrs: list[Any] | None = None,
                  errors: dict[int, str] | None = None) -> None:
@@ -85,7 +87,6 @@ class SpanBatch:
             setattr(self, name, np.full(n, _FILL.get(name, 0), dtype) if col is None else np.asarray(col, dtype))
         self.attrs = attrs if attrs is not None else [None] * n  # dict or None per row
         self.errors = errors or {}  # row -> error message, for rows with status 1
-        self._attrs_ids: np.ndarray | None = None
 
     # -- as a sequence of Span ------------------------------------------------------
     def __len__(self) -> int:
@@ -175,12 +176,16 @@ class SpanBatch:
         return lut[self.cat]
 
     def attrs_ids(self) -> np.ndarray:
-        """``id()`` of each row's attrs object (int64; launches share one dict per launcher), computed
-        once per batch for the sinks that group rows by it. The batch holds the objects, so the ids
-        stay theirs while it lives."""
-        ids = self._attrs_ids
-        if ids is None:
-            ids = self._attrs_ids = np.fromiter(map(id, self.attrs), np.int64, self.n)
+        """``id()`` of each row's attrs object (int64; launches share one dict per launcher). The sinks
+        group rows by it, each on the same batch in turn: the last batch's ids are kept for the next
+        one to ask (not on the batch: a retained batch would carry 8 B a span more). The batch holds
+        the objects, so the ids stay theirs while it lives."""
+        global _last_ids
+        last = _last_ids
+        if last is not None and last[0]() is self:
+            return last[1]
+        ids = np.fromiter(map(id, self.attrs), np.int64, self.n)
+        _last_ids = (weakref.ref(self), ids)
         return ids
 
     def nbytes(self) -> int:
