@@ -45,7 +45,6 @@ from bench_pipeline import Setup  # noqa: E402
 
 import cltrace  # noqa: E402
 from cltrace.capture import session  # noqa: E402
-from cltrace.export import base  # noqa: E402
 from cltrace.export.chrome import ChromeTraceSink  # noqa: E402
 from cltrace.export.perfetto import PerfettoTraceSink  # noqa: E402
 from cltrace.record.recorder import RECORDER, Recorder  # noqa: E402
@@ -57,14 +56,20 @@ PHASES = ("start", "loop", "stop")
 
 
 def _no_writeback() -> Callable[[], None]:
-    saved = base.WRITEBACK_BYTES
-    base.WRITEBACK_BYTES = 1 << 62
-    return lambda: setattr(base, "WRITEBACK_BYTES", saved)
+    import cltrace.export.chrome as chrome_mod
+    import cltrace.export.perfetto.sink as pf_mod
+
+    saved = chrome_mod.start_writeback, pf_mod.start_writeback
+    chrome_mod.start_writeback = pf_mod.start_writeback = lambda fh, since: since
+
+    def redo() -> None:
+        chrome_mod.start_writeback, pf_mod.start_writeback = saved
+    return redo
 
 
 # The cuts, each undone for the "before" variant: a function that undoes it and returns its redo.
 UNDO: dict[str, Callable[[], Callable[[], None]]] = {
-    "early writeback of the trace files (export/base.py TraceFile)": _no_writeback,
+    "early writeback of the trace files (export/base.py start_writeback)": _no_writeback,
 }
 
 # (label, owner, attribute, depth): the pieces timed, in the order printed.

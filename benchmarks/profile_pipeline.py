@@ -1,9 +1,11 @@
-"""Where the worker's time goes: cProfile of resolve + statistics + .json + .pftrace on real launches.
+"""Where the worker's time goes: resolve + statistics + .json + .pftrace on real launches, per stage.
 
     python benchmarks/profile_pipeline.py [--spans 100000] [--top 25]
 
-Prints the time of each stage on its own (stamps read, resolve, stats, each writer) and the
-profile's top functions by own time, on the default device (CLTRACE_DEVICE picks it).
+Records twice ``--spans`` launches and regions on the default device (CLTRACE_DEVICE picks it), then
+prints the stamps read, a table of each stage's spans/s on the first half without the profiler (wall
+clock and this thread's CPU time, which a loaded machine disturbs less; "close" is the files' final
+flush and fsync), and the second half under cProfile with its top functions by own time.
 """
 from __future__ import annotations
 
@@ -18,10 +20,48 @@ import pyopencl as cl
 
 import cltrace
 from cltrace import _state
+from cltrace.export import chrome_lines
 from cltrace.export.chrome import ChromeTraceSink
-from cltrace.export.perfetto import PerfettoTraceSink
+from cltrace.export.perfetto import PerfettoTraceSink, encoder
 from cltrace.record.recorder import RECORDER
 from cltrace.timeline import passes, stamps
+
+
+STAGES = ("resolve", "stats", "json", "pftrace")
+
+
+def run(recs: list, tmp: str, tag: str, pr: cProfile.Profile | None = None) -> dict[str, tuple[float, float]]:
+    """The worker's job on ``recs``: (wall, CPU) seconds per stage, and of closing both files."""
+    js = ChromeTraceSink(os.path.join(tmp, f"{tag}.json"))
+    pf = PerfettoTraceSink(os.path.join(tmp, f"{tag}.pftrace"))
+    js.start(RECORDER)
+    pf.start(RECORDER)
+    wall = dict.fromkeys(STAGES + ("close",), 0.0)
+    cpu = dict(wall)
+    if pr is not None:
+        pr.enable()
+    for i in range(0, len(recs), 4096):
+        marks = [(time.perf_counter(), time.thread_time())]
+        b = RECORDER.resolver.resolve(recs[i:i + 4096], block=False)
+        marks.append((time.perf_counter(), time.thread_time()))
+        RECORDER.stats.add(b)
+        marks.append((time.perf_counter(), time.thread_time()))
+        js.write(b)
+        marks.append((time.perf_counter(), time.thread_time()))
+        pf.write(b)
+        marks.append((time.perf_counter(), time.thread_time()))
+        for key, (w0, c0), (w1, c1) in zip(STAGES, marks, marks[1:]):
+            wall[key] += w1 - w0
+            cpu[key] += c1 - c0
+    w0, c0 = time.perf_counter(), time.thread_time()
+    meta = RECORDER.metadata()
+    js.close(meta)
+    pf.close(meta)
+    wall["close"] += time.perf_counter() - w0
+    cpu["close"] += time.thread_time() - c0
+    if pr is not None:
+        pr.disable()
+    return {k: (wall[k], cpu[k]) for k in wall}
 
 
 def main() -> None:
@@ -32,9 +72,9 @@ def main() -> None:
     q = cltrace.profiling_queue()
     k = cl.Program(q.context, "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }").build().k
     buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
-    RECORDER.configure(max_pending=10 * a.spans, resolve_interval_s=3600)
+    RECORDER.configure(max_pending=20 * a.spans, resolve_interval_s=3600)
     _state.ENABLED = True
-    for _ in range(a.spans // 10):
+    for _ in range(2 * a.spans // 10):
         with cltrace.region("step", q):
             for _ in range(9):
                 cltrace.launch(k, q, (1024,), None, buf)
@@ -42,40 +82,31 @@ def main() -> None:
     q.finish()
     recs = list(RECORDER.pending)
     RECORDER.pending.clear()
-    evs = [e for r in recs for e in (r[9], r[10]) if e is not None]
+    half = len(recs) // 2
+    evs = [e for r in recs[:half] for e in (r[9], r[10]) if e is not None]
     t0 = time.perf_counter()
     h = stamps.handles(evs)
     t1 = time.perf_counter()
     stamps.read(h)
     t2 = time.perf_counter()
-    print(f"resolver passes: {passes.DETAIL}")
+    print(f"resolver passes: {passes.DETAIL}; json encoder: {chrome_lines.DETAIL}; pftrace encoder: {encoder.DETAIL}")
     print(f"stamps {stamps.DETAIL}: handles {len(evs) / (t1 - t0):,.0f}/s, read {len(evs) / (t2 - t1):,.0f} events/s")
+    pr = cProfile.Profile()
     with tempfile.TemporaryDirectory() as tmp:
-        js = ChromeTraceSink(os.path.join(tmp, "p.json"))
-        pf = PerfettoTraceSink(os.path.join(tmp, "p.pftrace"))
-        js.start(RECORDER)
-        pf.start(RECORDER)
-        stage = dict.fromkeys(("resolve", "stats", "json", "pftrace"), 0.0)
-        pr = cProfile.Profile()
-        pr.enable()
-        for i in range(0, len(recs), 4096):
-            t = time.perf_counter()
-            b = RECORDER.resolver.resolve(recs[i:i + 4096], block=False)
-            t_r = time.perf_counter()
-            RECORDER.stats.add(b)
-            t_s = time.perf_counter()
-            js.write(b)
-            t_j = time.perf_counter()
-            pf.write(b)
-            t_p = time.perf_counter()
-            for key, dt in zip(stage, (t_r - t, t_s - t_r, t_j - t_s, t_p - t_j)):
-                stage[key] += dt
-        pr.disable()
-        meta = RECORDER.metadata()
-        js.close(meta)
-        pf.close(meta)
-    n = len(recs)
-    print("stage spans/s (profiled): " + ", ".join(f"{k} {n / v:,.0f}" for k, v in stage.items()))
+        plain = run(recs[:half], tmp, "plain")
+        profiled = run(recs[half:], tmp, "profiled", pr)
+    n = half
+    rows = [("stage", "spans/s wall", "spans/s CPU", "ns/span CPU", "spans/s profiled")]
+    for key in STAGES + ("close",):
+        (w, c), (pw, _) = plain[key], profiled[key]
+        rows.append((key, f"{n / w:,.0f}", f"{n / c:,.0f}", f"{c / n * 1e9:,.0f}", f"{(len(recs) - half) / pw:,.0f}"))
+    w, c = (sum(v[j] for v in plain.values()) for j in (0, 1))
+    rows.append(("all", f"{n / w:,.0f}", f"{n / c:,.0f}", f"{c / n * 1e9:,.0f}", "-"))
+    width = [max(len(r[i]) for r in rows) for i in range(5)]
+    print()
+    for r in rows:
+        print("  ".join(cell.rjust(width[i]) if i else cell.ljust(width[i]) for i, cell in enumerate(r)))
+    print()
     pstats.Stats(pr).sort_stats("tottime").print_stats(a.top)
 
 

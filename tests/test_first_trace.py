@@ -41,7 +41,7 @@ def test_a_first_trace_imports_no_numpy_ma(tmp_path):
 
 
 def test_distinct_is_np_unique_without_the_import():
-    from cltrace.timeline.arrays import distinct
+    from cltrace.timeline.arrays import sorted_distinct as distinct
 
     rng = np.random.default_rng(0)
     for a in (np.zeros(0, np.int64), np.array([5]), rng.integers(-3, 4, 1000), rng.integers(0, 1 << 60, 50)):

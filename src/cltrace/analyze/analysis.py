@@ -18,7 +18,7 @@ from . import findings as _findings
 from .kernels import GROUPS, kernel_table, self_time
 from .launches import launches
 from .memory import memory
-from ..timeline.arrays import distinct
+from ..timeline.arrays import sorted_distinct as distinct
 from .model import TraceData, queues_from_registry
 from .regions import region_tree
 from .report import device_name, region_rows

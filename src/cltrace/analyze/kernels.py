@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..timeline.spans import KERNEL
-from ..timeline.arrays import distinct
+from ..timeline.arrays import sorted_distinct as distinct
 from .model import TraceData, dense
 
 SORT_KEYS = ("total", "mean", "count", "p99")

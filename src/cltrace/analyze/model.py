@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..timeline.arrays import distinct
+from ..timeline.arrays import sorted_distinct as distinct
 from ..timeline.batch import SpanBatch
 from ..timeline.spans import BUILD, COMPILE, FILL, KERNEL, REGION_CATS, SYNC, TRANSFER, Span
 

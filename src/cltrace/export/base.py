@@ -6,9 +6,9 @@ raw events, never wait on the device, and must not raise into the program.
 """
 from __future__ import annotations
 
-import io
 import os
-from typing import IO, Any, Protocol, Sequence
+import sys
+from typing import IO, Any, Callable, Protocol, Sequence
 
 from ..timeline.spans import Span
 
@@ -48,58 +48,47 @@ def abandon_file(fh: IO[bytes] | None) -> None:
         pass
 
 
-# Bytes handed to a trace file between two requests that the OS start writing them to disk.
-WRITEBACK_BYTES = 4 << 20
-_advise = getattr(os, "posix_fadvise", None)
-_DONTNEED = getattr(os, "POSIX_FADV_DONTNEED", 0)
-
-
-class TraceFile(io.BufferedWriter):
-    """A streamed trace file: buffered, and on its way to disk while it grows.
-
-    The OS keeps written pages in memory until a deadline (Linux: 30 s), so the ``fsync`` at
-    close used to write the whole file, inside ``stop()``: 15-20 ms for a 30 MB trace here
-    (``benchmarks/e2e_breakdown.py``). Every ``WRITEBACK_BYTES`` this asks the OS to start writing
-    the new part (``posix_fadvise(DONTNEED)``: starts writeback, waits for nothing), so that I/O
-    runs alongside the encoding and ``close_durably`` waits for the last part only. Durability is
-    unchanged: the file is fsynced at close, as before; it only gets to disk sooner.
-    """
-
-    def __init__(self, path: str) -> None:
-        super().__init__(io.FileIO(path, "wb"), buffer_size=1 << 20)
-        self.written = 0  # bytes handed to this file (its size once flushed)
-        self.unsynced_from = 0  # where the part the OS was not yet asked to write back starts
-
-    def write(self, data: Any) -> int:
-        n = super().write(data)
-        self.written += n
-        if self.written - self.unsynced_from >= WRITEBACK_BYTES:
-            self.write_back()
-        return n
-
-    def write_back(self) -> None:
-        """Hand what is buffered to the OS and have it start writing the new part to disk."""
-        self.flush()
-        if _advise is not None:
-            try:
-                _advise(self.fileno(), self.unsynced_from, 0, _DONTNEED)
-            except OSError:  # a file system without it: the fsync at close does it all
-                pass
-        self.unsynced_from = self.written
-
-    def close_durably(self) -> None:
-        """Flush, fsync (the file survives a crash of the machine, not only of the process), close."""
-        self.flush()
-        try:
-            os.fsync(self.fileno())
-        except OSError:
-            pass
-        self.close()
-
-
-def open_trace_file(path: str) -> TraceFile:
+def open_trace_file(path: str) -> IO[bytes]:
     """Create the trace file (and its folder) for a streaming writer, with a large buffer."""
     d = os.path.dirname(path)
     if d:
         os.makedirs(d, exist_ok=True)
-    return TraceFile(path)
+    return open(path, "wb", buffering=1 << 20)
+
+
+_SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
+_sync_file_range: Callable[[int, int, int, int], int] | None | bool = sys.platform.startswith("linux")
+
+
+def start_writeback(fh: IO[bytes], since: int) -> int:
+    """After ``fh.flush()``: asks the kernel to start writing the file's bytes from offset ``since`` to
+    its end to disk (Linux ``sync_file_range``), without waiting for it. Returns the end, the next
+    call's ``since``.
+
+    The trace files grow by ~1 kB a span (.json); left to the kernel, the dirty pages wait for its
+    periodic writeback and ``close()``'s fsync pays for all of them at once (measured 44 ms for a
+    97 MB .json here, ~0.5 us a span, more than the span's encoding). Started as the file grows, the
+    disk writes while the sinks encode, and close() waits only for the last flush's bytes. Elsewhere,
+    or where the call fails, nothing happens: this only moves when the disk writes.
+    """
+    global _sync_file_range
+    try:
+        end = fh.tell()
+    except (OSError, ValueError):  # not a seekable file (a pipe): nothing to start
+        return since
+    if _sync_file_range is True:  # first use: look the call up (ctypes is not imported before)
+        try:
+            import ctypes
+
+            f = ctypes.CDLL(None, use_errno=True).sync_file_range
+            f.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+            f.restype = ctypes.c_int
+            _sync_file_range = f
+        except (OSError, AttributeError):
+            _sync_file_range = None
+    if _sync_file_range and end > since:
+        try:
+            _sync_file_range(fh.fileno(), since, end - since, _SYNC_FILE_RANGE_WRITE)
+        except (OSError, ValueError):
+            pass
+    return end

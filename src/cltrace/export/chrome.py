@@ -19,11 +19,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Sequence
+from typing import IO, Any, Sequence
 
 import numpy as np
 
-from .base import TraceFile, abandon_file, open_trace_file
+from .base import abandon_file, open_trace_file, start_writeback
+from ..timeline.arrays import distinct as _distinct, first_rows as _first_rows
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
 from .processes import device_pid, program_name
 from ..record.memory import COUNTER_ARG, counter_name
@@ -90,36 +91,6 @@ _encode_attrs = _attrs_encoder()
 OWN_ARGS = frozenset({"span", "parent", "source", "queued_host_ns", "submit_host_ns", "device.start", "device.end"})
 
 
-def _distinct(col: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of a column (ascending) and each row's index among them (int32)."""
-    if len(col):
-        lo, hi = int(col.min()), int(col.max())
-        if hi - lo <= 4 * len(col) + 4096:  # small ids (tracks, names): a lookup table instead of a sort
-            at = col - lo
-            present = np.zeros(hi - lo + 1, np.int32)
-            present[at] = 1
-            code = np.cumsum(present, dtype=np.int32)
-            code -= 1
-            return np.flatnonzero(present) + lo, code[at]
-    # np.unique's default sort is slow on a column of few distinct values (a batch's attrs ids):
-    # measured ~40 ns per row against ~10 for this stable sort, 4096 rows of 4 values.
-    order = np.argsort(col, kind="stable")
-    ordered = col[order]
-    starts = np.empty(len(col), bool)
-    starts[:1] = True
-    np.not_equal(ordered[1:], ordered[:-1], out=starts[1:])
-    inverse = np.empty(len(col), np.int32)
-    inverse[order] = np.cumsum(starts, dtype=np.int32) - 1
-    return ordered[starts], inverse
-
-
-def _first_rows(inverse: np.ndarray, k: int) -> np.ndarray:
-    """For each of k distinct values, the first row that has it."""
-    first = np.full(k, len(inverse), np.int64)
-    np.minimum.at(first, inverse, np.arange(len(inverse)))
-    return first
-
-
 class ChromeTraceSink:
     """Streams spans to a Chrome trace JSON file.
 
@@ -134,7 +105,7 @@ class ChromeTraceSink:
         self.path = os.fspath(path)
         self.flush_every = flush_every
         self._encode = encoder or _encode_lines
-        self._fh: TraceFile | None = None
+        self._fh: IO[bytes] | None = None
         self._tracks_written: set[int] = set()
         self._pids: dict[str, int] = {}
         # Track -> its events' constant '"pid":..,"tid":..,"ts":' text, once its metadata is out.
@@ -150,6 +121,7 @@ class ChromeTraceSink:
         self._base = 0
         self._recorder: Any = None
         self._since_flush = 0
+        self._synced = 0  # file offset up to which writeback was started
         self._clocks_written = ""
         self._memory_at = (-1, 0)  # position in the recorder's memory samples
         self._memory_first: list[tuple[int, int, int]] = []  # live bytes when the sink started
@@ -238,7 +210,7 @@ class ChromeTraceSink:
         idx[1] = host_of
         idx[2] = dev_of
         attrs = b.attrs
-        ids, idx[3] = _distinct(np.fromiter(map(id, attrs), np.int64, n))
+        ids, idx[3] = _distinct(b.attrs_ids())
         attrs_text = [self._attrs_text(attrs[i]) for i in _first_rows(idx[3], len(ids)).tolist()]
         if (b.site >= 0).any():  # the call site's args follow the attributes: one text per (attrs, site)
             m = len(t.sites.values) + 1
@@ -303,7 +275,12 @@ class ChromeTraceSink:
         fh.write(tail)
         self.bytes_written += len(tail)
         self.events_written += 1
-        fh.close_durably()
+        fh.flush()
+        try:
+            os.fsync(fh.fileno())
+        except OSError:
+            pass
+        fh.close()
         self._fh = None
 
     def abandon(self) -> None:
@@ -407,6 +384,7 @@ class ChromeTraceSink:
     def _flush_os(self) -> None:
         self._since_flush = 0
         self._fh.flush()  # type: ignore[union-attr]
+        self._synced = start_writeback(self._fh, self._synced)  # type: ignore[arg-type]
         if self.first_spans_flushed_ns is None and self.spans_written:
             self.first_spans_flushed_ns = time.perf_counter_ns()  # when spans first reached the OS
 

@@ -64,29 +64,28 @@ def encode_python(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int,
     out: list[str] = []
     app = out.append
     rows = zip(*ints[:, start:stop].tolist(), *idx[:, start:stop].tolist())
-    # One f-string per row kind, each under 30 parts (CPython joins longer ones through a list).
+    # One f-string per row kind, each under 30 parts (CPython joins longer ones through a list). A
+    # device row's span id is written three times: converted to text once.
     for sid, par, hb, hd, q, sub, ds, dd, rs, re_, h, th, dv, a, e, fl in rows:
         xh = heads[h]
         hh = hosts[th]
         ts = f"{hb // 1000}.{ms[hb % 1000]}" if hb >= 0 else us(hb)
         dur = f"{hd // 1000}.{ms[hd % 1000]}" if hd >= 0 else us(hd)
         if not fl & DEVICE:
-            app(f'{xh}{hh}{ts},"dur":{dur},"args":{{"span":{sid},"parent":{par},"source":"host"{errors[e]}{attrs[a]}}}}},')
+            app(f'{xh}{hh}{ts},"dur":{dur},"args":{{"span":{sid},"parent":{par},"source":"host"{errors[e]}{attrs[a]}}}}},\n')
             continue
+        sid = str(sid)
         args = (f'{{"span":{sid},"parent":{par},"source":"device","queued_host_ns":{q},"submit_host_ns":{sub},'
                 f'"device.start":{rs},"device.end":{re_}{errors[e]}{attrs[a]}}}')
         dh = devices[dv]
         dts = f"{ds // 1000}.{ms[ds % 1000]}" if ds >= 0 else us(ds)
         ddur = f"{dd // 1000}.{ms[dd % 1000]}" if dd >= 0 else us(dd)
         if fl & NO_FLOW:
-            app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
+            app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n')
         else:
             app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
-                f'{flow_s[h]}{sid},{hh}{ts}}},\n{flow_f[h]}{sid},{dh}{dts}}},')
-    if not out:
-        return b""
-    out.append("")  # the last line's newline
-    return "\n".join(out).encode()
+                f'{flow_s[h]}{sid},{hh}{ts}}},\n{flow_f[h]}{sid},{dh}{dts}}},\n')
+    return "".join(out).encode()
 
 
 def _load_native() -> Encoder:

@@ -8,6 +8,7 @@ columns; a ``Span`` object is built only when someone asks for one (iteration, i
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -26,6 +27,7 @@ COLUMNS: tuple[tuple[str, Any], ...] = (
     ("site", np.int32),
 )
 NAMES = tuple(c for c, _ in COLUMNS)
+_last_ids: tuple[Any, np.ndarray] | None = None  # (weak reference to a batch, its attrs ids)
 _FILL = {"site": -1}  # a column's value where a batch is built without it (else 0)
 
 
@@ -73,7 +75,7 @@ class Tables:
 class SpanBatch:
     """Resolved spans, column by column. Reads as a sequence of ``Span`` (built on demand)."""
 
-    __slots__ = NAMES + ("tables", "attrs", "errors", "n")
+    __slots__ = NAMES + ("tables", "attrs", "errors", "n", "__weakref__")
 
     def __init__(self, tables: Tables, columns: dict[str, np.ndarray], attrs: list[Any] | None = None,
                  errors: dict[int, str] | None = None) -> None:
@@ -165,7 +167,26 @@ class SpanBatch:
         return [get(i) for i in range(self.n)]
 
     def is_region(self) -> np.ndarray:
-        return np.isin(self.cat, np.fromiter(self.tables.region_cats, np.int16))
+        return self.cat_mask(self.tables.region_cats)
+
+    def cat_mask(self, cat_ids: Iterable[int]) -> np.ndarray:
+        """Rows whose category id is one of ``cat_ids`` (a lookup table over the interned ids)."""
+        lut = np.zeros(len(self.tables.cats.values) + 1, bool)
+        lut[list(cat_ids)] = True
+        return lut[self.cat]
+
+    def attrs_ids(self) -> np.ndarray:
+        """``id()`` of each row's attrs object (int64; launches share one dict per launcher). The sinks
+        group rows by it, each on the same batch in turn: the last batch's ids are kept for the next
+        one to ask (not on the batch: a retained batch would carry 8 B a span more). The batch holds
+        the objects, so the ids stay theirs while it lives."""
+        global _last_ids
+        last = _last_ids
+        if last is not None and last[0]() is self:
+            return last[1]
+        ids = np.fromiter(map(id, self.attrs), np.int64, self.n)
+        _last_ids = (weakref.ref(self), ids)
+        return ids
 
     def nbytes(self) -> int:
         """Memory held by the columns and the attrs list (not the shared attrs dicts)."""

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..intervals import Coverage, union
 from ..text import fmt_ns
-from ...timeline.arrays import distinct
+from ...timeline.arrays import sorted_distinct as distinct
 from .base import WORST, Context, Finding, instance
 
 # A gap this long at least (Nsight Systems' gpu_gaps rule uses 500 ms; shorter here, but well above

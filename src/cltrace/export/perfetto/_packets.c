@@ -210,7 +210,6 @@ packets_encode(PyObject *self, PyObject *args)
                           &xlb))
         return NULL;
     PyObject *result = NULL;
-    uint8_t *out = NULL;
     strings pool, extras;
     if (rb.len % (Py_ssize_t)(NCOLS * sizeof(int64_t)) || ub.len % (Py_ssize_t)(RUN_COLS * sizeof(int64_t)) ||
         ob.len % (Py_ssize_t)sizeof(int64_t) || kb.len != (Py_ssize_t)(NCONSTS * sizeof(int64_t))) {
@@ -260,23 +259,23 @@ packets_encode(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "encode: the runs do not cover the rows");
         goto done;
     }
-    out = (uint8_t *)malloc(size ? (size_t)size : 1);
-    if (out == NULL) {
-        PyErr_NoMemory();
+    /* Written in place into a bytes object of the bound, then shrunk: no copy of the packets. */
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (result == NULL)
         goto done;
-    }
     const char *err = NULL;
-    uint8_t *p = out;
+    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result), *p = out;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < nruns && p != NULL; r++)
         p = encode_run(p, col, perm, runs + r * RUN_COLS, (int64_t)mono, k, &pool, &extras, &err);
     Py_END_ALLOW_THREADS
-    if (p == NULL)
+    if (p == NULL) {
         PyErr_Format(PyExc_ValueError, "encode: %s", err);
-    else
-        result = PyBytes_FromStringAndSize((const char *)out, p - out);
+        Py_CLEAR(result);
+    } else if (_PyBytes_Resize(&result, (Py_ssize_t)(p - out)) < 0) {
+        result = NULL;
+    }
 done:
-    free(out);
     PyBuffer_Release(&rb);
     PyBuffer_Release(&ob);
     PyBuffer_Release(&ub);

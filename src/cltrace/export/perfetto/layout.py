@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ...timeline.arrays import distinct
+from ...timeline.arrays import sorted_distinct as distinct
 from .columns import (C_EXTRA, C_FLOW, C_K2, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS, C_SID, C_SPANANN,
                       C_TS)
 
@@ -150,19 +150,27 @@ class Layout:
 
 
 def _put_varints(out: np.ndarray, pos: np.ndarray, u: np.ndarray, ln: np.ndarray) -> None:
-    width = int(ln.max())
-    if width == 1:
-        out[pos] = u.astype(np.uint8)
-        return
-    k = np.arange(width)
-    groups = ((u[:, None] >> (k * 7).astype(_U64)) & _U64(0x7F)).astype(np.uint8)
-    groups |= (k < (ln - 1)[:, None]).view(np.uint8) << 7  # continuation bit on all but the last byte
-    used = k < ln[:, None]
-    out[(pos[:, None] + k)[used]] = groups[used]
+    """Writes each value's varint at its position: per distinct length (a column has few), one pass
+    per byte, so a column of short deltas with one long absolute timestamp costs its bytes, not
+    rows x the longest."""
+    lo, hi = int(ln.min()), int(ln.max())
+    for width in range(lo, hi + 1):
+        if lo == hi:
+            p, v = pos, u
+        else:
+            m = ln == width
+            if not m.any():
+                continue
+            p, v = pos[m], u[m]
+        for k in range(width - 1):
+            out[p + k] = (v & _U64(0x7F)).astype(np.uint8) | np.uint8(0x80)
+            v = v >> _U64(7)
+        out[p + width - 1] = v.astype(np.uint8)
 
 
 def _put_ragged(out: np.ndarray, dst: np.ndarray, buf: np.ndarray, src: np.ndarray, ln: np.ndarray) -> None:
-    """Copies buf[src[i]:src[i]+ln[i]] to out[dst[i]:], one pass per distinct length (there are few)."""
+    """Copies buf[src[i]:src[i]+ln[i]] to out[dst[i]:], one pass per distinct length (there are few);
+    a string every row shares is broadcast, not gathered."""
     if not len(ln):
         return
     lo, hi = int(ln.min()), int(ln.max())
@@ -174,8 +182,14 @@ def _put_ragged(out: np.ndarray, dst: np.ndarray, buf: np.ndarray, src: np.ndarr
             if not m.any():
                 continue
             d, s_ = dst[m], src[m]
+        if not width:
+            continue
+        first = int(s_[0])
         step = np.arange(width)
-        out[d[:, None] + step] = buf[s_[:, None] + step]
+        if (s_ == first).all():
+            out[d[:, None] + step] = buf[first:first + width]
+        else:
+            out[d[:, None] + step] = buf[s_[:, None] + step]
 
 
 def strings(items: list[bytes]) -> Strings:

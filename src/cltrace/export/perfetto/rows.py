@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...timeline.arrays import distinct
 from ...timeline.batch import SpanBatch
 from ...timeline.spans import TRANSFER
+from ...timeline.arrays import unique, values
 from .wire import TE_COUNTER, uv
 
 from .columns import (C_EXTRA, C_FLOW, C_G, C_K1, C_K2, C_K3, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS,
@@ -43,11 +43,11 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
     dv = np.flatnonzero(batch.track)
     m = len(dv)
     dtr = batch.track[dv].astype(np.int64)
-    tracks.open(distinct(thr).tolist() + distinct(dtr).tolist(), head)
+    tracks.open(values(thr).tolist() + values(dtr).tolist(), head)
     group, md, arrivals = hold.groups(leaf_mask(batch), ids, par)
     flows = (batch.track != 0) & ~batch.is_region()
     extras, xid = _extras(batch, thr, tracks)
-    rows = np.zeros((NCOLS, 2 * n + 2 * m), np.int64)
+    rows = hold.new_rows(2 * n + 2 * m)  # with room at the end for the rows held from the last write
     h0, h1 = rows[:, :n], rows[:, n:2 * n]
     _pair(h0, h1, thr, batch.host_begin, batch.host_end, ids, md, group)
     h0[C_PRE] = tracks.prefix_ids(tables, thr, batch.cat, batch.name, batch.site)
@@ -56,7 +56,7 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
     h0[C_PARENT] = par
     h0[C_EXTRA] = xid
     if m:
-        d0, d1 = rows[:, 2 * n:2 * n + m], rows[:, 2 * n + m:]
+        d0, d1 = rows[:, 2 * n:2 * n + m], rows[:, 2 * n + m:2 * n + 2 * m]
         _pair(d0, d1, dtr, batch.dev_start[dv], batch.dev_end[dv], ids[dv], md[dv], group[dv])
         d0[C_PRE] = tracks.prefix_ids(tables, dtr, batch.cat[dv], batch.name[dv])
         f = flows[dv]
@@ -69,7 +69,8 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
         d0[C_RAWEND] = d0[C_RAWE] - d0[C_RAWS] != d1[C_TS] - d0[C_TS]
     counters = _counter_rows(batch, group, md, tracks, head, extras)
     if counters is not None:
-        rows = np.concatenate([rows, counters], axis=1)
+        mine = 2 * n + 2 * m
+        rows = np.concatenate([rows[:, :mine], counters, rows[:, mine:]], axis=1)
     return rows, extras, arrivals
 
 
@@ -84,8 +85,16 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     n = batch.n
     attrs = batch.attrs
     bad = batch.status.astype(bool)
-    plain = attrs.count(None) == n
-    need = bad if plain else np.fromiter(map(bool, attrs), bool, n) | bad
+    ids = batch.attrs_ids()
+    moved = ids[1:] != ids[:-1]  # another attrs object than the row before (runs: one per launcher)
+    starts = np.flatnonzero(moved) + 1
+    plain = not len(starts) and attrs[0] is None if n else True
+    if plain:
+        need = bad
+    else:  # truth of each run's attrs, repeated over the run
+        firsts = [0, *starts.tolist()]
+        truth = np.fromiter(map(bool, map(attrs.__getitem__, firsts)), bool, len(firsts))
+        need = np.repeat(truth, np.diff([*firsts, n])) | bad
     site = batch.site
     values = batch.tables.sites.values
     deep = None
@@ -99,7 +108,7 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     if n > 1:
         changed[1:] = (thr[1:] != thr[:-1]) | (bad[1:] != bad[:-1])
         if not plain:
-            changed[1:] |= _differs(attrs)
+            changed[1:] |= _differs_at(attrs, starts - 1, n - 1)
         if batch.errors:
             changed[1:] |= _differs(batch.error_list())
         if deep is not None:
@@ -107,7 +116,7 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     new = need & changed
     heads = np.flatnonzero(new)
     errors = batch.errors
-    inv, firsts = _distinct(heads, attrs, thr, bad, errors, site if deep is not None else None, len(values))
+    inv, firsts = _distinct(heads, ids, thr, bad, errors, site if deep is not None else None, len(values))
     seqs = tracks.seqs
     extras = [seqs[t].extra(attrs[i], b, errors.get(i),
                             values[s].stacktrace() if deep is not None and deep[i] else None)
@@ -116,12 +125,12 @@ def _extras(batch: SpanBatch, thr: np.ndarray, tracks: Tracks) -> tuple[list[byt
     return extras, np.where(need, inv[np.cumsum(new) - 1], -1)
 
 
-def _distinct(heads: np.ndarray, attrs: list[Any], thr: np.ndarray, bad: np.ndarray, errors: dict[int, str],
+def _distinct(heads: np.ndarray, ids: np.ndarray, thr: np.ndarray, bad: np.ndarray, errors: dict[int, str],
               site: np.ndarray | None, nsites: int) -> tuple[np.ndarray, np.ndarray]:
-    """For rows ``heads``: the index of each one's distinct (thread, attributes object, failed, error,
-    site), numbered in the order they first occur, and the first row of each."""
+    """For rows ``heads``: the index of each one's distinct (thread, attributes object (``ids``: each
+    row's), failed, error, site), numbered in the order they first occur, and the first row of each."""
     h = len(heads)
-    _, key = np.unique(np.fromiter((id(attrs[i]) for i in heads.tolist()), np.int64, h), return_inverse=True)
+    _, _, key = unique(ids[heads])
     key = key.astype(np.int64)
     bound = h
     parts = [(bad[heads].astype(np.int64), 2), (thr[heads], int(thr[heads].max()) + 1)]
@@ -135,7 +144,7 @@ def _distinct(heads: np.ndarray, attrs: list[Any], thr: np.ndarray, bad: np.ndar
         key = key * size + col
     if bound >= 1 << 62:  # too many combinations for one int64 key: one per run
         key = np.arange(h)
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    _, first, inv = unique(key)
     rank = np.empty(len(first), np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
     return rank[inv], heads[np.sort(first)]
@@ -183,6 +192,18 @@ def _counter_rows(batch: SpanBatch, group: np.ndarray, md: np.ndarray, tracks: T
         extras.append(TE_COUNTER + uv(seq.moved))
         out.append(row)
     return np.ascontiguousarray(np.array(out).T) if out else None
+
+
+def _differs_at(values: list[Any], at: np.ndarray, n: int) -> np.ndarray:
+    """``_differs(values)`` where only the pairs (at, at + 1) may differ (the others hold one object:
+    equal, as an object equals itself in a dict's comparison)."""
+    out = np.zeros(n, bool)
+    if len(at):
+        try:
+            out[at] = list(map(ne, map(values.__getitem__, (at + 1).tolist()), map(values.__getitem__, at.tolist())))
+        except (TypeError, ValueError):
+            out[:] = True
+    return out
 
 
 def _differs(values: list[Any]) -> np.ndarray:

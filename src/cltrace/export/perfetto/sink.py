@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Sequence
+from typing import IO, Any, Sequence
 
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
@@ -19,7 +19,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ...record.memory import counter_name
 from ...timeline.batch import as_batch
 from ...timeline.spans import Span
-from ..base import TraceFile, abandon_file, open_trace_file
+from ..base import abandon_file, open_trace_file, start_writeback
 from ..processes import program_name
 from .order import HoldBack
 from .packets import encode
@@ -35,7 +35,7 @@ class PerfettoTraceSink:
     def __init__(self, path: str | os.PathLike[str], flush_every: int = 65536) -> None:
         self.path = os.fspath(path)
         self.flush_every = flush_every
-        self._fh: TraceFile | None = None
+        self._fh: IO[bytes] | None = None
         self._tracks = Tracks(None, 0)  # replaced at start, when the recorder's tracks are known
         self._hold = HoldBack()
         self._dropped_uuid = 0
@@ -45,6 +45,7 @@ class PerfettoTraceSink:
         self._memory_first: list[tuple[int, int, int]] = []  # live bytes when the sink started
         self._memory_tracks: dict[int, int] = {}  # context key -> counter track uuid
         self._since_flush = 0
+        self._synced = 0  # file offset up to which writeback was started
         self._clocks_written = ""
         self._clock = time.perf_counter_ns
         self.bytes_written = 0
@@ -93,11 +94,11 @@ class PerfettoTraceSink:
         head: list[bytes] = []
         rows, extras, arrivals = batch_rows(as_batch(spans, self._tables), self._tracks, self._hold, head)
         rows, now = self._hold.hold_back(rows, extras, arrivals)
-        self._emit(b"".join(head) + self._encode(rows, extras, now))
+        self._emit(b"".join(head))
+        self._emit(self._encode(rows, extras, now))
         self._since_flush += len(spans)
         if self._since_flush >= self.flush_every:
-            self._since_flush = 0
-            self._fh.flush()
+            self._flush_os()
 
     def flush(self, meta: dict[str, Any]) -> None:
         if self._fh is None:
@@ -109,8 +110,7 @@ class PerfettoTraceSink:
             # Without the final counts: a reader takes "recorded_spans" as the sign the file was closed.
             out += self._metadata_packet({k: v for k, v in meta.items() if k not in ("dropped_spans", "recorded_spans")})
         self._emit(out)
-        self._since_flush = 0
-        self._fh.flush()
+        self._flush_os()
 
     def close(self, meta: dict[str, Any]) -> None:
         fh = self._fh
@@ -121,8 +121,18 @@ class PerfettoTraceSink:
             self._emit(self._encode(*held))
         self._emit(self._dropped(int(meta.get("dropped_spans", 0))) + self._memory_packets()
                    + self._metadata_packet(meta))
-        fh.close_durably()
+        fh.flush()
+        try:
+            os.fsync(fh.fileno())
+        except OSError:
+            pass
+        fh.close()
         self._fh = None
+
+    def _flush_os(self) -> None:
+        self._since_flush = 0
+        self._fh.flush()  # type: ignore[union-attr]
+        self._synced = start_writeback(self._fh, self._synced)  # type: ignore[arg-type]
 
     def abandon(self) -> None:
         """In a forked child: the file is the parent's; drop it unwritten (``base.abandon_file``)."""

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ...timeline.arrays import distinct
 from ...timeline.spans import STATUS_ERROR
 from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
+from ...timeline.arrays import distinct, unique
 from ..processes import device_pid
 from .layout import Pool
 from ...timeline.sites import STACK
@@ -218,8 +218,7 @@ class Tracks:
         if (key == first).all():
             uniq, inverse = [int(first)], None
         else:
-            u = distinct(key)
-            inverse = np.searchsorted(u, key)
+            u, _, inverse = unique(key)
             uniq = u.tolist()
         get = self._prefixes.get
         ids = [get(k) for k in uniq]
@@ -230,9 +229,9 @@ class Tracks:
 
     def _site_prefix_ids(self, tables: Any, key: np.ndarray, sites: np.ndarray) -> np.ndarray:
         """``prefix_ids`` of rows with call sites: one template per distinct (prefix key, site)."""
-        u, inverse = np.unique(key, return_inverse=True)
+        u, _, inverse = unique(key)
         m = len(tables.sites.values) + 1
-        u2, inv2 = np.unique(inverse.astype(np.int64) * m + sites + 1, return_inverse=True)
+        u2, inv2 = distinct(inverse * m + sites + 1)
         get = self._prefixes.get
         ids = []
         for k2 in u2.tolist():

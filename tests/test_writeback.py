@@ -1,0 +1,63 @@
+"""The file sinks start the kernel's writeback of what they flush (``export.base.start_writeback``), so
+``close()``'s fsync waits only for the last flush's bytes; the bytes in the file stay the same."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import pytest
+
+import cltrace
+from cltrace.export import base, chrome
+from cltrace.export.perfetto import sink as perfetto_sink
+
+
+def test_start_writeback_returns_the_end_and_leaves_the_bytes(tmp_path: Any) -> None:
+    path = tmp_path / "f.bin"
+    with open(path, "wb") as fh:
+        fh.write(b"x" * 100_000)
+        fh.flush()
+        end = base.start_writeback(fh, 0)
+        assert end == 100_000
+        assert base.start_writeback(fh, end) == end  # nothing new: nothing to start
+        fh.write(b"y" * 10)
+        fh.flush()
+        assert base.start_writeback(fh, end) == 100_010
+    assert path.read_bytes() == b"x" * 100_000 + b"y" * 10
+    if sys.platform.startswith("linux"):
+        assert callable(base._sync_file_range)  # the call was found and used
+
+
+@pytest.mark.parametrize("ext, module", [(".json", chrome), (".pftrace", perfetto_sink)])
+def test_each_flush_starts_writeback_of_the_bytes_since_the_last(tmp_path: Any, queue: Any, kernels: Any, ext: str,
+                                                                 module: Any, monkeypatch: Any) -> None:
+    ranges: list[tuple[int, int]] = []
+    real = base.start_writeback
+
+    def spy(fh: Any, since: int) -> int:
+        end = real(fh, since)
+        ranges.append((since, end))
+        return end
+
+    monkeypatch.setattr(module, "start_writeback", spy)
+    path = tmp_path / f"t{ext}"
+    with cltrace.trace(path):
+        for _ in range(3):
+            kernels.launch_add(queue)
+            queue.finish()
+            cltrace.RECORDER.flush()
+    assert ranges, "no writeback started"
+    assert ranges[0][0] == 0
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous: each byte once
+    assert 0 < ranges[-1][1] <= os.path.getsize(path)
+    assert cltrace.analyze(str(path)) is not None  # the file reads back
+
+
+def test_a_file_that_cannot_seek_is_left_alone(tmp_path: Any) -> None:
+    r, w = os.pipe()
+    with os.fdopen(w, "wb") as fh, os.fdopen(r, "rb") as back:
+        fh.write(b"abc")
+        fh.flush()
+        assert base.start_writeback(fh, 0) == 0
+        assert back.read(3) == b"abc"
