@@ -163,8 +163,10 @@ def test_close_waits_at_most_the_failing_timeout_once_exports_fail(protocol: str
     lines = [r.getMessage() for r in caplog.records if r.name == "cltrace"]
     assert all(len(ln) < 200 and "\n" not in ln for ln in lines), lines
     assert sum("spans not delivered" in ln for ln in lines) == 1
-    cause = "no answer within 2 s" if collector_kind == "silent" else "connection refused"
-    assert all(cause in ln for ln in lines), lines
+    # A dead port refuses at once; on a loaded machine the HTTP exporter may give up first, and then it
+    # truly had no answer within its 2 s: either cause is the truth, never a silent one.
+    causes = ("no answer within 2 s",) if collector_kind == "silent" else ("connection refused", "no answer within 2 s")
+    assert all(any(c in ln for c in causes) for ln in lines), lines
 
 
 def test_the_failing_timeout_is_configurable(silent_port: int) -> None:
