@@ -49,6 +49,16 @@ def reset_cltrace() -> None:
     regions._tls.stack.clear()
 
 
+@pytest.fixture()
+def instrumented() -> Iterator[None]:
+    """pyopencl hooked by ``cltrace.instrument()`` for the test, put back after."""
+    cltrace.instrument()
+    try:
+        yield
+    finally:
+        cltrace.uninstrument()
+
+
 @pytest.fixture(autouse=True)
 def clean_cltrace() -> Iterator[None]:
     reset_cltrace()

@@ -124,15 +124,6 @@ def test_regions_native_and_python(capture_path: str, queue: Any) -> None:
         pytest.fail("the C region is not active")
 
 
-@pytest.fixture()
-def instrumented() -> Iterator[None]:
-    cltrace.instrument()
-    try:
-        yield
-    finally:
-        cltrace.uninstrument()
-
-
 def test_instrumented_pyopencl_and_array_operations(capture_path: str, instrumented: None, queue: Any) -> None:
     import pyopencl.array as cla
 

@@ -6,7 +6,7 @@ new one fails here until it is hooked or put on ``NO_DEVICE_WORK`` with its reas
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pyopencl as cl
@@ -26,15 +26,6 @@ FLOAT4 = cl.ImageFormat(cl.channel_order.RGBA, cl.channel_type.FLOAT)
 
 def exported_enqueues() -> list[str]:
     return sorted(n for n in dir(cl) if n.startswith("enqueue_") and callable(getattr(cl, n)))
-
-
-@pytest.fixture()
-def instrumented() -> Iterator[None]:
-    cltrace.instrument()
-    try:
-        yield
-    finally:
-        cltrace.uninstrument()
 
 
 def calls(ctx: Any, q: Any) -> dict[str, tuple[Callable[[], Any], str, str, int | None]]:

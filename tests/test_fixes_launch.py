@@ -3,7 +3,7 @@ leaves a failed span and raises the same pyopencl error naming the kernel and it
 through ``cltrace.launch``, ``Kernel`` launches and ``instrument()``."""
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import pyopencl as cl
@@ -20,15 +20,6 @@ N = 4096
 def buf(cl_ctx: Any) -> Any:
     return cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR,
                      hostbuf=np.zeros(N, np.float32))
-
-
-@pytest.fixture()
-def instrumented() -> Iterator[None]:
-    cltrace.instrument()
-    try:
-        yield
-    finally:
-        cltrace.uninstrument()
 
 
 def read(queue: Any, buf: Any) -> np.ndarray:

@@ -5,7 +5,7 @@ uninstrument restores pyopencl exactly."""
 from __future__ import annotations
 
 import warnings
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -23,15 +23,6 @@ TWICE = "__kernel void twice(__global float *a) { a[get_global_id(0)] *= 2.0f; }
 
 PATCHED = [(_cl, "enqueue_nd_range_kernel"), (cl, "enqueue_nd_range_kernel"), (cl, "enqueue_copy"),
            (cl, "enqueue_fill_buffer"), (cl.Program, "build"), (cl, "CommandQueue")]
-
-
-@pytest.fixture()
-def instrumented() -> Iterator[None]:
-    cltrace.instrument()
-    try:
-        yield
-    finally:
-        cltrace.uninstrument()
 
 
 def test_uninstrument_restores_every_attribute_exactly() -> None:

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyopencl as cl
@@ -36,15 +36,6 @@ def ctx() -> Any:
 
 def label(ctx: Any) -> str:
     return f"context {RECORDER.memory.context_key(ctx)}"
-
-
-@pytest.fixture()
-def instrumented() -> Iterator[None]:
-    cltrace.instrument()
-    try:
-        yield
-    finally:
-        cltrace.uninstrument()
 
 
 def live_values(ctx: Any) -> list[int]:
