@@ -42,7 +42,7 @@ def work(n):
     for _ in range(n):
         knl(q, (1024,), None, a)
     q.finish()
-    print("LAUNCHED", os.getpid(), n, flush=True)
+    os.write(1, f"LAUNCHED {os.getpid()} {n}\\n".encode())  # one write: atomic on a pipe, lines never interleave
 
 
 if __name__ == "__main__":
