@@ -30,7 +30,7 @@ from cltrace.timeline import passes, stamps
 STAGES = ("resolve", "stats", "json", "pftrace")
 
 
-def run(recs: list, tmp: str, tag: str, pr: cProfile.Profile | None = None) -> dict[str, tuple[float, float]]:
+def run(recs: list, tmp: str, tag: str, pr: cProfile.Profile | None = None, step: int = 4096) -> dict[str, tuple[float, float]]:
     """The worker's job on ``recs``: (wall, CPU) seconds per stage, and of closing both files."""
     js = ChromeTraceSink(os.path.join(tmp, f"{tag}.json"))
     pf = PerfettoTraceSink(os.path.join(tmp, f"{tag}.pftrace"))
@@ -40,9 +40,9 @@ def run(recs: list, tmp: str, tag: str, pr: cProfile.Profile | None = None) -> d
     cpu = dict(wall)
     if pr is not None:
         pr.enable()
-    for i in range(0, len(recs), 4096):
+    for i in range(0, len(recs), step):
         marks = [(time.perf_counter(), time.thread_time())]
-        b = RECORDER.resolver.resolve(recs[i:i + 4096], block=False)
+        b = RECORDER.resolver.resolve(recs[i:i + step], block=False)
         marks.append((time.perf_counter(), time.thread_time()))
         RECORDER.stats.add(b)
         marks.append((time.perf_counter(), time.thread_time()))
@@ -68,11 +68,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spans", type=int, default=100_000)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--batch", type=int, default=4096, help="records resolved per step")
+    ap.add_argument("--tickets", action="store_true", help="records hold the reaper's tickets (default: their events)")
     a = ap.parse_args()
     q = cltrace.profiling_queue()
     k = cl.Program(q.context, "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }").build().k
     buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
-    RECORDER.configure(max_pending=20 * a.spans, resolve_interval_s=3600)
+    RECORDER.configure(max_pending=20 * a.spans, resolve_interval_s=3600,
+                       tickets_above=0 if a.tickets else 1 << 62)
     _state.ENABLED = True
     for _ in range(2 * a.spans // 10):
         with cltrace.region("step", q):
@@ -83,18 +86,19 @@ def main() -> None:
     recs = list(RECORDER.pending)
     RECORDER.pending.clear()
     half = len(recs) // 2
-    evs = [e for r in recs[:half] for e in (r[9], r[10]) if e is not None]
-    t0 = time.perf_counter()
-    h = stamps.handles(evs)
-    t1 = time.perf_counter()
-    stamps.read(h)
-    t2 = time.perf_counter()
     print(f"resolver passes: {passes.DETAIL}; json encoder: {chrome_lines.DETAIL}; pftrace encoder: {encoder.DETAIL}")
-    print(f"stamps {stamps.DETAIL}: handles {len(evs) / (t1 - t0):,.0f}/s, read {len(evs) / (t2 - t1):,.0f} events/s")
+    if not a.tickets:
+        evs = [e for r in recs[:half] for e in (r[9], r[10]) if e is not None]
+        t0 = time.perf_counter()
+        h = stamps.handles(evs)
+        t1 = time.perf_counter()
+        stamps.read(h)
+        t2 = time.perf_counter()
+        print(f"stamps {stamps.DETAIL}: handles {len(evs) / (t1 - t0):,.0f}/s, read {len(evs) / (t2 - t1):,.0f} events/s")
     pr = cProfile.Profile()
     with tempfile.TemporaryDirectory() as tmp:
-        plain = run(recs[:half], tmp, "plain")
-        profiled = run(recs[half:], tmp, "profiled", pr)
+        plain = run(recs[:half], tmp, "plain", step=a.batch)
+        profiled = run(recs[half:], tmp, "profiled", pr, step=a.batch)
     n = half
     rows = [("stage", "spans/s wall", "spans/s CPU", "ns/span CPU", "spans/s profiled")]
     for key in STAGES + ("close",):
