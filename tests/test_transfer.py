@@ -30,3 +30,18 @@ def test_copy_with_tracing_off_records_nothing(queue):
     buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, host.nbytes)
     cltrace.copy(queue, buf, host, is_blocking=True)
     assert RECORDER.spans() == []
+
+
+def test_copy_between_buffers_traced_and_untraced(queue):
+    host = np.arange(256, dtype=np.float32)
+    a = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=host)
+    b = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, host.nbytes)
+    c = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, host.nbytes)
+    cltrace.copy(queue, b, a)  # off: a buffer-to-buffer copy takes no is_blocking
+    with cltrace.trace():
+        cltrace.copy(queue, c, b, "d2d")
+    out = np.empty_like(host)
+    cl.enqueue_copy(queue, out, c)
+    assert (out == host).all()
+    (s,) = [s for s in RECORDER.spans() if s.name == "d2d"]
+    assert s.cat == "transfer" and s.source == "device" and s.attrs == {"bytes": host.nbytes}

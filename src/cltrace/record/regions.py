@@ -356,8 +356,10 @@ def _launch_attrs(global_size: Any, local_size: Any) -> dict[str, Any]:
 
 def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any) -> Any:
     """``cl.enqueue_copy`` (non-blocking unless ``is_blocking=True``), recorded as a "transfer"
-    span with its byte count when tracing is on. Returns the event."""
-    kwargs.setdefault("is_blocking", False)
+    span with its byte count when tracing is on. Returns the event. A copy between two memory objects
+    (buffer, image) takes no ``is_blocking``: it never blocks the host."""
+    if not (isinstance(dest, cl.MemoryObjectHolder) and isinstance(src, cl.MemoryObjectHolder)):
+        kwargs.setdefault("is_blocking", False)
     if not _state.ENABLED or _state.INSTRUMENTED:
         return cl.enqueue_copy(queue, dest, src, **kwargs)
     nbytes = next((getattr(b, "nbytes", None) for b in (src, dest) if getattr(b, "nbytes", None)), None)
