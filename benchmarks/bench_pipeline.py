@@ -25,6 +25,7 @@ for the fallback's figures.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import resource
@@ -43,6 +44,20 @@ from cltrace.record.recorder import RECORDER
 from cltrace.timeline import passes, stamps
 
 SRC = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
+
+
+SWITCH_S: float | None = None  # --switch-ms: sys.setswitchinterval for the traced runs only
+
+
+@contextlib.contextmanager
+def switched() -> "contextlib.AbstractContextManager[None]":
+    old = sys.getswitchinterval()
+    if SWITCH_S is not None:
+        sys.setswitchinterval(SWITCH_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
 
 
 class Setup:
@@ -103,7 +118,7 @@ def end_to_end(s: Setup, n: int, rounds: int, tmp: str) -> tuple[float, float]:
         off.append(time.perf_counter() - t0)
         RECORDER.clear()
         t0 = time.perf_counter()
-        with cltrace.trace(os.path.join(tmp, f"e{r}.json"), os.path.join(tmp, f"e{r}.pftrace")):
+        with switched(), cltrace.trace(os.path.join(tmp, f"e{r}.json"), os.path.join(tmp, f"e{r}.pftrace")):
             s.loop(n)
         on.append(time.perf_counter() - t0)
     return statistics.median(off), statistics.median(on)
@@ -195,7 +210,7 @@ def stall(s: Setup, seconds: float, tmp: str) -> tuple[float, float]:
         off = run()
     print(f"  GC during the untraced stall run: {g}")
     RECORDER.clear()
-    with GcPauses() as g, cltrace.trace(os.path.join(tmp, "stall.json"), os.path.join(tmp, "stall.pftrace")):
+    with switched(), GcPauses() as g, cltrace.trace(os.path.join(tmp, "stall.json"), os.path.join(tmp, "stall.pftrace")):
         on = run()
     print(f"  GC during the traced stall run: {g}")
     return off, on
@@ -320,11 +335,22 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--capacity-spans", type=int, default=100_000)
     ap.add_argument("--stall-s", type=float, default=3.0)
+    ap.add_argument("--switch-ms", type=float, default=None,
+                    help="sys.setswitchinterval while the end-to-end and stall rows trace (default: unchanged)")
+    ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,torch,stall,region,launch,memory,pftrace,first")
     args = ap.parse_args()
+    global SWITCH_S
+    SWITCH_S = None if args.switch_ms is None else args.switch_ms / 1e3
+    only = set(filter(None, args.only.split(",")))
+
+    def want(name: str) -> bool:
+        return not only or name in only
+
     s = Setup()
     print(f"device: {s.q.device.name.strip()} ({s.q.device.platform.name.strip()}); stamps path: {stamps.PATH}; "
           f"resolver passes: {passes.PATH}; event reaper: {stamps.REAPER_DETAIL}; "
-          f"python {sys.version.split()[0]}")
+          f"python {sys.version.split()[0]}; switch interval while tracing: "
+          f"{'unchanged' if SWITCH_S is None else f'{args.switch_ms:g} ms'}")
     rows: list[tuple[str, str, str, str, str]] = []
 
     def row(name: str, ours: str, base: str, ratio: float | None, target: str) -> None:
@@ -333,29 +359,38 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         s.loop(2000)
-        cap = capacity(s, args.capacity_spans, tmp)
-        row(f"capacity, spans/s ({stamps.PATH})", f"{cap:,.0f}/s", "1,000,000/s (150,000/s fallback)",
-            cap / 1e6, ">= 1 (native) / >= 0.15")
-        off, on = end_to_end(s, args.launches, args.rounds, tmp)
-        row(f"end to end, {args.launches} launches", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
-            "<= 1.10 (GPU) / <= 1.5 (PoCL)")
-        t = torch_end_to_end(args.launches, args.rounds, tmp)
+        if want("capacity"):
+            cap = capacity(s, args.capacity_spans, tmp)
+            row(f"capacity, spans/s ({stamps.PATH})", f"{cap:,.0f}/s", "1,000,000/s (150,000/s fallback)",
+                cap / 1e6, ">= 1 (native) / >= 0.15")
+        if want("e2e"):
+            off, on = end_to_end(s, args.launches, args.rounds, tmp)
+            row(f"end to end, {args.launches} launches", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
+                "<= 1.10 (GPU) / <= 1.5 (PoCL)")
+        t = torch_end_to_end(args.launches, args.rounds, tmp) if want("torch") else None
         if t is not None:
             row(f"torch.profiler, {args.launches} add_", f"{t[1] * 1e3:.1f} ms", f"{t[0] * 1e3:.1f} ms",
                 t[1] / t[0], "(comparison)")
-        off, on = stall(s, args.stall_s, tmp)
-        row("longest stall, 2 threads", f"{on * 1e3:.2f} ms", f"{off * 1e3:.2f} ms", None,
-            "traced - untraced <= 1 ms")
-        r, o = region_vs_otel()
-        row("enabled host region vs OTel SDK span", f"{r * 1e9:.0f} ns", f"{o * 1e9:.0f} ns", r / o, "<= 0.02")
-        lt, lr = launch_vs_raw(s)
-        row("traced Kernel launch vs raw enqueue", f"{lt * 1e9:.0f} ns", f"{lr * 1e9:.0f} ns", lt / lr, "<= 1.2")
-        per, grown = memory(s, min(200_000, 4 * args.launches))
-        row("memory per retained kernel span", f"{per:.0f} B columns", f"{grown:.0f} B RSS growth", None, "<= 128 B")
-        b = pftrace_bytes(s, 20_000, tmp)
-        row(".pftrace bytes per kernel span", f"{b:.1f} B", "60 B", b / 60, "<= 1")
-        fb = first_bytes(s, tmp)
-        row("first span bytes on disk after start()", f"{fb * 1e3:.0f} ms", "1000 ms", fb, "<= 1")
+        if want("stall"):
+            off, on = stall(s, args.stall_s, tmp)
+            row("longest stall, 2 threads", f"{on * 1e3:.2f} ms", f"{off * 1e3:.2f} ms", None,
+                "traced - untraced <= 1 ms")
+        if want("region"):
+            r, o = region_vs_otel()
+            row("enabled host region vs OTel SDK span", f"{r * 1e9:.0f} ns", f"{o * 1e9:.0f} ns", r / o, "<= 0.02")
+        if want("launch"):
+            lt, lr = launch_vs_raw(s)
+            row("traced Kernel launch vs raw enqueue", f"{lt * 1e9:.0f} ns", f"{lr * 1e9:.0f} ns", lt / lr, "<= 1.2")
+        if want("memory"):
+            per, grown = memory(s, min(200_000, 4 * args.launches))
+            row("memory per retained kernel span", f"{per:.0f} B columns", f"{grown:.0f} B RSS growth", None,
+                "<= 128 B")
+        if want("pftrace"):
+            b = pftrace_bytes(s, 20_000, tmp)
+            row(".pftrace bytes per kernel span", f"{b:.1f} B", "60 B", b / 60, "<= 1")
+        if want("first"):
+            fb = first_bytes(s, tmp)
+            row("first span bytes on disk after start()", f"{fb * 1e3:.0f} ms", "1000 ms", fb, "<= 1")
     w = [max(len(r[i]) for r in rows + [("figure", "cltrace", "baseline", "ratio", "target")]) for i in range(5)]
     print()
     for r in [("figure", "cltrace", "baseline", "ratio", "target")] + rows:
