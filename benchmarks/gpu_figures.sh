@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of the closing notes, in one go, on a machine with NVIDIA GPUs and Python but no
 # pyopencl (the lent H200 hosts): wheels carried in .whl/, the C extensions built there.
-#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup devices pipeline reaper noreaper probes fallback stamps profile clock multi tune
+#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup diag devices pipeline reaper noreaper probes fallback stamps profile clock multi tune
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 steps=${*:-setup devices pipeline fallback clock multi tune}
@@ -29,6 +29,12 @@ for step in $steps; do
     profile) python3 benchmarks/profile_pipeline.py --spans 200000 --top 15 2>&1 | tee "$out/profile.txt" ;;
     clock) python3 benchmarks/clock_proof.py --seconds 10 --launches 2000 2>&1 | tail -8 | tee "$out/clock.txt" ;;
     multi) python3 benchmarks/multi_gpu_proof.py "$out/mgpu" 2>&1 | tail -40 | tee "$out/multi.txt" ;;
+    diag)
+      python3 benchmarks/stall_where.py --threads 2 --after-ms 100 > "$out/stall_where.txt" 2>&1; tail -3 "$out/stall_where.txt"
+      for sw in default 0.5; do
+        python3 benchmarks/bench_pipeline.py --only e2e,stall --launches 200000 --rounds 2 --stall-s 3 \
+          $([ $sw = default ] || echo --switch-ms $sw) 2>&1 | tail -4 | tee -a "$out/diag.txt"
+      done ;;
     tune) python3 benchmarks/tune_stability.py --size 2048 --hogs 0 2>&1 | tail -40 | tee "$out/tune.txt" ;;
   esac
 done
