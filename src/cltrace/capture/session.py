@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterator
 from .. import _state
 from ..errors import OutputError
 from ..export.formats import format_for, register_format, sink_for
+from ..record import switch
 from ..record.recorder import RECORDER
 from . import stepper
 from .schedule import Schedule
@@ -140,6 +141,7 @@ def stop() -> None:
         st.detach()
         stepper.set_current(None)
     _uninstall_sigterm()
+    switch.restore()
     if wrote:
         print(f"cltrace: wrote {', '.join(shown(p) for p in wrote)}", file=sys.stderr, flush=True)
 

@@ -44,6 +44,7 @@ from ..timeline.spans import Span
 from ..timeline.stats import Stats
 from ..timeline.steps import StepTable
 from ..timeline.tracks import TrackRegistry
+from . import switch
 from .memory import Ledger
 
 log = logging.getLogger("cltrace")
@@ -94,6 +95,7 @@ class Recorder:
         self.start_unix_ns = time.time_ns()
         self._room = max_pending
         self.tickets_above = tickets_above
+        self.switch_interval_s = switch.from_env()
         self.configure(capacity, overflow, max_pending, flush_interval_s, resolve_interval_s, tickets_above)
         self._worker: threading.Thread | None = None
         self._wake = threading.Event()
@@ -104,10 +106,12 @@ class Recorder:
 
     def configure(self, capacity: int | None = None, overflow: str | None = None,
                   max_pending: int | None = None, flush_interval_s: float | None = None,
-                  resolve_interval_s: float | None = None, tickets_above: int | None = None) -> None:
+                  resolve_interval_s: float | None = None, tickets_above: int | None = None,
+                  switch_interval_s: float | None = None) -> None:
         """Change the memory caps and the worker's pace. ``overflow`` is ``"discard"`` or ``"ring"``;
         ``tickets_above``: records waiting past which new ones hold the reaper's tickets, not events
-        (native path; 0: always)."""
+        (native path; 0: always); ``switch_interval_s``: the interpreter's switch interval while
+        tracing (record/switch.py; 0: leave it alone), from the next start on."""
         if capacity is not None:
             if capacity < 1:
                 raise ValueError("capacity must be >= 1")
@@ -127,6 +131,10 @@ class Recorder:
             if tickets_above < 0:
                 raise ValueError("tickets_above must be >= 0")
             self.tickets_above = tickets_above
+        if switch_interval_s is not None:
+            if not switch_interval_s >= 0:
+                raise ValueError("switch_interval_s must be >= 0 (0: leave the interpreter's alone)")
+            self.switch_interval_s = switch_interval_s
 
     @property
     def dropped(self) -> int:
@@ -184,6 +192,7 @@ class Recorder:
     # ---- the worker -------------------------------------------------------------
     def activate(self) -> None:
         """Start resolving in the background (tracing was switched on)."""
+        switch.lower(self.switch_interval_s)
         self._ensure_worker()
         self._next_flush = time.monotonic() + FIRST_FLUSH_S
 
@@ -427,6 +436,7 @@ class Recorder:
             except Exception as exc:
                 log.warning("cltrace: closing %r failed: %s", sink, exc)
         stamps.stop_reaper()  # before the driver's own exit handlers; later tickets are read inline
+        switch.restore()
 
 
 RECORDER = Recorder()
