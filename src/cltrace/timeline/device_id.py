@@ -11,10 +11,11 @@ extension.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import struct
 from typing import Any
+
+from .stamps import opencl_library
 
 log = logging.getLogger("cltrace")
 
@@ -24,25 +25,12 @@ CL_DEVICE_UUID_KHR = 0x106A  # cl_uchar[16]
 _get_info: Any = None  # clGetDeviceInfo, or False where no OpenCL library could be loaded
 
 
-def _opencl_library() -> str | None:
-    """Path of the OpenCL library this process loaded (pyopencl's), or the system's."""
-    try:
-        with open("/proc/self/maps") as fh:
-            for line in fh:
-                path = line.rsplit(None, 1)[-1]
-                if "libOpenCL" in path and path.startswith("/"):
-                    return path
-    except OSError:
-        pass
-    return ctypes.util.find_library("OpenCL")
-
-
 def raw_device_info(device: Any, param: int, size: int) -> bytes | None:
     """``clGetDeviceInfo(device, param)`` as ``size`` bytes; None if the driver refuses it."""
     global _get_info
     if _get_info is None:
         _get_info = False
-        path = _opencl_library()
+        path = opencl_library()
         try:
             fn = ctypes.CDLL(path).clGetDeviceInfo if path else None
         except (OSError, AttributeError) as exc:

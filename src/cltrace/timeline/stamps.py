@@ -19,6 +19,7 @@ the Events in the records instead.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from itertools import compress, repeat
@@ -194,8 +195,10 @@ PYTHON = Impl(_python_handles, _python_read, _python_wait, _python_transpose, _p
 
 # --- native: the C extension -------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=1)
 def opencl_library() -> str | None:
-    """Path of the OpenCL library pyopencl has loaded (from /proc/self/maps), else the system's."""
+    """Path of the OpenCL library pyopencl has loaded (from /proc/self/maps), else the system's.
+    Read once: the extension's init and device identification (on the worker) share it."""
     import ctypes.util
 
     import pyopencl
