@@ -81,6 +81,77 @@ ready(void)
     return 1;
 }
 
+/* Python ints to C. PyLong_AsLongLong and PyLong_AsUnsignedLongLong go through _PyLong_AsByteArray for
+ * every int of more than one 30-bit digit (stamps, thread keys, pointers: all of them here), a byte loop
+ * that measured as the pass's largest cost; PyLong_AsLongLongAndOverflow folds the digits directly. */
+static inline int
+as_i64(PyObject *v, int64_t *out)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "columns: a record's integer field does not fit in int64");
+        return -1;
+    }
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+static inline int
+as_u64(PyObject *v, uint64_t *out)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) { /* at or above 2**63: the slow, exact conversion */
+        *out = (uint64_t)PyLong_AsUnsignedLongLong(v);
+        return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+    }
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (x < 0) {
+        PyErr_SetString(PyExc_OverflowError, "a handle is negative");
+        return -1;
+    }
+    *out = (uint64_t)x;
+    return 0;
+}
+
+/* ``ev.int_ptr`` without the attribute protocol: pyopencl's Event exposes it as a property, so the getter of
+ * the last event type seen is called directly (looked up again whenever the type changes, each call of
+ * ``columns``), and anything else is asked through getattr. */
+typedef struct {
+    PyTypeObject *type; /* borrowed: the records hold instances of it for the whole call */
+    PyObject *fget;     /* owned, or NULL: the type's int_ptr is not a plain property */
+} getter_cache;
+
+static int
+handle_of(PyObject *ev, PyObject *attr, getter_cache *gc, uint64_t *out)
+{
+    PyTypeObject *tp = Py_TYPE(ev);
+    if (tp != gc->type) {
+        Py_CLEAR(gc->fget);
+        gc->type = tp;
+        PyObject *descr = PyObject_GetAttr((PyObject *)tp, attr);
+        if (descr == NULL)
+            PyErr_Clear();
+        else if (Py_IS_TYPE(descr, &PyProperty_Type))
+            gc->fget = PyObject_GetAttrString(descr, "fget");
+        if (gc->fget == NULL || gc->fget == Py_None) {
+            PyErr_Clear();
+            Py_CLEAR(gc->fget);
+        }
+        Py_XDECREF(descr);
+    }
+    PyObject *v = gc->fget != NULL ? PyObject_Vectorcall(gc->fget, &ev, 1, NULL) : PyObject_GetAttr(ev, attr);
+    if (v == NULL)
+        return -1;
+    int err = as_u64(v, out);
+    Py_DECREF(v);
+    return err;
+}
+
 static PyObject *
 stamps_handles(PyObject *self, PyObject *args)
 {
@@ -103,19 +174,15 @@ stamps_handles(PyObject *self, PyObject *args)
         goto fail;
     PyObject **items = PySequence_Fast_ITEMS(seq);
     uint64_t *dst = (uint64_t *)out.buf;
+    getter_cache getter = {NULL, NULL};
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyObject_GetAttr(items[i], name);
-        if (v == NULL) {
-            Py_DECREF(name);
-            goto fail;
-        }
-        dst[i] = (uint64_t)PyLong_AsUnsignedLongLong(v);
-        Py_DECREF(v);
-        if (dst[i] == (uint64_t)-1 && PyErr_Occurred()) {
+        if (handle_of(items[i], name, &getter, &dst[i])) {
+            Py_XDECREF(getter.fget);
             Py_DECREF(name);
             goto fail;
         }
     }
+    Py_XDECREF(getter.fget);
     Py_DECREF(name);
     Py_DECREF(seq);
     PyBuffer_Release(&out);
@@ -292,16 +359,6 @@ enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_F
 enum { F_DEV = 1, F_TWO = 2, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16, F_TICKETS = 32 };
 
 static int
-as_i64(PyObject *v, int64_t *out)
-{
-    long long x = PyLong_AsLongLong(v);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
-    *out = (int64_t)x;
-    return 0;
-}
-
-static int
 lookup(PyObject *dict, PyObject *key, int64_t *out)
 {
     PyObject *v = PyDict_GetItemWithError(dict, key);
@@ -334,23 +391,13 @@ lookup_cached(PyObject *dict, PyObject *key, last_seen *last, int64_t *out)
     return 0;
 }
 
-static int
-handle_of(PyObject *ev, PyObject *attr, uint64_t *out)
-{
-    PyObject *v = PyObject_GetAttr(ev, attr);
-    if (v == NULL)
-        return -1;
-    *out = (uint64_t)PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
-    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
-}
-
 static PyObject *
 stamps_columns(PyObject *self, PyObject *args)
 {
     PyObject *records, *names, *cats, *paths;
     Py_buffer ib, hb;
     last_seen last_name = {NULL, -1}, last_cat = {NULL, -1}, last_path = {NULL, -1};
+    getter_cache getter = {NULL, NULL};
     if (!PyArg_ParseTuple(args, "O!w*w*O!O!O!:columns", &PyList_Type, &records, &ib, &hb, &PyDict_Type, &names,
                           &PyDict_Type, &cats, &PyDict_Type, &paths))
         return NULL;
@@ -394,19 +441,19 @@ stamps_columns(PyObject *self, PyObject *args)
             flags |= F_DEV;
             if (PyLong_CheckExact(f[9])) { /* the reaper's tickets (the hot path traded the events for them) */
                 flags |= F_TICKETS;
-                h0[i] = (uint64_t)PyLong_AsUnsignedLongLong(f[9]);
+                if (as_u64(f[9], &h0[i]))
+                    goto fail;
                 if (f[10] != Py_None) {
                     flags |= F_TWO;
-                    h1[i] = (uint64_t)PyLong_AsUnsignedLongLong(f[10]);
+                    if (as_u64(f[10], &h1[i]))
+                        goto fail;
                 }
-                if (PyErr_Occurred())
-                    goto fail;
             } else {
-                if (handle_of(f[9], attr, &h0[i]))
+                if (handle_of(f[9], attr, &getter, &h0[i]))
                     goto fail;
                 if (f[10] != Py_None) {
                     flags |= F_TWO;
-                    if (handle_of(f[10], attr, &h1[i]))
+                    if (handle_of(f[10], attr, &getter, &h1[i]))
                         goto fail;
                 }
             }
@@ -418,11 +465,13 @@ stamps_columns(PyObject *self, PyObject *args)
         c[C_FLAGS * n + i] = flags;
     }
     Py_DECREF(attr);
+    Py_XDECREF(getter.fget);
     PyBuffer_Release(&ib);
     PyBuffer_Release(&hb);
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(attr);
+    Py_XDECREF(getter.fget);
     PyBuffer_Release(&ib);
     PyBuffer_Release(&hb);
     return NULL;
