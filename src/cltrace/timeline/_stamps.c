@@ -391,44 +391,29 @@ lookup_cached(PyObject *dict, PyObject *key, last_seen *last, int64_t *out)
     return 0;
 }
 
-static PyObject *
-stamps_columns(PyObject *self, PyObject *args)
+/* Rows [lo, hi) of ``columns`` (the GIL held). */
+static int
+fill_rows(PyObject *records, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, int64_t *c, uint64_t *h0, uint64_t *h1,
+          PyObject *names, PyObject *cats, PyObject *paths, PyObject *attr, last_seen *lasts, getter_cache *getter)
 {
-    PyObject *records, *names, *cats, *paths;
-    Py_buffer ib, hb;
-    last_seen last_name = {NULL, -1}, last_cat = {NULL, -1}, last_path = {NULL, -1};
-    getter_cache getter = {NULL, NULL};
-    if (!PyArg_ParseTuple(args, "O!w*w*O!O!O!:columns", &PyList_Type, &records, &ib, &hb, &PyDict_Type, &names,
-                          &PyDict_Type, &cats, &PyDict_Type, &paths))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(records);
-    PyObject *attr = NULL;
-    if (ib.len != n * N_COLS * (Py_ssize_t)sizeof(int64_t) || hb.len != n * 2 * (Py_ssize_t)sizeof(uint64_t)) {
-        PyErr_Format(PyExc_ValueError, "columns: need int64[%d, N] and uint64[2, N] buffers for N=%zd", N_COLS, n);
-        goto fail;
-    }
-    attr = PyUnicode_InternFromString("int_ptr");
-    if (attr == NULL)
-        goto fail;
-    int64_t *c = (int64_t *)ib.buf;
-    uint64_t *h0 = (uint64_t *)hb.buf, *h1 = h0 + n;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    last_seen *last_name = &lasts[0], *last_cat = &lasts[1], *last_path = &lasts[2];
+    for (Py_ssize_t i = lo; i < hi; i++) {
         PyObject *r = PyList_GET_ITEM(records, i);
         if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 15) {
             PyErr_SetString(PyExc_TypeError, "columns: records must be tuples of at least 15 fields");
-            goto fail;
+            return -1;
         }
         PyObject **f = &PyTuple_GET_ITEM(r, 0);
         if (as_i64(f[2], &c[C_ID * n + i]) || as_i64(f[3], &c[C_PARENT * n + i]) || as_i64(f[6], &c[C_HB * n + i]) ||
-            as_i64(f[7], &c[C_HE * n + i]) || lookup_cached(names, f[1], &last_name, &c[C_NAME * n + i]) ||
-            lookup_cached(cats, f[0], &last_cat, &c[C_CAT * n + i]) ||
-            lookup_cached(paths, f[4], &last_path, &c[C_PATH * n + i]))
-            goto fail;
+            as_i64(f[7], &c[C_HE * n + i]) || lookup_cached(names, f[1], last_name, &c[C_NAME * n + i]) ||
+            lookup_cached(cats, f[0], last_cat, &c[C_CAT * n + i]) ||
+            lookup_cached(paths, f[4], last_path, &c[C_PATH * n + i]))
+            return -1;
         int64_t flags = 0;
         int overflow = 0;
         long long key = PyLong_AsLongLongAndOverflow(f[5], &overflow);
         if (key == -1 && PyErr_Occurred())
-            goto fail;
+            return -1;
         if (overflow) { /* a reused thread ident's key (generation above bit 64): the caller reads it */
             flags |= F_BIG_THREAD;
             key = 0;
@@ -442,19 +427,19 @@ stamps_columns(PyObject *self, PyObject *args)
             if (PyLong_CheckExact(f[9])) { /* the reaper's tickets (the hot path traded the events for them) */
                 flags |= F_TICKETS;
                 if (as_u64(f[9], &h0[i]))
-                    goto fail;
+                    return -1;
                 if (f[10] != Py_None) {
                     flags |= F_TWO;
                     if (as_u64(f[10], &h1[i]))
-                        goto fail;
+                        return -1;
                 }
             } else {
-                if (handle_of(f[9], attr, &getter, &h0[i]))
-                    goto fail;
+                if (handle_of(f[9], attr, getter, &h0[i]))
+                    return -1;
                 if (f[10] != Py_None) {
                     flags |= F_TWO;
-                    if (handle_of(f[10], attr, &getter, &h1[i]))
-                        goto fail;
+                    if (handle_of(f[10], attr, getter, &h1[i]))
+                        return -1;
                 }
             }
         }
@@ -464,17 +449,116 @@ stamps_columns(PyObject *self, PyObject *args)
             flags |= F_ATTRS;
         c[C_FLAGS * n + i] = flags;
     }
+    return 0;
+}
+
+/* Rows [lo, hi): status and stamps of the records' events, read without the GIL (tickets' rows are left at 0
+ * for the caller, who peeks the reaper). A region's two markers make one row: START is the first marker's END,
+ * END the second's; the status is the first failure, else the later of the two. */
+static void
+read_rows(Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, const int64_t *c, const uint64_t *h0, const uint64_t *h1,
+          int32_t *status, int64_t *st)
+{
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        int64_t flags = c[C_FLAGS * n + i], *row = st + 4 * i;
+        row[0] = row[1] = row[2] = row[3] = 0;
+        status[i] = 0;
+        if (!(flags & F_DEV) || (flags & F_TICKETS))
+            continue;
+        cl_int s0 = read_one((cl_event)(uintptr_t)h0[i], row);
+        if (!(flags & F_TWO)) {
+            status[i] = s0;
+            continue;
+        }
+        int64_t second[4] = {0, 0, 0, 0};
+        cl_int s1 = read_one((cl_event)(uintptr_t)h1[i], second);
+        row[2] = row[3];
+        row[3] = second[3];
+        status[i] = s0 < 0 ? s0 : s1 < 0 ? s1 : (s0 > s1 ? s0 : s1);
+    }
+}
+
+static int
+list_changed(PyObject *records, Py_ssize_t n)
+{
+    if (PyList_GET_SIZE(records) == n)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "columns: the records list changed size while it was read");
+    return 1;
+}
+
+/* ``columns`` in chunks, the GIL released between them (and, with ``read``, while each chunk's stamps are read:
+ * right after their handles, the events' memory is still at hand). */
+enum { CHUNK = 512 };
+
+static PyObject *
+columns_impl(PyObject *args, int read)
+{
+    PyObject *records, *names, *cats, *paths;
+    Py_buffer ib, hb, sb = {0}, tb = {0};
+    last_seen lasts[3] = {{NULL, -1}, {NULL, -1}, {NULL, -1}};
+    getter_cache getter = {NULL, NULL};
+    if (read && !ready())
+        return NULL;
+    if (read ? !PyArg_ParseTuple(args, "O!w*w*O!O!O!w*w*:columns_read", &PyList_Type, &records, &ib, &hb, &PyDict_Type,
+                                 &names, &PyDict_Type, &cats, &PyDict_Type, &paths, &sb, &tb)
+             : !PyArg_ParseTuple(args, "O!w*w*O!O!O!:columns", &PyList_Type, &records, &ib, &hb, &PyDict_Type, &names,
+                                 &PyDict_Type, &cats, &PyDict_Type, &paths))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    PyObject *attr = NULL;
+    if (ib.len != n * N_COLS * (Py_ssize_t)sizeof(int64_t) || hb.len != n * 2 * (Py_ssize_t)sizeof(uint64_t) ||
+        (read && (sb.len != n * (Py_ssize_t)sizeof(int32_t) || tb.len != n * 4 * (Py_ssize_t)sizeof(int64_t)))) {
+        PyErr_Format(PyExc_ValueError, "columns: need int64[%d, N] and uint64[2, N] buffers (and for columns_read "
+                     "int32[N] and int64[N, 4]) for N=%zd", N_COLS, n);
+        goto fail;
+    }
+    attr = PyUnicode_InternFromString("int_ptr");
+    if (attr == NULL)
+        goto fail;
+    int64_t *c = (int64_t *)ib.buf;
+    uint64_t *h0 = (uint64_t *)hb.buf, *h1 = h0 + n;
+    for (Py_ssize_t lo = 0; lo < n; lo += CHUNK) {
+        Py_ssize_t hi = lo + CHUNK < n ? lo + CHUNK : n;
+        if (list_changed(records, n) ||
+            fill_rows(records, lo, hi, n, c, h0, h1, names, cats, paths, attr, lasts, &getter))
+            goto fail;
+        Py_BEGIN_ALLOW_THREADS
+        if (read)
+            read_rows(lo, hi, n, c, h0, h1, (int32_t *)sb.buf, (int64_t *)tb.buf);
+        Py_END_ALLOW_THREADS
+    }
     Py_DECREF(attr);
     Py_XDECREF(getter.fget);
     PyBuffer_Release(&ib);
     PyBuffer_Release(&hb);
+    if (read) {
+        PyBuffer_Release(&sb);
+        PyBuffer_Release(&tb);
+    }
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(attr);
     Py_XDECREF(getter.fget);
     PyBuffer_Release(&ib);
     PyBuffer_Release(&hb);
+    if (read) {
+        PyBuffer_Release(&sb);
+        PyBuffer_Release(&tb);
+    }
     return NULL;
+}
+
+static PyObject *
+stamps_columns(PyObject *self, PyObject *args)
+{
+    return columns_impl(args, 0);
+}
+
+static PyObject *
+stamps_columns_read(PyObject *self, PyObject *args)
+{
+    return columns_impl(args, 1);
 }
 
 static PyObject *
@@ -510,6 +594,7 @@ static PyMethodDef methods[] = {
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
     {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps): fill status int32[N] and stamps int64[N, 4]."},
     {"columns", stamps_columns, METH_VARARGS, "columns(records, ints, handles, names, cats, paths): the resolver's first pass."},
+    {"columns_read", stamps_columns_read, METH_VARARGS, "columns_read(records, ints, handles, names, cats, paths, status, stamps): columns() and the events' stamps (a region's two markers combined), in one pass."},
     {"wait", stamps_wait, METH_VARARGS, "wait(handles): wait for every event; a failed one does not stop the rest."},
     {"transpose", stamps_transpose, METH_O, "transpose(records): list(zip(*records)) in one pass."},
     {NULL, NULL, 0, NULL},
