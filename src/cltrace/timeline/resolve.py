@@ -52,7 +52,9 @@ class Resolver:
         # device extents of resolved children whose region is not resolved yet
         self._extents = self._passes.Extents()
         self._launch_paths: dict[tuple[int, int], int] = {}  # (region path id, name id) -> a launch's path id
-        self._region_cats = np.fromiter(sorted(self.tables.region_cats), np.int16)
+        # category id -> whether it is a region's (the region categories are interned first: small ids)
+        self._region_lut = np.zeros(max(self.tables.region_cats) + 2, bool)
+        self._region_lut[sorted(self.tables.region_cats)] = True
         self._failed = np.zeros(0, np.int8)  # the batch in hand: which failed commands are known failures
 
     def queue_info(self, queue: Any, thread: int) -> tuple[int, Any, Any]:
@@ -184,7 +186,7 @@ class Resolver:
             "site": self._sites(todo, ints[C.C_SITE]),
             "thread": self._threads(todo, ints[C.C_THREAD], flags),
         }
-        region = np.isin(out["cat"], self._region_cats)
+        region = self._region_lut[np.minimum(out["cat"], len(self._region_lut) - 1)]
         out["path"] = self._paths(todo, ints[C.C_PATH], out["name"], region)
         attrs = list(map(_ATTRS, todo)) if (flags & C.F_ATTRS).any() else [None] * n
         errors: dict[int, str] = {}
