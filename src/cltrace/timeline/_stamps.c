@@ -11,6 +11,9 @@
  *   columns(records, ints, handles, names, cats, paths)
  *                                     one pass over raw records (see below) into int64 columns and
  *                                     the events' handles, instead of a transpose and a dozen passes
+ *   columns_read(records, ints, handles, names, cats, paths, status, stamps)
+ *                                     the same, and each record's stamps (a region's two markers in one
+ *                                     row), read chunk by chunk without the GIL right after the handles
  *   wait(handles)                     clWaitForEvents on all of them; on an error (a failed command),
  *                                     waits on each one alone so the others still complete
  *
