@@ -263,3 +263,51 @@ def test_transpose_gives_the_columns_of_the_records_on_both_paths() -> None:
             impl.transpose([(1, 2), (3,)])
         with pytest.raises(TypeError):
             impl.transpose([(1, 2), [3, 4]])
+
+
+def test_columns_read_gives_columns_and_each_records_stamps_across_chunks(impl: stamps.Impl, cl_ctx: Any,
+                                                                          queue: Any, kernels: Any) -> None:
+    """``columns_read`` (the resolver's one pass) = ``columns`` + ``read`` of each record's events, a region's
+    two markers combined into one row (START: the first marker's END, END: the second's; the first failure,
+    else the later status), over more records than one GIL-free chunk (512) holds; native = Python."""
+    gate, bad = cl.UserEvent(cl_ctx), cl.UserEvent(cl_ctx)
+    gated_q = cl.CommandQueue(cl_ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
+    done = mixed_commands(queue, kernels)
+    held = kernels.add(gated_q, (kernels.n,), None, kernels.a, kernels.b, wait_for=[gate])
+    failing = kernels.add(gated_q, (kernels.n,), None, kernels.a, kernels.b, wait_for=[bad])
+    bad.set_status(-14)
+    queue.finish()
+    site = (None, 1)
+    rng = np.random.default_rng(3)
+    records, pairs = [], []
+    for i in range(1300):
+        pick = int(rng.integers(6))
+        e0 = done[i % len(done)]
+        e1 = (None, done[(i + 1) % len(done)], held, failing, None, None)[pick]
+        if pick == 5:  # host only
+            e0 = None
+        q = None if e0 is None else queue
+        records.append(("kernel", f"k{i % 7}", i + 1, 0, ("p",), 7, 10 * i, 10 * i + 5, q, e0, e1,
+                        None, None, None, site))
+        pairs.append((e0, e1))
+    ints, hs, status, raw = impl.columns_read(records, {}, {}, {})
+    want_ints, want_hs = impl.columns(records, {}, {}, {})
+    assert np.array_equal(ints, want_ints) and np.array_equal(hs, want_hs)
+    for i, (e0, e1) in enumerate(pairs):
+        if e0 is None:
+            assert status[i] == 0 and not raw[i].any()
+            continue
+        s0, r0 = impl.read(impl.handles([e0]))
+        if e1 is None:
+            assert (status[i], raw[i].tolist()) == (s0[0], r0[0].tolist()), i
+            continue
+        s1, r1 = impl.read(impl.handles([e1]))
+        want = s0[0] if s0[0] < 0 else s1[0] if s1[0] < 0 else max(s0[0], s1[0])
+        assert status[i] == want, i
+        assert raw[i].tolist() == [r0[0, 0], r0[0, 1], r0[0, 3], r1[0, 3]], i
+    assert {int(s) for s in status} >= {0, 3, held.command_execution_status, failing.command_execution_status}
+    if impl is not stamps.PYTHON:
+        p = stamps.PYTHON.columns_read(records, {}, {}, {})
+        assert all(np.array_equal(a, b) for a, b in zip((ints, hs, status, raw), p))
+    gate.set_status(COMPLETE)
+    gated_q.finish()

@@ -11,6 +11,9 @@
  *   columns(records, ints, handles, names, cats, paths)
  *                                     one pass over raw records (see below) into int64 columns and
  *                                     the events' handles, instead of a transpose and a dozen passes
+ *   columns_read(records, ints, handles, names, cats, paths, status, stamps)
+ *                                     the same, and each record's stamps (a region's two markers in one
+ *                                     row), read chunk by chunk without the GIL right after the handles
  *   wait(handles)                     clWaitForEvents on all of them; on an error (a failed command),
  *                                     waits on each one alone so the others still complete
  *
@@ -81,6 +84,77 @@ ready(void)
     return 1;
 }
 
+/* Python ints to C. PyLong_AsLongLong and PyLong_AsUnsignedLongLong go through _PyLong_AsByteArray for
+ * every int of more than one 30-bit digit (stamps, thread keys, pointers: all of them here), a byte loop
+ * that measured as the pass's largest cost; PyLong_AsLongLongAndOverflow folds the digits directly. */
+static inline int
+as_i64(PyObject *v, int64_t *out)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) {
+        PyErr_SetString(PyExc_OverflowError, "columns: a record's integer field does not fit in int64");
+        return -1;
+    }
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    *out = (int64_t)x;
+    return 0;
+}
+
+static inline int
+as_u64(PyObject *v, uint64_t *out)
+{
+    int overflow;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) { /* at or above 2**63: the slow, exact conversion */
+        *out = (uint64_t)PyLong_AsUnsignedLongLong(v);
+        return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
+    }
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (x < 0) {
+        PyErr_SetString(PyExc_OverflowError, "a handle is negative");
+        return -1;
+    }
+    *out = (uint64_t)x;
+    return 0;
+}
+
+/* ``ev.int_ptr`` without the attribute protocol: pyopencl's Event exposes it as a property, so the getter of
+ * the last event type seen is called directly (looked up again whenever the type changes, each call of
+ * ``columns``), and anything else is asked through getattr. */
+typedef struct {
+    PyTypeObject *type; /* borrowed: the records hold instances of it for the whole call */
+    PyObject *fget;     /* owned, or NULL: the type's int_ptr is not a plain property */
+} getter_cache;
+
+static int
+handle_of(PyObject *ev, PyObject *attr, getter_cache *gc, uint64_t *out)
+{
+    PyTypeObject *tp = Py_TYPE(ev);
+    if (tp != gc->type) {
+        Py_CLEAR(gc->fget);
+        gc->type = tp;
+        PyObject *descr = PyObject_GetAttr((PyObject *)tp, attr);
+        if (descr == NULL)
+            PyErr_Clear();
+        else if (Py_IS_TYPE(descr, &PyProperty_Type))
+            gc->fget = PyObject_GetAttrString(descr, "fget");
+        if (gc->fget == NULL || gc->fget == Py_None) {
+            PyErr_Clear();
+            Py_CLEAR(gc->fget);
+        }
+        Py_XDECREF(descr);
+    }
+    PyObject *v = gc->fget != NULL ? PyObject_Vectorcall(gc->fget, &ev, 1, NULL) : PyObject_GetAttr(ev, attr);
+    if (v == NULL)
+        return -1;
+    int err = as_u64(v, out);
+    Py_DECREF(v);
+    return err;
+}
+
 static PyObject *
 stamps_handles(PyObject *self, PyObject *args)
 {
@@ -103,19 +177,15 @@ stamps_handles(PyObject *self, PyObject *args)
         goto fail;
     PyObject **items = PySequence_Fast_ITEMS(seq);
     uint64_t *dst = (uint64_t *)out.buf;
+    getter_cache getter = {NULL, NULL};
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *v = PyObject_GetAttr(items[i], name);
-        if (v == NULL) {
-            Py_DECREF(name);
-            goto fail;
-        }
-        dst[i] = (uint64_t)PyLong_AsUnsignedLongLong(v);
-        Py_DECREF(v);
-        if (dst[i] == (uint64_t)-1 && PyErr_Occurred()) {
+        if (handle_of(items[i], name, &getter, &dst[i])) {
+            Py_XDECREF(getter.fget);
             Py_DECREF(name);
             goto fail;
         }
     }
+    Py_XDECREF(getter.fget);
     Py_DECREF(name);
     Py_DECREF(seq);
     PyBuffer_Release(&out);
@@ -292,16 +362,6 @@ enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_F
 enum { F_DEV = 1, F_TWO = 2, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16, F_TICKETS = 32 };
 
 static int
-as_i64(PyObject *v, int64_t *out)
-{
-    long long x = PyLong_AsLongLong(v);
-    if (x == -1 && PyErr_Occurred())
-        return -1;
-    *out = (int64_t)x;
-    return 0;
-}
-
-static int
 lookup(PyObject *dict, PyObject *key, int64_t *out)
 {
     PyObject *v = PyDict_GetItemWithError(dict, key);
@@ -334,54 +394,29 @@ lookup_cached(PyObject *dict, PyObject *key, last_seen *last, int64_t *out)
     return 0;
 }
 
+/* Rows [lo, hi) of ``columns`` (the GIL held). */
 static int
-handle_of(PyObject *ev, PyObject *attr, uint64_t *out)
+fill_rows(PyObject *records, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, int64_t *c, uint64_t *h0, uint64_t *h1,
+          PyObject *names, PyObject *cats, PyObject *paths, PyObject *attr, last_seen *lasts, getter_cache *getter)
 {
-    PyObject *v = PyObject_GetAttr(ev, attr);
-    if (v == NULL)
-        return -1;
-    *out = (uint64_t)PyLong_AsUnsignedLongLong(v);
-    Py_DECREF(v);
-    return (*out == (uint64_t)-1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-static PyObject *
-stamps_columns(PyObject *self, PyObject *args)
-{
-    PyObject *records, *names, *cats, *paths;
-    Py_buffer ib, hb;
-    last_seen last_name = {NULL, -1}, last_cat = {NULL, -1}, last_path = {NULL, -1};
-    if (!PyArg_ParseTuple(args, "O!w*w*O!O!O!:columns", &PyList_Type, &records, &ib, &hb, &PyDict_Type, &names,
-                          &PyDict_Type, &cats, &PyDict_Type, &paths))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(records);
-    PyObject *attr = NULL;
-    if (ib.len != n * N_COLS * (Py_ssize_t)sizeof(int64_t) || hb.len != n * 2 * (Py_ssize_t)sizeof(uint64_t)) {
-        PyErr_Format(PyExc_ValueError, "columns: need int64[%d, N] and uint64[2, N] buffers for N=%zd", N_COLS, n);
-        goto fail;
-    }
-    attr = PyUnicode_InternFromString("int_ptr");
-    if (attr == NULL)
-        goto fail;
-    int64_t *c = (int64_t *)ib.buf;
-    uint64_t *h0 = (uint64_t *)hb.buf, *h1 = h0 + n;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    last_seen *last_name = &lasts[0], *last_cat = &lasts[1], *last_path = &lasts[2];
+    for (Py_ssize_t i = lo; i < hi; i++) {
         PyObject *r = PyList_GET_ITEM(records, i);
         if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 15) {
             PyErr_SetString(PyExc_TypeError, "columns: records must be tuples of at least 15 fields");
-            goto fail;
+            return -1;
         }
         PyObject **f = &PyTuple_GET_ITEM(r, 0);
         if (as_i64(f[2], &c[C_ID * n + i]) || as_i64(f[3], &c[C_PARENT * n + i]) || as_i64(f[6], &c[C_HB * n + i]) ||
-            as_i64(f[7], &c[C_HE * n + i]) || lookup_cached(names, f[1], &last_name, &c[C_NAME * n + i]) ||
-            lookup_cached(cats, f[0], &last_cat, &c[C_CAT * n + i]) ||
-            lookup_cached(paths, f[4], &last_path, &c[C_PATH * n + i]))
-            goto fail;
+            as_i64(f[7], &c[C_HE * n + i]) || lookup_cached(names, f[1], last_name, &c[C_NAME * n + i]) ||
+            lookup_cached(cats, f[0], last_cat, &c[C_CAT * n + i]) ||
+            lookup_cached(paths, f[4], last_path, &c[C_PATH * n + i]))
+            return -1;
         int64_t flags = 0;
         int overflow = 0;
         long long key = PyLong_AsLongLongAndOverflow(f[5], &overflow);
         if (key == -1 && PyErr_Occurred())
-            goto fail;
+            return -1;
         if (overflow) { /* a reused thread ident's key (generation above bit 64): the caller reads it */
             flags |= F_BIG_THREAD;
             key = 0;
@@ -394,20 +429,20 @@ stamps_columns(PyObject *self, PyObject *args)
             flags |= F_DEV;
             if (PyLong_CheckExact(f[9])) { /* the reaper's tickets (the hot path traded the events for them) */
                 flags |= F_TICKETS;
-                h0[i] = (uint64_t)PyLong_AsUnsignedLongLong(f[9]);
+                if (as_u64(f[9], &h0[i]))
+                    return -1;
                 if (f[10] != Py_None) {
                     flags |= F_TWO;
-                    h1[i] = (uint64_t)PyLong_AsUnsignedLongLong(f[10]);
+                    if (as_u64(f[10], &h1[i]))
+                        return -1;
                 }
-                if (PyErr_Occurred())
-                    goto fail;
             } else {
-                if (handle_of(f[9], attr, &h0[i]))
-                    goto fail;
+                if (handle_of(f[9], attr, getter, &h0[i]))
+                    return -1;
                 if (f[10] != Py_None) {
                     flags |= F_TWO;
-                    if (handle_of(f[10], attr, &h1[i]))
-                        goto fail;
+                    if (handle_of(f[10], attr, getter, &h1[i]))
+                        return -1;
                 }
             }
         }
@@ -417,15 +452,116 @@ stamps_columns(PyObject *self, PyObject *args)
             flags |= F_ATTRS;
         c[C_FLAGS * n + i] = flags;
     }
+    return 0;
+}
+
+/* Rows [lo, hi): status and stamps of the records' events, read without the GIL (tickets' rows are left at 0
+ * for the caller, who peeks the reaper). A region's two markers make one row: START is the first marker's END,
+ * END the second's; the status is the first failure, else the later of the two. */
+static void
+read_rows(Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, const int64_t *c, const uint64_t *h0, const uint64_t *h1,
+          int32_t *status, int64_t *st)
+{
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        int64_t flags = c[C_FLAGS * n + i], *row = st + 4 * i;
+        row[0] = row[1] = row[2] = row[3] = 0;
+        status[i] = 0;
+        if (!(flags & F_DEV) || (flags & F_TICKETS))
+            continue;
+        cl_int s0 = read_one((cl_event)(uintptr_t)h0[i], row);
+        if (!(flags & F_TWO)) {
+            status[i] = s0;
+            continue;
+        }
+        int64_t second[4] = {0, 0, 0, 0};
+        cl_int s1 = read_one((cl_event)(uintptr_t)h1[i], second);
+        row[2] = row[3];
+        row[3] = second[3];
+        status[i] = s0 < 0 ? s0 : s1 < 0 ? s1 : (s0 > s1 ? s0 : s1);
+    }
+}
+
+static int
+list_changed(PyObject *records, Py_ssize_t n)
+{
+    if (PyList_GET_SIZE(records) == n)
+        return 0;
+    PyErr_SetString(PyExc_RuntimeError, "columns: the records list changed size while it was read");
+    return 1;
+}
+
+/* ``columns`` in chunks, the GIL released between them (and, with ``read``, while each chunk's stamps are read:
+ * right after their handles, the events' memory is still at hand). */
+enum { CHUNK = 512 };
+
+static PyObject *
+columns_impl(PyObject *args, int read)
+{
+    PyObject *records, *names, *cats, *paths;
+    Py_buffer ib, hb, sb = {0}, tb = {0};
+    last_seen lasts[3] = {{NULL, -1}, {NULL, -1}, {NULL, -1}};
+    getter_cache getter = {NULL, NULL};
+    if (read && !ready())
+        return NULL;
+    if (read ? !PyArg_ParseTuple(args, "O!w*w*O!O!O!w*w*:columns_read", &PyList_Type, &records, &ib, &hb, &PyDict_Type,
+                                 &names, &PyDict_Type, &cats, &PyDict_Type, &paths, &sb, &tb)
+             : !PyArg_ParseTuple(args, "O!w*w*O!O!O!:columns", &PyList_Type, &records, &ib, &hb, &PyDict_Type, &names,
+                                 &PyDict_Type, &cats, &PyDict_Type, &paths))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(records);
+    PyObject *attr = NULL;
+    if (ib.len != n * N_COLS * (Py_ssize_t)sizeof(int64_t) || hb.len != n * 2 * (Py_ssize_t)sizeof(uint64_t) ||
+        (read && (sb.len != n * (Py_ssize_t)sizeof(int32_t) || tb.len != n * 4 * (Py_ssize_t)sizeof(int64_t)))) {
+        PyErr_Format(PyExc_ValueError, "columns: need int64[%d, N] and uint64[2, N] buffers (and for columns_read "
+                     "int32[N] and int64[N, 4]) for N=%zd", N_COLS, n);
+        goto fail;
+    }
+    attr = PyUnicode_InternFromString("int_ptr");
+    if (attr == NULL)
+        goto fail;
+    int64_t *c = (int64_t *)ib.buf;
+    uint64_t *h0 = (uint64_t *)hb.buf, *h1 = h0 + n;
+    for (Py_ssize_t lo = 0; lo < n; lo += CHUNK) {
+        Py_ssize_t hi = lo + CHUNK < n ? lo + CHUNK : n;
+        if (list_changed(records, n) ||
+            fill_rows(records, lo, hi, n, c, h0, h1, names, cats, paths, attr, lasts, &getter))
+            goto fail;
+        Py_BEGIN_ALLOW_THREADS
+        if (read)
+            read_rows(lo, hi, n, c, h0, h1, (int32_t *)sb.buf, (int64_t *)tb.buf);
+        Py_END_ALLOW_THREADS
+    }
     Py_DECREF(attr);
+    Py_XDECREF(getter.fget);
     PyBuffer_Release(&ib);
     PyBuffer_Release(&hb);
+    if (read) {
+        PyBuffer_Release(&sb);
+        PyBuffer_Release(&tb);
+    }
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(attr);
+    Py_XDECREF(getter.fget);
     PyBuffer_Release(&ib);
     PyBuffer_Release(&hb);
+    if (read) {
+        PyBuffer_Release(&sb);
+        PyBuffer_Release(&tb);
+    }
     return NULL;
+}
+
+static PyObject *
+stamps_columns(PyObject *self, PyObject *args)
+{
+    return columns_impl(args, 0);
+}
+
+static PyObject *
+stamps_columns_read(PyObject *self, PyObject *args)
+{
+    return columns_impl(args, 1);
 }
 
 static PyObject *
@@ -461,6 +597,7 @@ static PyMethodDef methods[] = {
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
     {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps): fill status int32[N] and stamps int64[N, 4]."},
     {"columns", stamps_columns, METH_VARARGS, "columns(records, ints, handles, names, cats, paths): the resolver's first pass."},
+    {"columns_read", stamps_columns_read, METH_VARARGS, "columns_read(records, ints, handles, names, cats, paths, status, stamps): columns() and the events' stamps (a region's two markers combined), in one pass."},
     {"wait", stamps_wait, METH_VARARGS, "wait(handles): wait for every event; a failed one does not stop the rest."},
     {"transpose", stamps_transpose, METH_O, "transpose(records): list(zip(*records)) in one pass."},
     {NULL, NULL, 0, NULL},

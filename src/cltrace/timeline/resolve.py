@@ -52,7 +52,9 @@ class Resolver:
         # device extents of resolved children whose region is not resolved yet
         self._extents = self._passes.Extents()
         self._launch_paths: dict[tuple[int, int], int] = {}  # (region path id, name id) -> a launch's path id
-        self._region_cats = np.fromiter(sorted(self.tables.region_cats), np.int16)
+        # category id -> whether it is a region's (the region categories are interned first: small ids)
+        self._region_lut = np.zeros(max(self.tables.region_cats) + 2, bool)
+        self._region_lut[sorted(self.tables.region_cats)] = True
         self._failed = np.zeros(0, np.int8)  # the batch in hand: which failed commands are known failures
 
     def queue_info(self, queue: Any, thread: int) -> tuple[int, Any, Any]:
@@ -85,68 +87,56 @@ class Resolver:
             return SpanBatch.empty(self.tables)
         t = self.tables
         st = self._stamps
-        ints, hs = st.columns(todo, t.names.ids, t.cats.ids, t.paths.ids)
-        n = len(todo)
-        flags = ints[stamps.C_FLAGS]
-        dev = (flags & stamps.F_DEV) != 0
-        two_ev = (flags & stamps.F_TWO) != 0
-        tick = (flags & stamps.F_TICKETS) != 0
-        if block:
-            upto = n if limit is None else min(limit, n)
-            must = np.flatnonzero(dev[:upto])
-            for mine, wait in ((must[~tick[must]], st.wait), (must[tick[must]], stamps.wait_tickets)):
+        args = (todo, t.names.ids, t.cats.ids, t.paths.ids)
+        if block:  # the handles first, to wait on; the stamps in a second pass
+            ints, hs = st.columns(*args)
+            flags = ints[stamps.C_FLAGS]
+            upto = len(todo) if limit is None else min(limit, len(todo))
+            must = np.flatnonzero((flags[:upto] & stamps.F_DEV) != 0)
+            tick = (flags[must] & stamps.F_TICKETS) != 0
+            for mine, wait in ((must[~tick], st.wait), (must[tick], stamps.wait_tickets)):
                 if len(mine):
                     h1 = hs[1][mine]
                     wait(np.concatenate([hs[0][mine], h1[h1 != 0]]))
-        status = np.zeros(n, np.int32)
-        raw = np.zeros((n, 4), np.int64)
-        failed = np.zeros(n, np.int8)  # 1: the command failed, 0: it did not, -1: ask its event (_device_failed)
-        dv = np.flatnonzero(dev)
-        if len(dv):
-            st0, s0, f0 = self._read(hs[0][dv], tick[dv])
-            status[dv] = st0
-            raw[dv] = s0
-            failed[dv] = f0
-            has1 = two_ev[dv]
-            if has1.any():
-                # A region's two markers: START is the first marker's END, END the second's.
-                rows = dv[has1]
-                st1, s1, f1 = self._read(hs[1][rows], tick[rows])
-                raw[rows, _START] = raw[rows, _END]
-                raw[rows, _END] = s1[:, _END]
-                st1 = st1.astype(np.int32)
-                status[rows] = np.where(st0[has1] < 0, st0[has1],
-                                        np.where(st1 < 0, st1, np.maximum(st0[has1], st1)))
-                failed[rows] = np.where((f0[has1] == -1) | (f1 == -1), -1, f0[has1] | f1)
+        ints, hs, status, raw = st.columns_read(*args)
+        n = len(todo)
+        flags = ints[stamps.C_FLAGS]
+        dev = (flags & stamps.F_DEV) != 0
+        tick = (flags & stamps.F_TICKETS) != 0
+        failed = np.full(n, -1, np.int8)  # 1: the command failed, 0: it did not, -1: ask its event (_device_failed)
+        any_tick = bool(tick.any())
+        if any_tick:
+            self._peek(hs, tick, (flags & stamps.F_TWO) != 0, status, raw, failed)
         pending = status > 0
         if pending.any():
             self.waiting = list(compress(todo, pending))
             keep = ~pending
             todo = list(compress(todo, keep))
-            if tick.any():
+            if any_tick:
                 self._done(hs[:, keep & tick])
             if not todo:
                 return SpanBatch.empty(self.tables)
             ints, dev, status, raw, failed = ints[:, keep], dev[keep], status[keep], raw[keep], failed[keep]
-        elif tick.any():
+        elif any_tick:
             self._done(hs[:, tick])
         self._failed = failed
         return self._columns(todo, ints, dev, status, raw)
 
-    def _read(self, refs: np.ndarray, tick: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(status, stamps, failed: 1/0, -1 where the event must be asked) of events and tickets."""
-        if not tick.any():
-            status, raw = self._stamps.read(refs)
-            return status, raw, np.full(len(refs), -1, np.int8)
-        status, raw = np.zeros(len(refs), np.int32), np.zeros((len(refs), 4), np.int64)
-        failed = np.full(len(refs), -1, np.int8)
-        t = np.flatnonzero(tick)
-        status[t], raw[t], f = stamps.peek(refs[t])
-        failed[t] = f
-        h = np.flatnonzero(~tick)
-        if len(h):
-            status[h], raw[h] = self._stamps.read(refs[h])
-        return status, raw, failed
+    @staticmethod
+    def _peek(hs: np.ndarray, tick: np.ndarray, two: np.ndarray, status: np.ndarray, raw: np.ndarray,
+              failed: np.ndarray) -> None:
+        """Status, stamps and failure of the rows holding tickets (the reaper read their events), in place."""
+        rows = np.flatnonzero(tick)
+        st0, s0, f0 = stamps.peek(hs[0][rows])
+        status[rows], raw[rows], failed[rows] = st0, s0, f0
+        two = two[rows]
+        if two.any():  # a region's two markers: START is the first marker's END, END the second's
+            r2 = rows[two]
+            st1, s1, f1 = stamps.peek(hs[1][r2])
+            raw[r2, _START] = raw[r2, _END]
+            raw[r2, _END] = s1[:, _END]
+            status[r2] = stamps.combined(st0[two], st1)
+            failed[r2] = f0[two] | f1
 
     @staticmethod
     def _done(hs: np.ndarray) -> None:
@@ -196,7 +186,7 @@ class Resolver:
             "site": self._sites(todo, ints[C.C_SITE]),
             "thread": self._threads(todo, ints[C.C_THREAD], flags),
         }
-        region = np.isin(out["cat"], self._region_cats)
+        region = self._region_lut[np.minimum(out["cat"], len(self._region_lut) - 1)]
         out["path"] = self._paths(todo, ints[C.C_PATH], out["name"], region)
         attrs = list(map(_ATTRS, todo)) if (flags & C.F_ATTRS).any() else [None] * n
         errors: dict[int, str] = {}

@@ -44,6 +44,7 @@ class Impl(NamedTuple):
     wait: Callable[[np.ndarray], None]
     transpose: Callable[[list], list]
     columns: Callable[[list, dict, dict, dict], tuple[np.ndarray, np.ndarray]]
+    columns_read: Callable[[list, dict, dict, dict], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
 
 def _as_handles(handles: Any) -> np.ndarray:
@@ -190,7 +191,31 @@ def _ids_of_objects(values: tuple, ids: dict) -> np.ndarray:
     return np.array([get(values[i], -1) for i in first.tolist()], np.int64)[inverse]
 
 
-PYTHON = Impl(_python_handles, _python_read, _python_wait, _python_transpose, _python_columns)
+def _python_columns_read(records: list, names: dict, cats: dict, paths: dict) -> tuple[np.ndarray, ...]:
+    ints, hs = _python_columns(records, names, cats, paths)
+    status, raw = _outputs(len(records))
+    flags = ints[C_FLAGS]
+    ev = np.flatnonzero((flags & (F_DEV | F_TICKETS)) == F_DEV)
+    if len(ev):
+        st0, s0 = _python_read(hs[0][ev])
+        status[ev], raw[ev] = st0, s0
+        two = (flags[ev] & F_TWO) != 0
+        if two.any():
+            rows = ev[two]
+            st1, s1 = _python_read(hs[1][rows])
+            raw[rows, 2] = raw[rows, 3]
+            raw[rows, 3] = s1[:, 3]
+            status[rows] = combined(st0[two], st1)
+    return ints, hs, status, raw
+
+
+def combined(st0: np.ndarray, st1: np.ndarray) -> np.ndarray:
+    """A region's status from its two markers': the first failure, else the later of the two."""
+    return np.where(st0 < 0, st0, np.where(st1 < 0, st1, np.maximum(st0, st1))).astype(np.int32)
+
+
+PYTHON = Impl(_python_handles, _python_read, _python_wait, _python_transpose, _python_columns,
+              _python_columns_read)
 
 
 # --- native: the C extension -------------------------------------------------------------------
@@ -254,6 +279,13 @@ def _load_native() -> Impl:
         _stamps.columns(records, ints, hs, names, cats, paths)
         return ints, hs
 
+    def columns_read(records: list, names: dict, cats: dict, paths: dict) -> tuple[np.ndarray, ...]:
+        n = len(records)
+        ints, hs = np.empty((N_COLS, n), np.int64), np.empty((2, n), np.uint64)
+        status, raw = np.empty(n, np.int32), np.empty((n, 4), np.int64)
+        _stamps.columns_read(records, ints, hs, names, cats, paths, status, raw)
+        return ints, hs, status, raw
+
     def wait(handles: np.ndarray) -> None:
         _stamps.wait(_as_handles(handles))
 
@@ -261,7 +293,7 @@ def _load_native() -> Impl:
     if not _reaper_off():
         REAPER = _stamps.reaper()
         _reaper = _stamps if REAPER is not None else None
-    return Impl(handles, read, wait, _stamps.transpose, columns)
+    return Impl(handles, read, wait, _stamps.transpose, columns, columns_read)
 
 
 REAPER: Any = None  # the capsule of the reaper's hot-path entry (record/_region.c), None without one
@@ -308,6 +340,14 @@ def columns(records: list, names: dict, cats: dict, paths: dict) -> tuple[np.nda
     it is not there yet; THREAD 0 and flag F_BIG_THREAD where the key does not fit int64) and
     uint64[2, N] handles of ev0 and ev1 (0: none)."""
     return _active.columns(records, names, cats, paths)
+
+
+def columns_read(records: list, names: dict, cats: dict, paths: dict) -> tuple[np.ndarray, ...]:
+    """``columns`` and, in the same pass, ``read`` of the records' events: (ints, handles, status int32[N],
+    stamps int64[N, 4]). A record with two events (a region's markers) gets one row: START is the first
+    marker's END, END the second's, its status ``combined``. Rows without events, and rows holding tickets
+    (``peek`` reads those), are 0."""
+    return _active.columns_read(records, names, cats, paths)
 
 
 def wait_events(events: Sequence[Any]) -> None:
