@@ -56,10 +56,21 @@ put_varint(uint8_t *p, uint64_t v)
 }
 
 static inline uint8_t *
+copy(uint8_t *p, const uint8_t *src, int64_t n)
+{
+    if (n > 16) {
+        memcpy(p, src, (size_t)n);
+        return p + n;
+    }
+    for (int64_t j = 0; j < n; j++) /* the templates are a few bytes: a libc call would cost more */
+        p[j] = src[j];
+    return p + n;
+}
+
+static inline uint8_t *
 put(uint8_t *p, const strings *s, int64_t id)
 {
-    memcpy(p, s->buf + s->off[id], (size_t)s->len[id]);
-    return p + s->len[id];
+    return copy(p, s->buf + s->off[id], s->len[id]);
 }
 
 /* Offsets and lengths inside the buffer: checked once, so rows only check their ids. */
@@ -85,6 +96,21 @@ check_strings(const char *what, const Py_buffer *buf, const Py_buffer *off, cons
 
 #define BAD_ID(id, s) ((id) < 0 || (id) >= (s)->n)
 
+/* A pooled string's place, looked up once per run rather than once per row. */
+typedef struct {
+    const uint8_t *at;
+    int64_t len;
+} piece;
+
+static inline piece
+get(const strings *s, int64_t id)
+{
+    piece x = {s->buf + s->off[id], s->len[id]};
+    return x;
+}
+
+#define PUT(p, x) ((p) = copy((p), (x).at, (x).len))
+
 /* The packets of rows lo..hi-1, one track's run; NULL and *err set on a bad id. */
 static uint8_t *
 encode_run(uint8_t *p, const int64_t *const *col, const int64_t *perm, int64_t *run, int64_t mono, const int64_t *k,
@@ -92,86 +118,111 @@ encode_run(uint8_t *p, const int64_t *const *col, const int64_t *perm, int64_t *
 {
     int64_t last = run[R_LAST], offset = run[R_OFFSET];
     int has_offset = run[R_HAS_OFFSET] != 0;
-    const int64_t tail = run[R_TAIL];
     const int64_t *hdr = run + R_HDR;
-    for (int64_t r = run[R_LO]; r < run[R_HI]; r++) {
+    const piece packet = get(pool, k[K_PACKET]), tstag = get(pool, k[K_TS]), abs_clock = get(pool, k[K_ABS]),
+                tail = get(pool, run[R_TAIL]);
+    const piece type[3] = {get(pool, k[K_TYPE]), get(pool, k[K_TYPE + 1]), get(pool, k[K_TYPE + 2])};
+    const piece flows[2] = {get(pool, k[K_FLOW]), get(pool, k[K_FLOW + 1])};
+    const int64_t *c_ts = col[C_TS], *c_k2 = col[C_K2], *c_pre = col[C_PRE], *c_flow = col[C_FLOW],
+                  *c_extra = col[C_EXTRA], *c_sid = col[C_SID], *c_par = col[C_PARENT], *c_raws = col[C_RAWS],
+                  *c_rawe = col[C_RAWE], *c_spanann = col[C_SPANANN], *c_rawend = col[C_RAWEND], *c_raw = col[C_RAW];
+    const int64_t hi = run[R_HI];
+    for (int64_t r = run[R_LO]; r < hi; r++) {
         const int64_t i = perm[r];
-        int64_t ts = col[C_TS][i], k2 = col[C_K2][i], pre = col[C_PRE][i], flow = col[C_FLOW][i];
-        int64_t ex = col[C_EXTRA][i];
-        uint64_t sid = (uint64_t)col[C_SID][i], par = (uint64_t)col[C_PARENT][i];
-        uint64_t raws = (uint64_t)col[C_RAWS][i], rawe = (uint64_t)col[C_RAWE][i];
-        int span_ann = col[C_SPANANN][i] != 0, dev_end = col[C_RAWEND][i] != 0;
-        int absolute = ts < last;
-        /* Unsigned arithmetic: wraps as numpy's int64 does, where signed overflow would be undefined. */
-        uint64_t tsv = absolute ? (uint64_t)ts + (uint64_t)mono : (uint64_t)ts - (uint64_t)last;
-        if (!absolute)
-            last = ts;
-        int dev_start = 0;
-        if (col[C_RAW][i]) {
-            int64_t off = (int64_t)(raws - (uint64_t)ts);
-            if (!has_offset || off != offset) {
-                dev_start = 1;
-                offset = off;
-                has_offset = 1;
-            }
-        }
+        const int64_t ts = c_ts[i], k2 = c_k2[i], pre = c_pre[i], flow = c_flow[i], ex = c_extra[i];
         if (k2 < 0 || k2 > 2 || flow < 0 || flow > 2 || (pre >= 0 && BAD_ID(pre, pool)) ||
             (ex >= 0 && BAD_ID(ex, extras))) {
             *err = "a row's type, flow, prefix or extra is out of range";
             return NULL;
         }
-        int vs = vlen(sid), vp = vlen(par), vrs = vlen(raws), vre = vlen(rawe);
-        int64_t te = pool->len[k[K_TYPE + k2]];
-        if (pre >= 0)
-            te += pool->len[pre];
-        if (flow)
-            te += pool->len[k[K_FLOW + flow - 1]] + vs;
-        if (span_ann)
-            te += pool->len[hdr[A_SPAN] + vs - 1] + vs;
-        if (par)
-            te += pool->len[hdr[A_PARENT] + vp - 1] + vp;
-        if (dev_start)
-            te += pool->len[hdr[A_DEV_START] + vrs - 1] + vrs;
-        if (dev_end)
-            te += pool->len[hdr[A_DEV_END] + vre - 1] + vre;
-        if (ex >= 0)
-            te += extras->len[ex];
-        int64_t body = pool->len[k[K_TS]] + vlen(tsv) + (absolute ? pool->len[k[K_ABS]] : 0) + pool->len[tail] +
-                       vlen((uint64_t)te) + te;
+        const int absolute = ts < last;
+        /* Unsigned arithmetic: wraps as numpy's int64 does, where signed overflow would be undefined. */
+        const uint64_t tsv = absolute ? (uint64_t)ts + (uint64_t)mono : (uint64_t)ts - (uint64_t)last;
+        if (!absolute)
+            last = ts;
+        int64_t te = type[k2].len;
+        piece name = {NULL, 0}, fl = {NULL, 0}, a_sid = {NULL, 0}, a_par = {NULL, 0}, a_rs = {NULL, 0},
+              a_re = {NULL, 0}, xtra = {NULL, 0};
+        uint64_t sid = 0, par = 0, raws = 0, rawe = 0;
+        int vs = 0;
+        if (pre >= 0) {
+            name = get(pool, pre);
+            te += name.len;
+        }
+        const int span_ann = c_spanann[i] != 0;
+        if (flow || span_ann) {
+            sid = (uint64_t)c_sid[i];
+            vs = vlen(sid);
+            if (flow) {
+                fl = flows[flow - 1];
+                te += fl.len + vs;
+            }
+            if (span_ann) {
+                a_sid = get(pool, hdr[A_SPAN] + vs - 1);
+                te += a_sid.len + vs;
+            }
+        }
+        par = (uint64_t)c_par[i];
+        if (par) {
+            int vp = vlen(par);
+            a_par = get(pool, hdr[A_PARENT] + vp - 1);
+            te += a_par.len + vp;
+        }
+        if (c_raw[i]) {
+            raws = (uint64_t)c_raws[i];
+            int64_t off = (int64_t)(raws - (uint64_t)ts);
+            if (!has_offset || off != offset) {
+                int v = vlen(raws);
+                a_rs = get(pool, hdr[A_DEV_START] + v - 1);
+                te += a_rs.len + v;
+                offset = off;
+                has_offset = 1;
+            }
+        }
+        if (c_rawend[i]) {
+            rawe = (uint64_t)c_rawe[i];
+            int v = vlen(rawe);
+            a_re = get(pool, hdr[A_DEV_END] + v - 1);
+            te += a_re.len + v;
+        }
+        if (ex >= 0) {
+            xtra = get(extras, ex);
+            te += xtra.len;
+        }
+        const int64_t body = tstag.len + vlen(tsv) + (absolute ? abs_clock.len : 0) + tail.len +
+                             vlen((uint64_t)te) + te;
 
-        p = put(p, pool, k[K_PACKET]);
+        PUT(p, packet);
         p = put_varint(p, (uint64_t)body);
-        p = put(p, pool, k[K_TS]);
+        PUT(p, tstag);
         p = put_varint(p, tsv);
         if (absolute)
-            p = put(p, pool, k[K_ABS]);
-        p = put(p, pool, tail);
+            PUT(p, abs_clock);
+        PUT(p, tail);
         p = put_varint(p, (uint64_t)te);
-        p = put(p, pool, k[K_TYPE + k2]);
-        if (pre >= 0)
-            p = put(p, pool, pre);
+        PUT(p, type[k2]);
+        PUT(p, name);
         if (flow) {
-            p = put(p, pool, k[K_FLOW + flow - 1]);
+            PUT(p, fl);
             p = put_varint(p, sid);
         }
         if (span_ann) {
-            p = put(p, pool, hdr[A_SPAN] + vs - 1);
+            PUT(p, a_sid);
             p = put_varint(p, sid);
         }
-        if (par) {
-            p = put(p, pool, hdr[A_PARENT] + vp - 1);
+        if (a_par.at) {
+            PUT(p, a_par);
             p = put_varint(p, par);
         }
-        if (dev_start) {
-            p = put(p, pool, hdr[A_DEV_START] + vrs - 1);
+        if (a_rs.at) {
+            PUT(p, a_rs);
             p = put_varint(p, raws);
         }
-        if (dev_end) {
-            p = put(p, pool, hdr[A_DEV_END] + vre - 1);
+        if (a_re.at) {
+            PUT(p, a_re);
             p = put_varint(p, rawe);
         }
-        if (ex >= 0)
-            p = put(p, extras, ex);
+        PUT(p, xtra);
     }
     run[R_LAST] = last;
     run[R_OFFSET] = offset;
@@ -259,22 +310,23 @@ packets_encode(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "encode: the runs do not cover the rows");
         goto done;
     }
-    /* Written in place into a bytes object of the bound, then shrunk: no copy of the packets. */
-    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-    if (result == NULL)
+    /* Written into a scratch block of the bound, then copied at its exact size: a bytes object of the
+     * bound (several times the packets) would be a fresh mapping each call, a page fault per 4 kB. */
+    uint8_t *out = (uint8_t *)malloc(size ? (size_t)size : 1), *p = out;
+    if (out == NULL) {
+        PyErr_NoMemory();
         goto done;
+    }
     const char *err = NULL;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result), *p = out;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < nruns && p != NULL; r++)
         p = encode_run(p, col, perm, runs + r * RUN_COLS, (int64_t)mono, k, &pool, &extras, &err);
     Py_END_ALLOW_THREADS
-    if (p == NULL) {
+    if (p == NULL)
         PyErr_Format(PyExc_ValueError, "encode: %s", err);
-        Py_CLEAR(result);
-    } else if (_PyBytes_Resize(&result, (Py_ssize_t)(p - out)) < 0) {
-        result = NULL;
-    }
+    else
+        result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)(p - out));
+    free(out);
 done:
     PyBuffer_Release(&rb);
     PyBuffer_Release(&ob);
