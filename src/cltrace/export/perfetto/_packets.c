@@ -341,9 +341,95 @@ done:
     return result;
 }
 
+
+/* fill(rows, thr, hb, he, ids, md, group, hpre, flows, par, xid, dv, dtr, ds, de, dpre, raws, rawe): the packet rows
+ * of a batch (``rows.batch_rows``) in one pass, every column written (no zeroing first). With n spans and m of them
+ * on a device: rows int64[16, W] (W >= 2n + 2m) gets host BEGINs at 0..n-1, host ENDs at n..2n-1, device BEGINs at
+ * 2n..2n+m-1 and device ENDs after them. Per span (n): thr, hb, he, ids, md, group, hpre, par, xid, ds, de, raws,
+ * rawe int64 and flows uint8 (a launch: its slices are joined by a flow); per device span (m): dv (its row), dtr,
+ * dpre int64. */
+enum { FLOW_OUT = 1, FLOW_IN = 2, K2_END = 1 };
+
+static PyObject *
+packets_fill(PyObject *self, PyObject *args)
+{
+    enum { NB = 18 };
+    Py_buffer b[NB];
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "w*y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*:fill", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5],
+                          &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &b[13], &b[14], &b[15], &b[16], &b[17]))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t n = b[1].len / 8, m = b[11].len / 8;
+    static const int per_span[] = {1, 2, 3, 4, 5, 6, 7, 9, 10, 13, 14, 16, 17}, per_dev[] = {11, 12, 15};
+    int ok = b[8].len == n && b[0].len % (NCOLS * 8) == 0 && b[0].len / (NCOLS * 8) >= 2 * n + 2 * m;
+    for (size_t j = 0; ok && j < sizeof per_span / sizeof *per_span; j++)
+        ok = b[per_span[j]].len == n * 8;
+    for (size_t j = 0; ok && j < sizeof per_dev / sizeof *per_dev; j++)
+        ok = b[per_dev[j]].len == m * 8;
+    const int64_t *dv = (const int64_t *)b[11].buf;
+    for (Py_ssize_t j = 0; ok && j < m; j++)
+        ok = dv[j] >= 0 && dv[j] < n;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "fill: columns of unequal lengths, too few rows, or a device row out of range");
+        goto done;
+    }
+    const Py_ssize_t w = b[0].len / (NCOLS * 8);
+    int64_t *col[NCOLS];
+    for (int c = 0; c < NCOLS; c++)
+        col[c] = (int64_t *)b[0].buf + c * w;
+#define I64(k) ((const int64_t *)b[k].buf)
+    const int64_t *thr = I64(1), *hb = I64(2), *he = I64(3), *ids = I64(4), *md = I64(5), *group = I64(6),
+                  *hpre = I64(7), *par = I64(9), *xid = I64(10), *dtr = I64(12), *ds = I64(13), *de = I64(14),
+                  *dpre = I64(15), *raws = I64(16), *rawe = I64(17);
+    const uint8_t *flows = (const uint8_t *)b[8].buf;
+#undef I64
+    Py_BEGIN_ALLOW_THREADS
+    for (int half = 0; half < 2; half++) {
+        const Py_ssize_t cnt = half ? m : n, at = half ? 2 * n : 0;
+        for (Py_ssize_t j = 0; j < cnt; j++) {
+            const Py_ssize_t i = half ? dv[j] : j, bi = at + j, ei = at + cnt + j;
+            const int64_t track = half ? dtr[j] : thr[i], t0 = half ? ds[i] : hb[i], t1 = half ? de[i] : he[i];
+            const int f = flows[i] != 0;
+            col[C_TRACK][bi] = col[C_TRACK][ei] = track;
+            col[C_TS][bi] = t0;
+            col[C_TS][ei] = t1;
+            col[C_K1][bi] = col[C_SID][bi] = ids[i];
+            col[C_K1][ei] = md[i];
+            col[C_K2][bi] = 0;
+            col[C_K2][ei] = K2_END;
+            col[C_K3][bi] = 0;
+            col[C_K3][ei] = -ids[i];
+            col[C_G][bi] = col[C_G][ei] = group[i];
+            col[C_PRE][bi] = half ? dpre[j] : hpre[i];
+            col[C_PRE][ei] = -1;
+            col[C_FLOW][bi] = f ? (half ? FLOW_IN : FLOW_OUT) : 0;
+            col[C_SPANANN][bi] = !f;
+            col[C_PARENT][bi] = half ? 0 : par[i];
+            col[C_EXTRA][bi] = half ? -1 : xid[i];
+            col[C_RAW][bi] = half;
+            col[C_RAWS][bi] = half ? raws[i] : 0;
+            col[C_RAWE][bi] = half ? rawe[i] : 0;
+            col[C_RAWEND][bi] = half ? (uint64_t)rawe[i] - (uint64_t)raws[i] != (uint64_t)t1 - (uint64_t)t0 : 0;
+            col[C_FLOW][ei] = col[C_SID][ei] = col[C_SPANANN][ei] = col[C_PARENT][ei] = 0;
+            col[C_EXTRA][ei] = -1;
+            col[C_RAW][ei] = col[C_RAWS][ei] = col[C_RAWE][ei] = col[C_RAWEND][ei] = 0;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    for (int j = 0; j < NB; j++)
+        if (b[j].obj != NULL)
+            PyBuffer_Release(&b[j]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"encode", packets_encode, METH_VARARGS,
      "encode(rows, perm, runs, mono, consts, pool, pool_off, pool_len, extras, extras_off, extras_len) -> bytes."},
+    {"fill", packets_fill, METH_VARARGS,
+     "fill(rows, thr, hb, he, ids, md, group, hpre, flows, par, xid, dv, dtr, ds, de, dpre, raws, rawe): a batch's rows."},
     {NULL, NULL, 0, NULL},
 };
 

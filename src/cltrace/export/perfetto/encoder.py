@@ -15,11 +15,12 @@ import numpy as np
 from ..._native import choose
 
 from .columns import NCOLS
-from .layout import NCONSTS, RUN_COLS, Strings, encode_rows as _python_encode_rows
+from .layout import NCONSTS, RUN_COLS, Strings, encode_rows as _python_encode_rows, fill_rows as _python_fill_rows
 
 log = logging.getLogger("cltrace")
 
 EncodeRows = Callable[[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray, Strings, Strings], bytes]
+FillRows = Callable[..., None]
 
 
 def _load_native() -> EncodeRows:
@@ -37,6 +38,10 @@ def _load_native() -> EncodeRows:
         return _packets.encode(np.ascontiguousarray(rows, np.int64), np.ascontiguousarray(perm, np.int64), runs, mono,
                                consts, *pool, *extras)
 
+    def fill_rows(rows: np.ndarray, *cols: np.ndarray) -> None:
+        _packets.fill(rows, *(c if i == 7 else np.ascontiguousarray(c, np.int64) for i, c in enumerate(cols)))
+
+    encode_rows.fill = fill_rows  # type: ignore[attr-defined]
     return encode_rows
 
 
@@ -47,5 +52,7 @@ WHY: str = _CHOICE.why  # why NATIVE is None ("" when it is active)
 PATH: str = _CHOICE.path
 DETAIL: str = _CHOICE.detail
 encode_rows: EncodeRows = NATIVE or PYTHON
+# A batch's rows from its columns (``layout.fill_rows`` documents them): C, or numpy; the same rows.
+fill_rows: FillRows = NATIVE.fill if NATIVE is not None else _python_fill_rows  # type: ignore[attr-defined]
 
-__all__ = ["PATH", "DETAIL", "WHY", "NATIVE", "PYTHON", "encode_rows"]
+__all__ = ["PATH", "DETAIL", "WHY", "NATIVE", "PYTHON", "encode_rows", "fill_rows"]
