@@ -1,7 +1,8 @@
 """Which row encoder turns packet rows into bytes: the C extension ``_packets`` or the numpy fallback.
 
-Both take the same arrays and give the same bytes (``layout.encode_rows`` documents the rules). The C
-one writes every row in one pass without the GIL; where it is not built (no compiler at install
+Both take the same arrays and give the same bytes (``layout.encode_rows`` documents the rules); with it
+goes ``fill_rows``, which lays a batch's columns out as packet rows (the same rows either way). The C
+ones write every row in one pass without the GIL; where it is not built (no compiler at install
 time) or ``CLTRACE_NATIVE=0``, the numpy one runs. ``PATH`` says which ("native" or "python").
 """
 from __future__ import annotations
