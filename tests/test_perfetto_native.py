@@ -20,7 +20,7 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
-from cltrace.export.perfetto import META_SEQ, PerfettoTraceSink, encoder
+from cltrace.export.perfetto import META_SEQ, PerfettoTraceSink, encoder, layout
 from cltrace.read.perfetto import iter_packets, load_pftrace
 from cltrace.record.recorder import RECORDER, Recorder
 from cltrace.timeline.batch import SpanBatch
@@ -59,9 +59,10 @@ class Capture:
 
 def write_with(impl: encoder.EncodeRows, recorder: Any, batches: Sequence[Any], path: str,
                monkeypatch: Any) -> bytes:
-    """The file a PerfettoTraceSink writes from ``batches``, rows encoded by ``impl``."""
+    """The file a PerfettoTraceSink writes from ``batches``, rows filled and encoded by ``impl``'s path."""
     with monkeypatch.context() as m:
         m.setattr(encoder, "encode_rows", impl)
+        m.setattr(encoder, "fill_rows", getattr(impl, "fill", layout.fill_rows))
         sink = PerfettoTraceSink(path)
         sink.start(recorder)
         for b in batches:
@@ -351,6 +352,37 @@ def test_native_encode_rejects_inconsistent_arrays() -> None:
     with pytest.raises(ValueError, match="rows int64"):
         _packets.encode(np.zeros(5, np.int64), perm, runs.copy(), 0, consts, *pool, *extras)
     assert RUN_COLS == runs.shape[1]
+
+
+def test_native_fill_writes_the_rows_numpy_writes_over_stale_rows() -> None:
+    """``_packets.fill`` writes every column of a batch's rows (the buffer is reused, not zeroed): the rows
+    numpy writes into a zeroed buffer, whatever the buffer held; columns that do not fit are refused."""
+    impl = native()
+    from cltrace.export.perfetto.columns import NCOLS
+
+    rng = np.random.default_rng(7)
+    n = 300
+    dv = np.sort(rng.choice(n, 170, replace=False)).astype(np.int64)
+    m = len(dv)
+    span = [rng.integers(-5, 1 << 40, n) for _ in range(13)]
+    thr, hb, he, ids, md, group, hpre, par, xid, ds, de, raws, rawe = span
+    raws[::3] = ds[::3] + 7
+    rawe[::3] = de[::3] + 7  # device.end follows on these: RAWEND 0
+    flows = (rng.random(n) < 0.5).view(np.uint8)
+    dtr, dpre = rng.integers(0, 99, m), rng.integers(-1, 50, m)
+    cols = (thr, hb, he, ids, md, group, hpre, flows, par, xid, dv, dtr, ds, de, dpre, raws, rawe)
+    want = np.zeros((NCOLS, 2 * n + 2 * m + 5), np.int64)
+    layout.fill_rows(want, *cols)
+    got = np.full_like(want, -12345)
+    impl.fill(got, *cols)  # type: ignore[attr-defined]
+    assert np.array_equal(got[:, :2 * n + 2 * m], want[:, :2 * n + 2 * m])
+    from cltrace.export.perfetto import _packets
+    with pytest.raises(ValueError, match="too few rows"):
+        _packets.fill(np.zeros((NCOLS, 2 * n), np.int64), *cols)
+    bad = list(cols)
+    bad[10] = dv + n
+    with pytest.raises(ValueError, match="out of range"):
+        _packets.fill(want, *bad)
 
 
 # ---- interned string values ---------------------------------------------------------------------

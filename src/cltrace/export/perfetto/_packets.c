@@ -56,10 +56,21 @@ put_varint(uint8_t *p, uint64_t v)
 }
 
 static inline uint8_t *
+copy(uint8_t *p, const uint8_t *src, int64_t n)
+{
+    if (n > 16) {
+        memcpy(p, src, (size_t)n);
+        return p + n;
+    }
+    for (int64_t j = 0; j < n; j++) /* the templates are a few bytes: a libc call would cost more */
+        p[j] = src[j];
+    return p + n;
+}
+
+static inline uint8_t *
 put(uint8_t *p, const strings *s, int64_t id)
 {
-    memcpy(p, s->buf + s->off[id], (size_t)s->len[id]);
-    return p + s->len[id];
+    return copy(p, s->buf + s->off[id], s->len[id]);
 }
 
 /* Offsets and lengths inside the buffer: checked once, so rows only check their ids. */
@@ -85,6 +96,21 @@ check_strings(const char *what, const Py_buffer *buf, const Py_buffer *off, cons
 
 #define BAD_ID(id, s) ((id) < 0 || (id) >= (s)->n)
 
+/* A pooled string's place, looked up once per run rather than once per row. */
+typedef struct {
+    const uint8_t *at;
+    int64_t len;
+} piece;
+
+static inline piece
+get(const strings *s, int64_t id)
+{
+    piece x = {s->buf + s->off[id], s->len[id]};
+    return x;
+}
+
+#define PUT(p, x) ((p) = copy((p), (x).at, (x).len))
+
 /* The packets of rows lo..hi-1, one track's run; NULL and *err set on a bad id. */
 static uint8_t *
 encode_run(uint8_t *p, const int64_t *const *col, const int64_t *perm, int64_t *run, int64_t mono, const int64_t *k,
@@ -92,86 +118,111 @@ encode_run(uint8_t *p, const int64_t *const *col, const int64_t *perm, int64_t *
 {
     int64_t last = run[R_LAST], offset = run[R_OFFSET];
     int has_offset = run[R_HAS_OFFSET] != 0;
-    const int64_t tail = run[R_TAIL];
     const int64_t *hdr = run + R_HDR;
-    for (int64_t r = run[R_LO]; r < run[R_HI]; r++) {
+    const piece packet = get(pool, k[K_PACKET]), tstag = get(pool, k[K_TS]), abs_clock = get(pool, k[K_ABS]),
+                tail = get(pool, run[R_TAIL]);
+    const piece type[3] = {get(pool, k[K_TYPE]), get(pool, k[K_TYPE + 1]), get(pool, k[K_TYPE + 2])};
+    const piece flows[2] = {get(pool, k[K_FLOW]), get(pool, k[K_FLOW + 1])};
+    const int64_t *c_ts = col[C_TS], *c_k2 = col[C_K2], *c_pre = col[C_PRE], *c_flow = col[C_FLOW],
+                  *c_extra = col[C_EXTRA], *c_sid = col[C_SID], *c_par = col[C_PARENT], *c_raws = col[C_RAWS],
+                  *c_rawe = col[C_RAWE], *c_spanann = col[C_SPANANN], *c_rawend = col[C_RAWEND], *c_raw = col[C_RAW];
+    const int64_t hi = run[R_HI];
+    for (int64_t r = run[R_LO]; r < hi; r++) {
         const int64_t i = perm[r];
-        int64_t ts = col[C_TS][i], k2 = col[C_K2][i], pre = col[C_PRE][i], flow = col[C_FLOW][i];
-        int64_t ex = col[C_EXTRA][i];
-        uint64_t sid = (uint64_t)col[C_SID][i], par = (uint64_t)col[C_PARENT][i];
-        uint64_t raws = (uint64_t)col[C_RAWS][i], rawe = (uint64_t)col[C_RAWE][i];
-        int span_ann = col[C_SPANANN][i] != 0, dev_end = col[C_RAWEND][i] != 0;
-        int absolute = ts < last;
-        /* Unsigned arithmetic: wraps as numpy's int64 does, where signed overflow would be undefined. */
-        uint64_t tsv = absolute ? (uint64_t)ts + (uint64_t)mono : (uint64_t)ts - (uint64_t)last;
-        if (!absolute)
-            last = ts;
-        int dev_start = 0;
-        if (col[C_RAW][i]) {
-            int64_t off = (int64_t)(raws - (uint64_t)ts);
-            if (!has_offset || off != offset) {
-                dev_start = 1;
-                offset = off;
-                has_offset = 1;
-            }
-        }
+        const int64_t ts = c_ts[i], k2 = c_k2[i], pre = c_pre[i], flow = c_flow[i], ex = c_extra[i];
         if (k2 < 0 || k2 > 2 || flow < 0 || flow > 2 || (pre >= 0 && BAD_ID(pre, pool)) ||
             (ex >= 0 && BAD_ID(ex, extras))) {
             *err = "a row's type, flow, prefix or extra is out of range";
             return NULL;
         }
-        int vs = vlen(sid), vp = vlen(par), vrs = vlen(raws), vre = vlen(rawe);
-        int64_t te = pool->len[k[K_TYPE + k2]];
-        if (pre >= 0)
-            te += pool->len[pre];
-        if (flow)
-            te += pool->len[k[K_FLOW + flow - 1]] + vs;
-        if (span_ann)
-            te += pool->len[hdr[A_SPAN] + vs - 1] + vs;
-        if (par)
-            te += pool->len[hdr[A_PARENT] + vp - 1] + vp;
-        if (dev_start)
-            te += pool->len[hdr[A_DEV_START] + vrs - 1] + vrs;
-        if (dev_end)
-            te += pool->len[hdr[A_DEV_END] + vre - 1] + vre;
-        if (ex >= 0)
-            te += extras->len[ex];
-        int64_t body = pool->len[k[K_TS]] + vlen(tsv) + (absolute ? pool->len[k[K_ABS]] : 0) + pool->len[tail] +
-                       vlen((uint64_t)te) + te;
+        const int absolute = ts < last;
+        /* Unsigned arithmetic: wraps as numpy's int64 does, where signed overflow would be undefined. */
+        const uint64_t tsv = absolute ? (uint64_t)ts + (uint64_t)mono : (uint64_t)ts - (uint64_t)last;
+        if (!absolute)
+            last = ts;
+        int64_t te = type[k2].len;
+        piece name = {NULL, 0}, fl = {NULL, 0}, a_sid = {NULL, 0}, a_par = {NULL, 0}, a_rs = {NULL, 0},
+              a_re = {NULL, 0}, xtra = {NULL, 0};
+        uint64_t sid = 0, par = 0, raws = 0, rawe = 0;
+        int vs = 0;
+        if (pre >= 0) {
+            name = get(pool, pre);
+            te += name.len;
+        }
+        const int span_ann = c_spanann[i] != 0;
+        if (flow || span_ann) {
+            sid = (uint64_t)c_sid[i];
+            vs = vlen(sid);
+            if (flow) {
+                fl = flows[flow - 1];
+                te += fl.len + vs;
+            }
+            if (span_ann) {
+                a_sid = get(pool, hdr[A_SPAN] + vs - 1);
+                te += a_sid.len + vs;
+            }
+        }
+        par = (uint64_t)c_par[i];
+        if (par) {
+            int vp = vlen(par);
+            a_par = get(pool, hdr[A_PARENT] + vp - 1);
+            te += a_par.len + vp;
+        }
+        if (c_raw[i]) {
+            raws = (uint64_t)c_raws[i];
+            int64_t off = (int64_t)(raws - (uint64_t)ts);
+            if (!has_offset || off != offset) {
+                int v = vlen(raws);
+                a_rs = get(pool, hdr[A_DEV_START] + v - 1);
+                te += a_rs.len + v;
+                offset = off;
+                has_offset = 1;
+            }
+        }
+        if (c_rawend[i]) {
+            rawe = (uint64_t)c_rawe[i];
+            int v = vlen(rawe);
+            a_re = get(pool, hdr[A_DEV_END] + v - 1);
+            te += a_re.len + v;
+        }
+        if (ex >= 0) {
+            xtra = get(extras, ex);
+            te += xtra.len;
+        }
+        const int64_t body = tstag.len + vlen(tsv) + (absolute ? abs_clock.len : 0) + tail.len +
+                             vlen((uint64_t)te) + te;
 
-        p = put(p, pool, k[K_PACKET]);
+        PUT(p, packet);
         p = put_varint(p, (uint64_t)body);
-        p = put(p, pool, k[K_TS]);
+        PUT(p, tstag);
         p = put_varint(p, tsv);
         if (absolute)
-            p = put(p, pool, k[K_ABS]);
-        p = put(p, pool, tail);
+            PUT(p, abs_clock);
+        PUT(p, tail);
         p = put_varint(p, (uint64_t)te);
-        p = put(p, pool, k[K_TYPE + k2]);
-        if (pre >= 0)
-            p = put(p, pool, pre);
+        PUT(p, type[k2]);
+        PUT(p, name);
         if (flow) {
-            p = put(p, pool, k[K_FLOW + flow - 1]);
+            PUT(p, fl);
             p = put_varint(p, sid);
         }
         if (span_ann) {
-            p = put(p, pool, hdr[A_SPAN] + vs - 1);
+            PUT(p, a_sid);
             p = put_varint(p, sid);
         }
-        if (par) {
-            p = put(p, pool, hdr[A_PARENT] + vp - 1);
+        if (a_par.at) {
+            PUT(p, a_par);
             p = put_varint(p, par);
         }
-        if (dev_start) {
-            p = put(p, pool, hdr[A_DEV_START] + vrs - 1);
+        if (a_rs.at) {
+            PUT(p, a_rs);
             p = put_varint(p, raws);
         }
-        if (dev_end) {
-            p = put(p, pool, hdr[A_DEV_END] + vre - 1);
+        if (a_re.at) {
+            PUT(p, a_re);
             p = put_varint(p, rawe);
         }
-        if (ex >= 0)
-            p = put(p, extras, ex);
+        PUT(p, xtra);
     }
     run[R_LAST] = last;
     run[R_OFFSET] = offset;
@@ -259,22 +310,23 @@ packets_encode(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "encode: the runs do not cover the rows");
         goto done;
     }
-    /* Written in place into a bytes object of the bound, then shrunk: no copy of the packets. */
-    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
-    if (result == NULL)
+    /* Written into a scratch block of the bound, then copied at its exact size: a bytes object of the
+     * bound (several times the packets) would be a fresh mapping each call, a page fault per 4 kB. */
+    uint8_t *out = (uint8_t *)malloc(size ? (size_t)size : 1), *p = out;
+    if (out == NULL) {
+        PyErr_NoMemory();
         goto done;
+    }
     const char *err = NULL;
-    uint8_t *out = (uint8_t *)PyBytes_AS_STRING(result), *p = out;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t r = 0; r < nruns && p != NULL; r++)
         p = encode_run(p, col, perm, runs + r * RUN_COLS, (int64_t)mono, k, &pool, &extras, &err);
     Py_END_ALLOW_THREADS
-    if (p == NULL) {
+    if (p == NULL)
         PyErr_Format(PyExc_ValueError, "encode: %s", err);
-        Py_CLEAR(result);
-    } else if (_PyBytes_Resize(&result, (Py_ssize_t)(p - out)) < 0) {
-        result = NULL;
-    }
+    else
+        result = PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)(p - out));
+    free(out);
 done:
     PyBuffer_Release(&rb);
     PyBuffer_Release(&ob);
@@ -289,9 +341,95 @@ done:
     return result;
 }
 
+
+/* fill(rows, thr, hb, he, ids, md, group, hpre, flows, par, xid, dv, dtr, ds, de, dpre, raws, rawe): the packet rows
+ * of a batch (``rows.batch_rows``) in one pass, every column written (no zeroing first). With n spans and m of them
+ * on a device: rows int64[16, W] (W >= 2n + 2m) gets host BEGINs at 0..n-1, host ENDs at n..2n-1, device BEGINs at
+ * 2n..2n+m-1 and device ENDs after them. Per span (n): thr, hb, he, ids, md, group, hpre, par, xid, ds, de, raws,
+ * rawe int64 and flows uint8 (a launch: its slices are joined by a flow); per device span (m): dv (its row), dtr,
+ * dpre int64. */
+enum { FLOW_OUT = 1, FLOW_IN = 2, K2_END = 1 };
+
+static PyObject *
+packets_fill(PyObject *self, PyObject *args)
+{
+    enum { NB = 18 };
+    Py_buffer b[NB];
+    memset(b, 0, sizeof b);
+    if (!PyArg_ParseTuple(args, "w*y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*:fill", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5],
+                          &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &b[13], &b[14], &b[15], &b[16], &b[17]))
+        return NULL;
+    PyObject *result = NULL;
+    const Py_ssize_t n = b[1].len / 8, m = b[11].len / 8;
+    static const int per_span[] = {1, 2, 3, 4, 5, 6, 7, 9, 10, 13, 14, 16, 17}, per_dev[] = {11, 12, 15};
+    int ok = b[8].len == n && b[0].len % (NCOLS * 8) == 0 && b[0].len / (NCOLS * 8) >= 2 * n + 2 * m;
+    for (size_t j = 0; ok && j < sizeof per_span / sizeof *per_span; j++)
+        ok = b[per_span[j]].len == n * 8;
+    for (size_t j = 0; ok && j < sizeof per_dev / sizeof *per_dev; j++)
+        ok = b[per_dev[j]].len == m * 8;
+    const int64_t *dv = (const int64_t *)b[11].buf;
+    for (Py_ssize_t j = 0; ok && j < m; j++)
+        ok = dv[j] >= 0 && dv[j] < n;
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "fill: columns of unequal lengths, too few rows, or a device row out of range");
+        goto done;
+    }
+    const Py_ssize_t w = b[0].len / (NCOLS * 8);
+    int64_t *col[NCOLS];
+    for (int c = 0; c < NCOLS; c++)
+        col[c] = (int64_t *)b[0].buf + c * w;
+#define I64(k) ((const int64_t *)b[k].buf)
+    const int64_t *thr = I64(1), *hb = I64(2), *he = I64(3), *ids = I64(4), *md = I64(5), *group = I64(6),
+                  *hpre = I64(7), *par = I64(9), *xid = I64(10), *dtr = I64(12), *ds = I64(13), *de = I64(14),
+                  *dpre = I64(15), *raws = I64(16), *rawe = I64(17);
+    const uint8_t *flows = (const uint8_t *)b[8].buf;
+#undef I64
+    Py_BEGIN_ALLOW_THREADS
+    for (int half = 0; half < 2; half++) {
+        const Py_ssize_t cnt = half ? m : n, at = half ? 2 * n : 0;
+        for (Py_ssize_t j = 0; j < cnt; j++) {
+            const Py_ssize_t i = half ? dv[j] : j, bi = at + j, ei = at + cnt + j;
+            const int64_t track = half ? dtr[j] : thr[i], t0 = half ? ds[i] : hb[i], t1 = half ? de[i] : he[i];
+            const int f = flows[i] != 0;
+            col[C_TRACK][bi] = col[C_TRACK][ei] = track;
+            col[C_TS][bi] = t0;
+            col[C_TS][ei] = t1;
+            col[C_K1][bi] = col[C_SID][bi] = ids[i];
+            col[C_K1][ei] = md[i];
+            col[C_K2][bi] = 0;
+            col[C_K2][ei] = K2_END;
+            col[C_K3][bi] = 0;
+            col[C_K3][ei] = -ids[i];
+            col[C_G][bi] = col[C_G][ei] = group[i];
+            col[C_PRE][bi] = half ? dpre[j] : hpre[i];
+            col[C_PRE][ei] = -1;
+            col[C_FLOW][bi] = f ? (half ? FLOW_IN : FLOW_OUT) : 0;
+            col[C_SPANANN][bi] = !f;
+            col[C_PARENT][bi] = half ? 0 : par[i];
+            col[C_EXTRA][bi] = half ? -1 : xid[i];
+            col[C_RAW][bi] = half;
+            col[C_RAWS][bi] = half ? raws[i] : 0;
+            col[C_RAWE][bi] = half ? rawe[i] : 0;
+            col[C_RAWEND][bi] = half ? (uint64_t)rawe[i] - (uint64_t)raws[i] != (uint64_t)t1 - (uint64_t)t0 : 0;
+            col[C_FLOW][ei] = col[C_SID][ei] = col[C_SPANANN][ei] = col[C_PARENT][ei] = 0;
+            col[C_EXTRA][ei] = -1;
+            col[C_RAW][ei] = col[C_RAWS][ei] = col[C_RAWE][ei] = col[C_RAWEND][ei] = 0;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_NewRef(Py_None);
+done:
+    for (int j = 0; j < NB; j++)
+        if (b[j].obj != NULL)
+            PyBuffer_Release(&b[j]);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"encode", packets_encode, METH_VARARGS,
      "encode(rows, perm, runs, mono, consts, pool, pool_off, pool_len, extras, extras_off, extras_len) -> bytes."},
+    {"fill", packets_fill, METH_VARARGS,
+     "fill(rows, thr, hb, he, ids, md, group, hpre, flows, par, xid, dv, dtr, ds, de, dpre, raws, rawe): a batch's rows."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ...timeline.arrays import sorted_distinct as distinct
-from .columns import (C_EXTRA, C_FLOW, C_K2, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS, C_SID, C_SPANANN,
-                      C_TS)
+from .columns import (C_EXTRA, C_FLOW, C_G, C_K1, C_K2, C_K3, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS,
+                      C_SID, C_SPANANN, C_TRACK, C_TS, FLOW_IN, FLOW_OUT, K2_END)
 
 # Columns of a run (one track's rows in a write), as _packets.c reads them.
 R_LO, R_HI, R_TAIL, R_HDR, R_LAST, R_OFFSET, R_HAS_OFFSET = 0, 1, 2, 3, 7, 8, 9
@@ -263,3 +263,52 @@ def encode_rows(rows: np.ndarray, perm: np.ndarray, runs: np.ndarray, mono: int,
     lay.set_length(te_at, lay.total(te_at + 1))
     lay.set_length(body_at, lay.total(body_at + 1))
     return lay.bytes()
+
+
+def fill_rows(rows: np.ndarray, thr: np.ndarray, hb: np.ndarray, he: np.ndarray, ids: np.ndarray, md: np.ndarray,
+              group: np.ndarray, hpre: np.ndarray, flows: np.ndarray, par: np.ndarray, xid: np.ndarray, dv: np.ndarray,
+              dtr: np.ndarray, ds: np.ndarray, de: np.ndarray, dpre: np.ndarray, raws: np.ndarray,
+              rawe: np.ndarray) -> None:
+    """A batch's packet rows into ``rows``, every column written: ``_packets.fill``'s twin, which documents
+    the arguments.
+
+    Per span a host BEGIN/END pair; per device span (``dv``) a device pair after them. BEGIN(Y) sorts as
+    (ts, Y), END(X) as (ts, md(X), 1, -X) (see ``order``)."""
+    n, m = len(thr), len(dv)
+    flows = flows.view(bool)
+    h0, h1 = rows[:, :n], rows[:, n:2 * n]
+    _pair(h0, h1, thr, hb, he, ids, md, group)
+    h0[C_PRE] = hpre
+    h0[C_FLOW] = flows * FLOW_OUT
+    h0[C_SPANANN] = ~flows
+    h0[C_PARENT] = par
+    h0[C_EXTRA] = xid
+    h0[[C_K2, C_K3, C_RAW, C_RAWS, C_RAWE, C_RAWEND]] = 0
+    if m:
+        d0, d1 = rows[:, 2 * n:2 * n + m], rows[:, 2 * n + m:2 * n + 2 * m]
+        _pair(d0, d1, dtr, ds[dv], de[dv], ids[dv], md[dv], group[dv])
+        d0[C_PRE] = dpre
+        f = flows[dv]
+        d0[C_FLOW] = f * FLOW_IN
+        d0[C_SPANANN] = ~f
+        d0[C_EXTRA] = -1
+        d0[C_RAW] = 1
+        d0[C_RAWS] = raws[dv]
+        d0[C_RAWE] = rawe[dv]
+        d0[C_RAWEND] = d0[C_RAWE] - d0[C_RAWS] != d1[C_TS] - d0[C_TS]
+        d0[[C_K2, C_K3, C_PARENT]] = 0
+
+
+def _pair(b: np.ndarray, e: np.ndarray, track: np.ndarray, begin: np.ndarray, end: np.ndarray, ids: np.ndarray,
+          md: np.ndarray, group: np.ndarray) -> None:
+    """The columns a BEGIN/END pair shares."""
+    b[C_TRACK] = e[C_TRACK] = track
+    b[C_TS] = begin
+    e[C_TS] = end
+    b[C_K1] = b[C_SID] = ids
+    e[C_K1] = md
+    e[C_K2] = K2_END
+    e[C_K3] = -ids
+    b[C_G] = e[C_G] = group
+    e[C_PRE] = e[C_EXTRA] = -1
+    e[[C_FLOW, C_SID, C_SPANANN, C_PARENT, C_RAW, C_RAWS, C_RAWE, C_RAWEND]] = 0

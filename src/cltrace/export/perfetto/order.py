@@ -73,10 +73,10 @@ class HoldBack:
         self._arrived_order: collections.deque[int] = collections.deque()
 
     def new_rows(self, m: int) -> np.ndarray:
-        """Zeroed rows for a write's m packets, and at the end room for the rows held from the last
+        """Rows for a write's m packets (not zeroed: ``encoder.fill_rows`` writes every column), and at the end room for the rows held from the last
         write (``hold_back`` puts them there: no copy of the whole batch to append them)."""
         self._room = 0 if self._tail is None else self._tail[0].shape[1]
-        return self._scratch.rows(m + self._room)
+        return self._scratch.rows(m + self._room, zero=False)
 
     def groups(self, leaf: np.ndarray, ids: np.ndarray, par: np.ndarray) -> tuple[np.ndarray, np.ndarray, Arrivals]:
         """Per span: the parent still to come that its events wait for (0: none) and its last descendant id.

@@ -24,8 +24,8 @@ from ...timeline.spans import TRANSFER
 from ...timeline.arrays import unique, values
 from .wire import TE_COUNTER, uv
 
-from .columns import (C_EXTRA, C_FLOW, C_G, C_K1, C_K2, C_K3, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS,
-                      C_SID, C_SPANANN, C_TRACK, C_TS, FLOW_IN, FLOW_OUT, K2_COUNTER, K2_END, NCOLS)
+from .columns import C_G, C_K1, C_K2, C_K3, C_PRE, C_TRACK, C_TS, C_EXTRA, K2_COUNTER, NCOLS
+from . import encoder
 from .order import Arrivals, HoldBack, leaf_mask
 
 if TYPE_CHECKING:
@@ -47,26 +47,13 @@ def batch_rows(batch: SpanBatch, tracks: Tracks, hold: HoldBack,
     group, md, arrivals = hold.groups(leaf_mask(batch), ids, par)
     flows = (batch.track != 0) & ~batch.is_region()
     extras, xid = _extras(batch, thr, tracks)
-    rows = hold.new_rows(2 * n + 2 * m)  # with room at the end for the rows held from the last write
-    h0, h1 = rows[:, :n], rows[:, n:2 * n]
-    _pair(h0, h1, thr, batch.host_begin, batch.host_end, ids, md, group)
-    h0[C_PRE] = tracks.prefix_ids(tables, thr, batch.cat, batch.name, batch.site)
-    h0[C_FLOW] = flows * FLOW_OUT
-    h0[C_SPANANN] = ~flows
-    h0[C_PARENT] = par
-    h0[C_EXTRA] = xid
-    if m:
-        d0, d1 = rows[:, 2 * n:2 * n + m], rows[:, 2 * n + m:2 * n + 2 * m]
-        _pair(d0, d1, dtr, batch.dev_start[dv], batch.dev_end[dv], ids[dv], md[dv], group[dv])
-        d0[C_PRE] = tracks.prefix_ids(tables, dtr, batch.cat[dv], batch.name[dv])
-        f = flows[dv]
-        d0[C_FLOW] = f * FLOW_IN
-        d0[C_SPANANN] = ~f
-        d0[C_EXTRA] = -1
-        d0[C_RAW] = 1
-        d0[C_RAWS] = batch.raw_start[dv]
-        d0[C_RAWE] = batch.raw_end[dv]
-        d0[C_RAWEND] = d0[C_RAWE] - d0[C_RAWS] != d1[C_TS] - d0[C_TS]
+    hpre = tracks.prefix_ids(tables, thr, batch.cat, batch.name, batch.site)
+    dpre = tracks.prefix_ids(tables, dtr, batch.cat[dv], batch.name[dv])
+    if isinstance(xid, int):
+        xid = np.full(n, xid, np.int64)
+    rows = hold.new_rows(2 * n + 2 * m)
+    encoder.fill_rows(rows, thr, batch.host_begin, batch.host_end, ids, md, group, hpre, flows.view(np.uint8), par,
+                      xid, dv, dtr, batch.dev_start, batch.dev_end, dpre, batch.raw_start, batch.raw_end)
     counters = _counter_rows(batch, group, md, tracks, head, extras)
     if counters is not None:
         mine = 2 * n + 2 * m
@@ -148,20 +135,6 @@ def _distinct(heads: np.ndarray, ids: np.ndarray, thr: np.ndarray, bad: np.ndarr
     rank = np.empty(len(first), np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
     return rank[inv], heads[np.sort(first)]
-
-
-def _pair(b: np.ndarray, e: np.ndarray, track: np.ndarray, begin: np.ndarray, end: np.ndarray, ids: np.ndarray,
-          md: np.ndarray, group: np.ndarray) -> None:
-    """The columns a BEGIN/END pair shares: BEGIN(Y) sorts as (ts, Y), END(X) as (ts, md(X), 1, -X)."""
-    b[C_TRACK] = e[C_TRACK] = track
-    b[C_TS] = begin
-    e[C_TS] = end
-    b[C_K1] = b[C_SID] = ids
-    e[C_K1] = md
-    e[C_K2] = K2_END
-    e[C_K3] = -ids
-    b[C_G] = e[C_G] = group
-    e[C_PRE] = e[C_EXTRA] = -1
 
 
 def _counter_rows(batch: SpanBatch, group: np.ndarray, md: np.ndarray, tracks: Tracks, head: list[bytes],
