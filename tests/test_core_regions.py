@@ -232,3 +232,21 @@ def test_threads_that_reuse_an_ident_get_tracks_of_their_own(queue, kernels):
         assert RECORDER.tracks.get(track).name == f"worker-{name}"
     for k in (s for s in spans if s.cat == "kernel"):
         assert k.thread == regions_by_name[k.path[0]].thread
+
+
+def test_launch_names_pyopencl_kernels_right_when_many_are_remembered_and_forgets_them_at_stop(queue):
+    import pyopencl as cl
+
+    from cltrace.record import regions
+
+    src = "".join(f"__kernel void k{i}(__global float *x) {{ x[0] = {i}; }}\n" for i in range(70))
+    prg = cl.Program(queue.context, src).build()
+    buf = cl.Buffer(queue.context, cl.mem_flags.READ_WRITE, 64)
+    kernels = [getattr(prg, f"k{i}") for i in range(70)]  # more than launch remembers at once
+    with cltrace.trace():
+        for k in kernels + kernels[::-1]:
+            cltrace.launch(k, queue, (1,), None, buf)
+        assert 0 < len(regions._KERNELS) <= regions._KERNELS_MAX
+    names = [s.name for s in RECORDER.spans() if s.cat == "kernel"]
+    assert names == [f"k{i}" for i in range(70)] + [f"k{i}" for i in reversed(range(70))]
+    assert regions._KERNELS == {}

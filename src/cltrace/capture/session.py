@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 from .. import _state
 from ..errors import OutputError
 from ..export.formats import format_for, register_format, sink_for
-from ..record import switch
+from ..record import regions, switch
 from ..record.recorder import RECORDER
 from . import stepper
 from .schedule import Schedule
@@ -142,6 +142,7 @@ def stop() -> None:
         stepper.set_current(None)
     _uninstall_sigterm()
     switch.restore()
+    regions.forget_kernels()
     if wrote:
         print(f"cltrace: wrote {', '.join(shown(p) for p in wrote)}", file=sys.stderr, flush=True)
 

@@ -308,18 +308,41 @@ def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: An
     failed enqueue leaves a failed span and raises the same pyopencl error, naming the
     kernel and its sizes.
     """
-    if not _state.ENABLED or _state.INSTRUMENTED or getattr(kernel, "records_launches", False):
+    if not _state.ENABLED or _state.INSTRUMENTED:
+        return kernel(queue, global_size, local_size, *args, wait_for=wait_for)
+    known = _KERNELS.get(id(kernel))
+    own = known[1] if known is not None and known[0] is kernel else _learn(kernel)
+    if own is None:  # a cltrace.Kernel: it records its own launches
         return kernel(queue, global_size, local_size, *args, wait_for=wait_for)
     hb = _perf()
     try:
         ev = kernel(queue, global_size, local_size, *args, wait_for=wait_for)
     except cl.Error as exc:
-        raise failed_launch(exc, name or _kernel_name(kernel), global_size, local_size, hb,
-                            kernel, queue) from None
+        raise failed_launch(exc, name or own, global_size, local_size, hb, kernel, queue) from None
     he = _perf()
-    record_launch(name or _kernel_name(kernel), queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size),
-                  _site(2))
+    record_launch(name or own, queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size), _site(2))
     return ev
+
+
+# id(kernel) -> (kernel, its name, or None where it records its own launches). pyopencl's
+# ``function_name`` asks the driver each time (~0.2-0.5 us) and a Kernel takes no weak reference:
+# the entries hold their kernels (so an id is never reused while cached), at most _KERNELS_MAX of
+# them, forgotten when tracing stops (``forget_kernels``).
+_KERNELS: dict[int, tuple[Any, str | None]] = {}
+_KERNELS_MAX = 64
+
+
+def _learn(kernel: Any) -> str | None:
+    own = None if getattr(kernel, "records_launches", False) else _kernel_name(kernel)
+    if len(_KERNELS) >= _KERNELS_MAX:
+        _KERNELS.clear()
+    _KERNELS[id(kernel)] = (kernel, own)
+    return own
+
+
+def forget_kernels() -> None:
+    """Drop the kernels ``launch`` remembered (tracing stopped: they may be freed)."""
+    _KERNELS.clear()
 
 
 def _kernel_name(kernel: Any) -> str:
