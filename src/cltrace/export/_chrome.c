@@ -40,7 +40,32 @@ typedef struct {
 
 /* Literal text, its length known at compile time. */
 #define LIT(p, s) (memcpy((p), (s), sizeof(s) - 1), (p) += sizeof(s) - 1)
-#define PUT(p, pc) (memcpy((p), (pc).p, (size_t)(pc).n), (p) += (pc).n)
+#define PUT(p, pc) ((p) = put_text((p), (pc).p, (size_t)(pc).n))
+
+/* n bytes from src, by fixed-size moves the compiler inlines (two overlapping ones for the tail): most
+ * pieces are 10-100 bytes, where a call to memcpy costs more than the copy. Reads only src[0:n]. */
+static inline char *
+put_text(char *dst, const char *src, size_t n)
+{
+    if (n >= 16) {
+        size_t i = 0;
+        for (; i + 16 <= n; i += 16)
+            memcpy(dst + i, src + i, 16);
+        if (i < n)
+            memcpy(dst + n - 16, src + n - 16, 16);
+    } else if (n >= 8) {
+        memcpy(dst, src, 8);
+        memcpy(dst + n - 8, src + n - 8, 8);
+    } else if (n >= 4) {
+        memcpy(dst, src, 4);
+        memcpy(dst + n - 4, src + n - 4, 4);
+    } else if (n > 0) {
+        dst[0] = src[0];
+        dst[n / 2] = src[n / 2];
+        dst[n - 1] = src[n - 1];
+    }
+    return dst + n;
+}
 
 /* Most bytes one row can take besides its table text: every literal below, and 20 numbers of at
  * most 21 characters (sign, 19 digits, point) each. */
@@ -51,26 +76,52 @@ static const char DIGITS2[] =
     "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
     "8081828384858687888990919293949596979899";
 
-static char *
-put_u64(char *p, uint64_t v)
+/* Digits of v < 10^8, as few as it takes. */
+static inline char *
+put_u32(char *p, uint32_t v)
 {
-    char tmp[20];
-    char *t = tmp + sizeof(tmp);
+    int n = v < 10 ? 1 : v < 100 ? 2 : v < 1000 ? 3 : v < 10000 ? 4 : v < 100000 ? 5 : v < 1000000 ? 6
+          : v < 10000000 ? 7 : 8;
+    char *e = p + n, *t = e;
     while (v >= 100) {
-        unsigned r = (unsigned)(v % 100);
+        unsigned r = v % 100;
         v /= 100;
         t -= 2;
         memcpy(t, DIGITS2 + 2 * r, 2);
     }
-    if (v >= 10) {
-        t -= 2;
-        memcpy(t, DIGITS2 + 2 * v, 2);
+    if (v >= 10)
+        memcpy(t - 2, DIGITS2 + 2 * v, 2);
+    else
+        t[-1] = (char)('0' + v);
+    return e;
+}
+
+/* Exactly 8 digits of v < 10^8 (leading zeros). */
+static inline char *
+put_8(char *p, uint32_t v)
+{
+    uint32_t hi = v / 10000, lo = v % 10000;
+    memcpy(p, DIGITS2 + 2 * (hi / 100), 2);
+    memcpy(p + 2, DIGITS2 + 2 * (hi % 100), 2);
+    memcpy(p + 4, DIGITS2 + 2 * (lo / 100), 2);
+    memcpy(p + 6, DIGITS2 + 2 * (lo % 100), 2);
+    return p + 8;
+}
+
+static char *
+put_u64(char *p, uint64_t v)
+{
+    if (v < 100000000u)
+        return put_u32(p, (uint32_t)v);
+    uint64_t hi = v / 100000000u;
+    uint32_t lo = (uint32_t)(v % 100000000u);
+    if (hi < 100000000u) {
+        p = put_u32(p, (uint32_t)hi);
     } else {
-        *--t = (char)('0' + v);
+        p = put_u32(p, (uint32_t)(hi / 100000000u));
+        p = put_8(p, (uint32_t)(hi % 100000000u));
     }
-    size_t n = (size_t)(tmp + sizeof(tmp) - t);
-    memcpy(p, t, n);
-    return p + n;
+    return put_8(p, lo);
 }
 
 static char *
@@ -162,8 +213,7 @@ put_row(char *p, const row_t *r)
 
     PUT(p, r->head);
     PUT(p, r->host);
-    memcpy(p, ts, ts_n);
-    p += ts_n;
+    p = put_text(p, ts, ts_n);
     LIT(p, ",\"dur\":");
     p = put_us(p, r->dur);
     LIT(p, ",\"args\":");
@@ -196,13 +246,11 @@ put_row(char *p, const row_t *r)
     dts_n = (size_t)(put_us(dts, r->dts) - dts);
     PUT(p, r->head);
     PUT(p, r->dev);
-    memcpy(p, dts, dts_n);
-    p += dts_n;
+    p = put_text(p, dts, dts_n);
     LIT(p, ",\"dur\":");
     p = put_us(p, r->ddur);
     LIT(p, ",\"args\":");
-    memcpy(p, args, args_n);
-    p += args_n;
+    p = put_text(p, args, args_n);
     LIT(p, "},\n");
     if (r->flags & F_NO_FLOW)
         return p;
@@ -210,20 +258,16 @@ put_row(char *p, const row_t *r)
     char id[24];
     size_t id_n = (size_t)(put_i64(id, r->id) - id);
     PUT(p, r->flow_s);
-    memcpy(p, id, id_n);
-    p += id_n;
+    p = put_text(p, id, id_n);
     *p++ = ',';
     PUT(p, r->host);
-    memcpy(p, ts, ts_n);
-    p += ts_n;
+    p = put_text(p, ts, ts_n);
     LIT(p, "},\n");
     PUT(p, r->flow_f);
-    memcpy(p, id, id_n);
-    p += id_n;
+    p = put_text(p, id, id_n);
     *p++ = ',';
     PUT(p, r->dev);
-    memcpy(p, dts, dts_n);
-    p += dts_n;
+    p = put_text(p, dts, dts_n);
     LIT(p, "},\n");
     return p;
 }
@@ -350,8 +394,8 @@ done:
 
 /* Columns of a SpanBatch (``chrome_lines.COLS``), each a contiguous buffer of n items. */
 enum { C_ID, C_PARENT, C_THREAD, C_HOST_BEGIN, C_HOST_END, C_TRACK, C_QUEUED, C_SUBMIT, C_DEV_START, C_DEV_END,
-       C_RAW_START, C_RAW_END, C_NAME, C_CAT, C_SITE, C_ATTRS, C_ERROR, N_COLS };
-static const int COL_SIZE[N_COLS] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 2, 4, 4, 4};
+       C_RAW_START, C_RAW_END, C_NAME, C_CAT, C_SITE, C_STATUS, C_ATTRS, C_ERROR, N_COLS };
+static const int COL_SIZE[N_COLS] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 2, 4, 1, 4, 4};
 /* Lookup tables (``chrome_lines.LUTS``): track id -> host head, track id -> device head,
  * name id * ncat + category id -> head, site id + 1 -> site text, category id -> is a region. */
 enum { L_HOST, L_DEVICE, L_HEAD, L_SITE, L_REGION, N_LUTS };
@@ -445,12 +489,14 @@ in_range(int64_t key, Py_ssize_t n)
     return key >= 0 && key < n;
 }
 
-/* scan(cols, luts, ncat, attrs, attrs_out) -> (misses, objects, devices, flows)
+/* scan(cols, luts, ncat, attrs, attrs_out) -> (misses, objects, devices, flows, failed, need)
  * One pass over the rows, with the GIL (it reads the attrs list): every key whose lookup entry is negative
  * is reported once, as (row, kind, key) in row order (kind 0: host track, 1: device track, 2: head key,
  * 3: site id + 1), its entry set to -2 until the caller fills it; each row's attrs object is numbered by
  * identity in attrs_out (int32, objects in first-seen order). devices and flows count the rows with a
- * device slice and those of them with a flow. */
+ * device slice and those of them with a flow, failed the rows whose status is not 0. need is 0, or where a
+ * track id lies past its lookup tables the length they need (-1: a negative id); its rows are not looked up
+ * (the caller undoes the marks, grows the tables and scans again). */
 static PyObject *
 chrome_scan(PyObject *self, PyObject *args)
 {
@@ -492,7 +538,9 @@ chrome_scan(PyObject *self, PyObject *args)
             *head_lut = LUT(&b, L_HEAD, int32_t), *site_lut = LUT(&b, L_SITE, int32_t);
     const uint8_t *region = LUT(&b, L_REGION, uint8_t);
     int32_t *attrs_out = (int32_t *)out.buf;
-    Py_ssize_t devices = 0, flows = 0;
+    const int8_t *status = COL(&b, C_STATUS, int8_t);
+    Py_ssize_t devices = 0, flows = 0, failed = 0;
+    int64_t need = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t key[4] = {thread[i], track[i], (int64_t)name[i] * b.ncat + cat[i], (int64_t)site[i] + 1};
         int32_t *lut[4] = {host_lut, dev_lut, head_lut, site_lut};
@@ -504,6 +552,13 @@ chrome_scan(PyObject *self, PyObject *args)
         for (int k = 0; k < 4; k++) {
             if (k == 1 && track[i] == 0)
                 continue;
+            if (k < 2 && !in_range(key[k], lut_n[k])) {
+                if (key[k] < 0)
+                    need = -1;
+                else if (need >= 0 && key[k] >= need)
+                    need = key[k] + 1;
+                continue;
+            }
             if (!in_range(key[k], lut_n[k])) {
                 PyErr_Format(PyExc_IndexError, "scan: row %zd: key %lld of kind %d outside its lookup table of %zd",
                              i, (long long)key[k], k, lut_n[k]);
@@ -519,6 +574,7 @@ chrome_scan(PyObject *self, PyObject *args)
             }
             Py_DECREF(m);
         }
+        failed += status[i] != 0;
         if (track[i] != 0) {
             devices++;
             flows += !region[cat[i]];
@@ -564,7 +620,7 @@ chrome_scan(PyObject *self, PyObject *args)
         }
         attrs_out[i] = slots[j];
     }
-    result = Py_BuildValue("(OOnn)", misses, objects, devices, flows);
+    result = Py_BuildValue("(OOnnnL)", misses, objects, devices, flows, failed, (long long)need);
 done:
     PyMem_Free(keys);
     PyMem_Free(slots);

@@ -189,33 +189,38 @@ class ChromeTraceSink:
         """The batch through the C extension's batch path (``chrome_lines.Batch``); False where its track
         ids do not suit lookup tables (the numpy path writes it instead, the same text)."""
         n = b.n
-        hi = max(int(b.thread.max()), int(b.track.max()))
-        if hi >= _NO_TRACK or min(int(b.thread.min()), int(b.track.min())) < 0:
-            return False
         lut = self._lut
         t = b.tables
         if lut is None or lut.tables is not t or len(t.cats.values) > lut.ncat:
             lut = self._lut = _Lookup(t)
-        lut.size(hi, len(t.names.values), len(t.sites.values), self._regions_of(t))
+        regions = self._regions_of(t)
         scan, fill = chrome_lines.BATCH  # type: ignore[misc]
         attrs_of = np.empty(n, np.int32)
-        errors = [b""]
-        err = None
-        bad = np.flatnonzero(b.status)
-        if len(bad):
-            get = b.errors.get
-            errors += [_ERROR + _json_text(get(i) or "") for i in bad.tolist()]
-            err = np.zeros(n, np.int32)
-            err[bad] = np.arange(1, len(bad) + 1, dtype=np.int32)
-        cols = (b.id, b.parent, b.thread, b.host_begin, b.host_end, b.track, b.dev_queued, b.dev_submit,
-                b.dev_start, b.dev_end, b.raw_start, b.raw_end, b.name, b.cat, b.site, attrs_of, err)
+        cols = [b.id, b.parent, b.thread, b.host_begin, b.host_end, b.track, b.dev_queued, b.dev_submit,
+                b.dev_start, b.dev_end, b.raw_start, b.raw_end, b.name, b.cat, b.site, b.status, attrs_of, None]
+        need = lut.tracks
         try:
-            misses, objects, devices, flows = scan(cols, lut.luts, lut.ncat, b.attrs, attrs_of)
+            while True:
+                lut.size(need, len(t.names.values), len(t.sites.values), regions)
+                misses, objects, devices, flows, failed, need = scan(tuple(cols), lut.luts, lut.ncat, b.attrs, attrs_of)
+                if not need:
+                    break
+                lut.unmark()  # a track id past the tables: larger ones, or (not a registry's) the numpy path
+                if need < 0 or need > _NO_TRACK:
+                    return False
             if misses:
                 self._learn(lut, misses)
         except BaseException:
             self._lut = None  # entries scan marked as pending stay unfilled: start over next batch
             raise
+        errors = [b""]
+        if failed:
+            bad = np.flatnonzero(b.status)
+            get = b.errors.get
+            errors += [_ERROR + _json_text(get(i) or "") for i in bad.tolist()]
+            err = cols[-1] = np.zeros(n, np.int32)
+            err[bad] = np.arange(1, len(bad) + 1, dtype=np.int32)
+        cols = tuple(cols)
         tables = (lut.heads, lut.flow_s, lut.flow_f, lut.hosts, lut.devices,
                   [self._attrs_text(o) for o in objects], lut.sites, errors)
         row = 0
@@ -555,8 +560,8 @@ class _Lookup:
         self.ncat = 8
         while self.ncat < len(tables.cats.values):
             self.ncat *= 2
-        self.host_lut = np.full(0, -1, np.int32)
-        self.dev_lut = np.full(0, -1, np.int32)
+        self.host_lut = np.full(64, -1, np.int32)
+        self.dev_lut = np.full(64, -1, np.int32)
         self.head_lut = np.full(0, -1, np.int32)
         self.site_lut = np.zeros(1, np.int32)  # no site (id -1): text 0, b""
         self.region = np.zeros(0, np.uint8)
@@ -568,15 +573,25 @@ class _Lookup:
         self.flow_f: list[bytes] = []
         self.luts: tuple[np.ndarray, ...] = ()
 
-    def size(self, track_hi: int, names: int, sites: int, regions: np.ndarray) -> None:
-        """Lookup tables long enough for track ids up to ``track_hi`` and the tables' names and sites."""
+    @property
+    def tracks(self) -> int:
+        """How many track ids the lookup tables cover."""
+        return len(self.host_lut)
+
+    def unmark(self) -> None:
+        """Entries ``scan`` marked as pending (-2) back to unknown (-1)."""
+        for lut in self.luts[:4]:
+            lut[lut == -2] = -1
+
+    def size(self, tracks: int, names: int, sites: int, regions: np.ndarray) -> None:
+        """Lookup tables long enough for ``tracks`` track ids and the tables' names and sites."""
         if len(self.heads) > _CACHE:
             self.head_lut.fill(-1)
             self.heads, self.flow_s, self.flow_f = [], [], []
         grown = False
-        if track_hi >= len(self.host_lut):
-            self.host_lut = _grow(self.host_lut, track_hi + 1)
-            self.dev_lut = _grow(self.dev_lut, track_hi + 1)
+        if tracks > len(self.host_lut):
+            self.host_lut = _grow(self.host_lut, tracks)
+            self.dev_lut = _grow(self.dev_lut, tracks)
             grown = True
         if names * self.ncat > len(self.head_lut):
             self.head_lut = _grow(self.head_lut, names * self.ncat)
