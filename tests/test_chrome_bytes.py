@@ -10,6 +10,9 @@ head cache keeps, a batch with interning tables of its own, and flushes between 
 from __future__ import annotations
 
 import hashlib
+import sys
+import threading
+import time
 import types
 from typing import Any
 
@@ -175,3 +178,45 @@ def test_rows_larger_than_the_buffer_and_track_ids_past_the_tables(tmp_path: Any
     data = run(tmp_path / "n.json", nat)
     assert b'"big": "xxxx' in data and b'"tid":%d,' % far_id in data
     assert data == run(tmp_path / "p.json", chrome_lines.PYTHON)
+
+
+@pytest.mark.skipif(DISABLED, reason="CLTRACE_NATIVE=0: fallback-only run")
+def test_fill_lets_other_threads_run(tmp_path: Any, monkeypatch: Any) -> None:
+    """The rows are written without the GIL: a Python thread counts while ``fill`` runs (with the GIL held
+    it could not: the switch interval is far longer than the call)."""
+    native()
+    args: list[Any] = []
+    fill = chrome_lines.BATCH.fill  # type: ignore[union-attr]
+    monkeypatch.setattr(chrome_lines, "BATCH", chrome_lines.BATCH._replace(  # type: ignore[union-attr]
+        fill=lambda *a: args.append(a) or fill(*a)))
+    rec = recorder()
+    sink = ChromeTraceSink(tmp_path / "g.json")
+    sink.start(rec)
+    sink.write(batch(rec.tables, 20_000, 1))
+    sink.close({})
+    _, _, _, n, base, cols, luts, ncat, tables = args[0]
+    out = bytearray(1000 * n)
+    count = [0]
+    stop = threading.Event()
+
+    def counter() -> None:
+        while not stop.is_set():
+            count[0] += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(0.5)
+    t = threading.Thread(target=counter)
+    try:
+        t.start()
+        time.sleep(0.01)  # the counter runs; it gives the GIL back within 0.5 s of this thread asking
+        progress = []
+        for _ in range(5):
+            before = count[0]
+            row, _ = fill(out, 0, 0, n, base, cols, luts, ncat, tables)  # ~2 ms: well inside the interval
+            progress.append(count[0] - before)
+            assert row == n
+    finally:
+        stop.set()
+        sys.setswitchinterval(old)
+        t.join()
+    assert max(progress) > 0, progress
