@@ -220,3 +220,25 @@ def test_fill_lets_other_threads_run(tmp_path: Any, monkeypatch: Any) -> None:
         sys.setswitchinterval(old)
         t.join()
     assert max(progress) > 0, progress
+
+
+def test_columns_that_are_strided_views(tmp_path: Any) -> None:
+    """A batch whose columns are views with strides (every other row of another batch's arrays) is written
+    as its rows (the native path copies such columns before the C extension reads them)."""
+    def run(path: Any, encoder: chrome_lines.Encoder) -> bytes:
+        rec = recorder()
+        whole = batch(rec.tables, 400, 9)
+        cols = {c: getattr(whole, c)[::2] for c, _ in COLUMNS}
+        assert not cols["id"].flags.c_contiguous
+        errors = {i // 2: e for i, e in whole.errors.items() if i % 2 == 0}
+        half = SpanBatch(rec.tables, cols, whole.attrs[::2], errors)
+        sink = ChromeTraceSink(path, encoder=encoder)
+        sink.start(rec)
+        sink.write(half)
+        sink.close({})
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    data = run(tmp_path / "a.json", chrome_lines.encode)
+    assert data == run(tmp_path / "p.json", chrome_lines.PYTHON)
+    assert data.count(b'"ph":"X"') > 200

@@ -196,8 +196,9 @@ class ChromeTraceSink:
         regions = self._regions_of(t)
         scan, fill = chrome_lines.BATCH  # type: ignore[misc]
         attrs_of = np.empty(n, np.int32)
-        cols = [b.id, b.parent, b.thread, b.host_begin, b.host_end, b.track, b.dev_queued, b.dev_submit,
-                b.dev_start, b.dev_end, b.raw_start, b.raw_end, b.name, b.cat, b.site, b.status, attrs_of, None]
+        cols = [np.ascontiguousarray(c) for c in (  # a batch's columns may be views with strides
+            b.id, b.parent, b.thread, b.host_begin, b.host_end, b.track, b.dev_queued, b.dev_submit,
+            b.dev_start, b.dev_end, b.raw_start, b.raw_end, b.name, b.cat, b.site, b.status)] + [attrs_of, None]
         need = lut.tracks
         try:
             while True:
