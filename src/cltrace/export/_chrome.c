@@ -11,6 +11,12 @@
  *
  * The tables are copied into tuples first (bytes are immutable), so the rows are written with the
  * GIL released: the flusher thread encoding a batch does not hold up the traced program.
+ *
+ * The batch path takes a SpanBatch's own columns instead (no per-row matrices built in numpy):
+ *   scan(cols, luts, ncat, attrs, attrs_out) -> (misses, objects, devices, flows, failed, need)
+ *     one pass with the GIL: which ids the lookup tables have no text for yet, the attrs objects by identity
+ *   fill(out, at, start, stop, base, cols, luts, ncat, tables) -> (row, at)
+ *     the rows' lines (the same text as encode's) straight into a writable buffer, without the GIL
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -580,6 +586,10 @@ chrome_scan(PyObject *self, PyObject *args)
             flows += !region[cat[i]];
         }
         PyObject *o = PyList_GET_ITEM(attrs, i);
+        if (i > 0 && o == PyList_GET_ITEM(attrs, i - 1)) { /* a launcher's rows share one dict */
+            attrs_out[i] = attrs_out[i - 1];
+            continue;
+        }
         size_t h = ((size_t)o >> 4) * 0x9E3779B97F4A7C15ull;
         Py_ssize_t j = (Py_ssize_t)(h & (size_t)(cap - 1));
         while (keys[j] != NULL && keys[j] != o)
