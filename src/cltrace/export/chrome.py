@@ -103,6 +103,11 @@ class ChromeTraceSink:
     so a crash leaves a loadable file up to the last flush. ``encoder`` writes a
     batch's event lines (``chrome_lines``: the C extension where built, else the
     Python loop, both writing the same bytes); tests and benchmarks pick one.
+
+    The text goes through one reused 1 MiB buffer, handed to the OS by one
+    write() when full and at each flush; with the C extension's encoder a batch
+    is written straight into it (``chrome_lines.Batch``). Disk is reserved ahead
+    of the file (``base.reserve_space``), which makes the kernel's part cheaper.
     """
 
     def __init__(self, path: str | os.PathLike[str], flush_every: int = 8192, *,
