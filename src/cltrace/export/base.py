@@ -48,12 +48,13 @@ def abandon_file(fh: IO[bytes] | None) -> None:
         pass
 
 
-def open_trace_file(path: str) -> IO[bytes]:
-    """Create the trace file (and its folder) for a streaming writer, with a large buffer."""
+def open_trace_file(path: str, buffering: int = 1 << 20) -> IO[bytes]:
+    """Create the trace file (and its folder) for a streaming writer, with a large buffer (0: none, for a
+    writer that buffers its text itself)."""
     d = os.path.dirname(path)
     if d:
         os.makedirs(d, exist_ok=True)
-    return open(path, "wb", buffering=1 << 20)
+    return open(path, "wb", buffering=buffering)
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait

@@ -23,7 +23,7 @@ from typing import IO, Any, Sequence
 
 import numpy as np
 
-from .base import abandon_file, release_space, reserve_space, start_writeback
+from .base import abandon_file, open_trace_file, release_space, reserve_space, start_writeback
 from ..timeline.arrays import distinct as _distinct, first_rows as _first_rows
 from . import chrome_lines
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
@@ -154,10 +154,7 @@ class ChromeTraceSink:
         ledger = getattr(recorder, "memory", None)
         if ledger is not None:
             self._memory_at, self._memory_first = ledger.open()
-        d = os.path.dirname(self.path)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        self._fh = open(self.path, "wb", buffering=0)
+        self._fh = open_trace_file(self.path, buffering=0)
         self._out = bytearray(_BUFFER)
         self._host_pid = recorder.tracks.pid
         self._process_names = getattr(recorder.tracks, "process_names", None) or {}  # pid -> name (merged)
