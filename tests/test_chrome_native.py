@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -332,6 +333,9 @@ def test_encoders_agree_on_batches_built_from_spans(rows: list[tuple], reset: An
     assert whole == chrome_lines.PYTHON(ints, idx, t, 0, batch.n)
     cut = batch.n // 2  # chunks join to the whole
     assert nat(ints, idx, t, 0, cut) + nat(ints, idx, t, cut, batch.n) == whole
+    with tempfile.TemporaryDirectory() as d:  # the batch path (scan + fill), as the sink runs it: the same file
+        files = [write(os.path.join(d, f"{k}.json"), rec, [batch], e) for k, e in (("n", nat), ("p", chrome_lines.PYTHON))]
+        assert files[0] == files[1] and whole in files[0]
     events = [json.loads(ln.rstrip(",")) for ln in whole.decode().split("\n")[:-1]]
     xs = iter(e for e in events if e["ph"] == "X")
     for s in spans:

@@ -2,6 +2,7 @@
 ``close()``'s fsync waits only for the last flush's bytes; the bytes in the file stay the same."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -61,3 +62,47 @@ def test_a_file_that_cannot_seek_is_left_alone(tmp_path: Any) -> None:
         fh.flush()
         assert base.start_writeback(fh, 0) == 0
         assert back.read(3) == b"abc"
+
+
+def test_disk_is_reserved_ahead_and_released_at_close(tmp_path: Any, monkeypatch: Any) -> None:
+    """The .json sink reserves disk past what it wrote (``base.reserve_space``) without growing the file:
+    flushed, it ends at its last byte (a killed run leaves no zeros after it); closed, the blocks past its
+    end are freed."""
+    from test_chrome_bytes import batch, recorder
+
+    monkeypatch.setattr(base, "RESERVE", 4 << 20)
+    path = tmp_path / "r.json"
+    rec = recorder()
+    sink = chrome.ChromeTraceSink(path, flush_every=1000)
+    sink.start(rec)
+    sink.write(batch(rec.tables, 3000, 1))
+    if sink._reserved < 0:
+        pytest.skip("this file system cannot reserve space (fallocate)")
+    assert sys.platform.startswith("linux") and sink._reserved > 0
+    st = os.stat(path)
+    assert st.st_size == sink._offset and path.read_bytes().endswith(b",\n")
+    assert st.st_blocks * 512 >= sink._reserved  # allocated past the end
+    sink.close({})
+    st = os.stat(path)
+    assert st.st_size == sink.bytes_written
+    assert st.st_blocks * 512 < st.st_size + (1 << 20)  # the rest given back
+    json.loads(path.read_bytes())
+
+
+def test_reserve_space_says_when_it_cannot(tmp_path: Any) -> None:
+    r, w = os.pipe()
+    try:
+        assert base.reserve_space(w, 0, 0) == -1  # a pipe has no blocks
+    finally:
+        os.close(r)
+        os.close(w)
+    if not sys.platform.startswith("linux"):
+        return
+    with open(tmp_path / "f", "wb") as fh:
+        end = base.reserve_space(fh.fileno(), 100, 0)
+        if end < 0:
+            pytest.skip("this file system cannot reserve space (fallocate)")
+        assert end == 100 + base.RESERVE
+        assert base.reserve_space(fh.fileno(), 200, end) == end  # enough ahead: nothing to do
+        assert base.reserve_space(fh.fileno(), end - 10, end) == end - 10 + base.RESERVE
+        assert os.fstat(fh.fileno()).st_size == 0

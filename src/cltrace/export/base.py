@@ -48,12 +48,13 @@ def abandon_file(fh: IO[bytes] | None) -> None:
         pass
 
 
-def open_trace_file(path: str) -> IO[bytes]:
-    """Create the trace file (and its folder) for a streaming writer, with a large buffer."""
+def open_trace_file(path: str, buffering: int = 1 << 20) -> IO[bytes]:
+    """Create the trace file (and its folder) for a streaming writer, with a large buffer (0: none, for a
+    writer that buffers its text itself)."""
     d = os.path.dirname(path)
     if d:
         os.makedirs(d, exist_ok=True)
-    return open(path, "wb", buffering=1 << 20)
+    return open(path, "wb", buffering=buffering)
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
@@ -92,3 +93,53 @@ def start_writeback(fh: IO[bytes], since: int) -> int:
         except (OSError, ValueError):
             pass
     return end
+
+
+_FALLOC_FL_KEEP_SIZE = 1  # <linux/falloc.h>: allocate blocks past the end, the file's size unchanged
+RESERVE = 32 << 20  # bytes of disk reserved ahead of a growing trace file at a time
+_fallocate: Callable[[int, int, int, int], int] | None | bool = sys.platform.startswith("linux")
+
+
+def reserve_space(fd: int, end: int, reserved: int) -> int:
+    """Before writing the file's bytes up to ``end``: where fewer than half of ``RESERVE`` bytes past it are
+    reserved on disk (``reserved``: the end of the last reservation, 0 at first), reserves the next
+    ``RESERVE`` (Linux ``fallocate`` keeping the size: the file reads the same, killed or not). Returns the
+    new reserved end, or -1 where the file or system cannot reserve (stop calling).
+
+    Writing into reserved blocks costs the kernel less than writing past them: on ext4 here, the .json
+    sink's CPU time ~300 against ~340 ns a span (775 B), the write() and the writeback started at each
+    flush both cheaper (no delayed allocation to account for per page). ``release_space`` gives back what
+    is left at close; a killed process leaves at most ``RESERVE`` bytes of disk allocated past the file's
+    end (``du`` counts them, the file reads the same).
+    """
+    global _fallocate
+    if end + RESERVE // 2 <= reserved:
+        return reserved
+    if _fallocate is True:
+        try:
+            import ctypes
+
+            f = ctypes.CDLL(None, use_errno=True).fallocate
+            f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+            f.restype = ctypes.c_int
+            _fallocate = f
+        except (OSError, AttributeError):
+            _fallocate = None
+    if not _fallocate:
+        return -1
+    start = max(end, reserved)
+    try:
+        if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, start, end + RESERVE - start) != 0:
+            return -1  # not a regular file, or a file system without it: nothing reserved
+    except (OSError, ValueError):
+        return -1
+    return end + RESERVE
+
+
+def release_space(fd: int, size: int) -> None:
+    """At close: frees the blocks ``reserve_space`` allocated past ``size``, the file's end (truncating
+    to its own size)."""
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass

@@ -23,8 +23,9 @@ from typing import IO, Any, Sequence
 
 import numpy as np
 
-from .base import abandon_file, open_trace_file, start_writeback
+from .base import abandon_file, open_trace_file, release_space, reserve_space, start_writeback
 from ..timeline.arrays import distinct as _distinct, first_rows as _first_rows
+from . import chrome_lines
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
 from .processes import device_pid, program_name
 from ..record.memory import COUNTER_ARG, counter_name
@@ -35,6 +36,10 @@ from ..timeline.tracks import DEVICE_QUEUE
 # Rows encoded at a time: ~400 kB of text, reused from cache; one encoder call for a whole batch of
 # 4096 rows writes 3 MB of fresh memory and costs ~4x more per span (benchmarks/bench_chrome.py).
 _CHUNK = 512
+# The text waiting for the OS: one buffer, reused (cache-warm), handed over by one write() when full or
+# at a flush. The native path writes rows straight into it.
+_BUFFER = 1 << 20
+_NO_TRACK = 1 << 22  # track ids from here on (not a registry's) take the numpy path: no lookup table that long
 _CACHE = 4096  # entries each text cache holds, so it stays bounded when every span has its own name
 _ERROR = b',"status":"error","error":'
 
@@ -98,6 +103,11 @@ class ChromeTraceSink:
     so a crash leaves a loadable file up to the last flush. ``encoder`` writes a
     batch's event lines (``chrome_lines``: the C extension where built, else the
     Python loop, both writing the same bytes); tests and benchmarks pick one.
+
+    The text goes through one reused 1 MiB buffer, handed to the OS by one
+    write() when full and at each flush; with the C extension's encoder a batch
+    is written straight into it (``chrome_lines.Batch``). Disk is reserved ahead
+    of the file (``base.reserve_space``), which makes the kernel's part cheaper.
     """
 
     def __init__(self, path: str | os.PathLike[str], flush_every: int = 8192, *,
@@ -106,6 +116,11 @@ class ChromeTraceSink:
         self.flush_every = flush_every
         self._encode = encoder or _encode_lines
         self._fh: IO[bytes] | None = None
+        self._out = bytearray()  # text not handed to the OS yet: self._out[:self._used]
+        self._used = 0
+        self._offset = 0  # bytes handed to the OS
+        self._reserved = 0  # disk reserved up to here (base.reserve_space); -1: cannot
+        self._lut: _Lookup | None = None  # the native path's lookup tables and text
         self._tracks_written: set[int] = set()
         self._pids: dict[str, int] = {}
         # Track -> its events' constant '"pid":..,"tid":..,"ts":' text, once its metadata is out.
@@ -139,7 +154,8 @@ class ChromeTraceSink:
         ledger = getattr(recorder, "memory", None)
         if ledger is not None:
             self._memory_at, self._memory_first = ledger.open()
-        self._fh = open_trace_file(self.path)
+        self._fh = open_trace_file(self.path, buffering=0)
+        self._out = bytearray(_BUFFER)
         self._host_pid = recorder.tracks.pid
         self._process_names = getattr(recorder.tracks, "process_names", None) or {}  # pid -> name (merged)
         self._named_pids = {self._host_pid}
@@ -151,26 +167,112 @@ class ChromeTraceSink:
             self._meta("process_sort_index", self._host_pid, 0, {"sort_index": 0}),
         ])
         self.events_written -= 1  # the "[" line
-        self._fh.flush()
+        self._drain()
 
     def write(self, spans: Sequence[Span]) -> None:
         fh = self._fh
         if fh is None or not spans:
             return
         b = as_batch(spans, self._recorder.tables)
-        ints, idx, tables = self._prepare(b)
-        encode = self._encode
-        for start in range(0, b.n, _CHUNK):  # bounded memory for a batch of any size
-            data = encode(ints, idx, tables, start, min(b.n, start + _CHUNK))
-            fh.write(data)
-            self.bytes_written += len(data)
-        flags = idx[5]
-        with_flow = int(np.count_nonzero(flags == DEVICE))  # a device slice, not a region
-        self.events_written += b.n + int(np.count_nonzero(flags & DEVICE)) + 2 * with_flow
+        if not (self._encode is chrome_lines.NATIVE and chrome_lines.BATCH and self._write_native(b)):
+            ints, idx, tables = self._prepare(b)
+            encode = self._encode
+            for start in range(0, b.n, _CHUNK):  # bounded memory for a batch of any size
+                self._put(encode(ints, idx, tables, start, min(b.n, start + _CHUNK)))
+            flags = idx[5]
+            with_flow = int(np.count_nonzero(flags == DEVICE))  # a device slice, not a region
+            self.events_written += b.n + int(np.count_nonzero(flags & DEVICE)) + 2 * with_flow
         self._since_flush += b.n
         self.spans_written += b.n
         if self._since_flush >= self.flush_every:
             self._flush_os()
+
+    def _write_native(self, b: SpanBatch) -> bool:
+        """The batch through the C extension's batch path (``chrome_lines.Batch``); False where its track
+        ids do not suit lookup tables (the numpy path writes it instead, the same text)."""
+        n = b.n
+        lut = self._lut
+        t = b.tables
+        if lut is None or lut.tables is not t or len(t.cats.values) > lut.ncat:
+            lut = self._lut = _Lookup(t)
+        regions = self._regions_of(t)
+        scan, fill = chrome_lines.BATCH  # type: ignore[misc]
+        attrs_of = np.empty(n, np.int32)
+        cols = [np.ascontiguousarray(c) for c in (  # a batch's columns may be views with strides
+            b.id, b.parent, b.thread, b.host_begin, b.host_end, b.track, b.dev_queued, b.dev_submit,
+            b.dev_start, b.dev_end, b.raw_start, b.raw_end, b.name, b.cat, b.site, b.status)] + [attrs_of, None]
+        need = lut.tracks
+        try:
+            while True:
+                lut.size(need, len(t.names.values), len(t.sites.values), regions)
+                misses, objects, devices, flows, failed, need = scan(tuple(cols), lut.luts, lut.ncat, b.attrs, attrs_of)
+                if not need:
+                    break
+                lut.unmark()  # a track id past the tables: larger ones, or (not a registry's) the numpy path
+                if need < 0 or need > _NO_TRACK:
+                    return False
+            if misses:
+                self._learn(lut, misses)
+        except BaseException:
+            self._lut = None  # entries scan marked as pending stay unfilled: start over next batch
+            raise
+        errors = [b""]
+        if failed:
+            bad = np.flatnonzero(b.status)
+            get = b.errors.get
+            errors += [_ERROR + _json_text(get(i) or "") for i in bad.tolist()]
+            err = cols[-1] = np.zeros(n, np.int32)
+            err[bad] = np.arange(1, len(bad) + 1, dtype=np.int32)
+        cols = tuple(cols)
+        tables = (lut.heads, lut.flow_s, lut.flow_f, lut.hosts, lut.devices,
+                  [self._attrs_text(o) for o in objects], lut.sites, errors)
+        row = 0
+        while row < n:
+            at = self._used
+            row, self._used = fill(self._out, at, row, n, self._base, cols, lut.luts, lut.ncat, tables)
+            self.bytes_written += self._used - at
+            if row < n:  # the buffer is full: hand it to the OS (a row larger than all of it: a larger one)
+                if self._used == 0:
+                    self._out = bytearray(2 * len(self._out))
+                self._drain()
+        self.events_written += n + devices + 2 * flows
+        return True
+
+    def _learn(self, lut: "_Lookup", misses: list[tuple[int, int, int]]) -> None:
+        """Text for the keys ``scan`` found no entry for, in the order the rows name them; tracks not
+        written yet get their metadata lines now, ahead of the batch's events."""
+        lines: list[str] = []
+        tracks = self._recorder.tracks
+        for _, kind, key in misses:
+            if kind == chrome_lines.HOST_TRACK or kind == chrome_lines.DEVICE_TRACK:
+                if key not in self._tracks_written:
+                    self._track_meta(tracks.get(key), lines)
+                if kind == chrome_lines.HOST_TRACK:
+                    lut.host_lut[key] = len(lut.hosts)
+                    lut.hosts.append(self._host_head(key))
+                else:
+                    lut.dev_lut[key] = len(lut.devices)
+                    lut.devices.append(self._device_head(key))
+            elif kind == chrome_lines.HEAD:
+                x, fs, ff = self._head(*divmod(key, lut.ncat))
+                lut.head_lut[key] = len(lut.heads)
+                lut.heads.append(x)
+                lut.flow_s.append(fs)
+                lut.flow_f.append(ff)
+            else:
+                lut.site_lut[key] = len(lut.sites)
+                lut.sites.append(self._site_text(key - 1))
+        if lines:
+            self._emit_lines(lines)
+
+    def _regions_of(self, t: Any) -> np.ndarray:
+        """Category id -> is a region category, for the tables ``t``."""
+        if t is not self._tables:
+            self._tables = t
+            self._x_heads.clear()
+            self._site_json.clear()
+            self._region_lut = np.zeros(0, np.int32)
+        return self._regions()
 
     def _prepare(self, b: SpanBatch) -> tuple[np.ndarray, np.ndarray, Tables]:
         """The encoder's input: int64 columns, per-row table indices and flags, and the tables.
@@ -272,21 +374,28 @@ class ChromeTraceSink:
         self._emit_lines(self._memory_lines())
         # Final metadata as an instant event; the last line carries no trailing comma.
         tail = (self._metadata_event(meta) + "\n]\n").encode()
-        fh.write(tail)
-        self.bytes_written += len(tail)
+        self._put(tail)
         self.events_written += 1
-        fh.flush()
         try:
-            os.fsync(fh.fileno())
-        except OSError:
-            pass
-        fh.close()
-        self._fh = None
+            self._drain()
+            if self._reserved > 0:
+                release_space(fh.fileno(), self._offset)
+            try:
+                os.fsync(fh.fileno())
+            except OSError:
+                pass
+        finally:
+            fh.close()
+            self._fh = None
+            self._out = bytearray()
+            self._lut = None
 
     def abandon(self) -> None:
         """In a forked child: the file is the parent's; drop it unwritten (``base.abandon_file``)."""
         abandon_file(self._fh)
         self._fh = None
+        self._out = bytearray()
+        self._used = 0
 
     # -- helpers ----------------------------------------------------------------
     def _memory_lines(self) -> list[str]:
@@ -316,9 +425,38 @@ class ChromeTraceSink:
         lines.append("")  # the trailing newline, without copying the text once more
         data = "\n".join(lines).encode()
         lines.pop()
-        self._fh.write(data)  # type: ignore[union-attr]
-        self.bytes_written += len(data)
+        self._put(data)
         self.events_written += len(lines)
+
+    def _put(self, data: bytes) -> None:
+        """Text after what is written so far: into the buffer, or straight to the OS if larger than it."""
+        n = len(data)
+        self.bytes_written += n
+        if self._used + n > len(self._out):
+            self._drain()
+            if n > len(self._out):
+                self._write_os(data)
+                return
+        self._out[self._used:self._used + n] = data
+        self._used += n
+
+    def _drain(self) -> None:
+        """Hands the buffered text to the OS."""
+        if self._used:
+            with memoryview(self._out) as view:
+                self._write_os(view[:self._used])
+            self._used = 0
+
+    def _write_os(self, data: Any) -> None:
+        fh = self._fh
+        end = self._offset + len(data)
+        if self._reserved >= 0:
+            self._reserved = reserve_space(fh.fileno(), end, self._reserved)  # type: ignore[union-attr]
+        with memoryview(data) as view:
+            done = 0
+            while done < len(view):
+                done += fh.write(view[done:])  # type: ignore[union-attr,operator]
+        self._offset = end
 
     def _attrs_text(self, attrs: Any) -> bytes:
         """The attrs' members as JSON text after a comma (b"" for none), cached by the dict's identity."""
@@ -383,7 +521,7 @@ class ChromeTraceSink:
 
     def _flush_os(self) -> None:
         self._since_flush = 0
-        self._fh.flush()  # type: ignore[union-attr]
+        self._drain()
         self._synced = start_writeback(self._fh, self._synced)  # type: ignore[arg-type]
         if self.first_spans_flushed_ns is None and self.spans_written:
             self.first_spans_flushed_ns = time.perf_counter_ns()  # when spans first reached the OS
@@ -413,3 +551,66 @@ class ChromeTraceSink:
 
 def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=str))
+
+
+class _Lookup:
+    """The native path's state for one set of interning tables: lookup tables from ids to text indices
+    (-1: no text yet; ``chrome_lines.Batch``) and the text they index. Heads are dropped past ``_CACHE``
+    (when every span has its own name), like the numpy path's caches."""
+
+    def __init__(self, tables: Any) -> None:
+        self.tables = tables
+        self.ncat = 8
+        while self.ncat < len(tables.cats.values):
+            self.ncat *= 2
+        self.host_lut = np.full(64, -1, np.int32)
+        self.dev_lut = np.full(64, -1, np.int32)
+        self.head_lut = np.full(0, -1, np.int32)
+        self.site_lut = np.zeros(1, np.int32)  # no site (id -1): text 0, b""
+        self.region = np.zeros(0, np.uint8)
+        self.hosts: list[bytes] = []
+        self.devices: list[bytes] = [b""]
+        self.sites: list[bytes] = [b""]
+        self.heads: list[bytes] = []
+        self.flow_s: list[bytes] = []
+        self.flow_f: list[bytes] = []
+        self.luts: tuple[np.ndarray, ...] = ()
+
+    @property
+    def tracks(self) -> int:
+        """How many track ids the lookup tables cover."""
+        return len(self.host_lut)
+
+    def unmark(self) -> None:
+        """Entries ``scan`` marked as pending (-2) back to unknown (-1)."""
+        for lut in self.luts[:4]:
+            lut[lut == -2] = -1
+
+    def size(self, tracks: int, names: int, sites: int, regions: np.ndarray) -> None:
+        """Lookup tables long enough for ``tracks`` track ids and the tables' names and sites."""
+        if len(self.heads) > _CACHE:
+            self.head_lut.fill(-1)
+            self.heads, self.flow_s, self.flow_f = [], [], []
+        grown = False
+        if tracks > len(self.host_lut):
+            self.host_lut = _grow(self.host_lut, tracks)
+            self.dev_lut = _grow(self.dev_lut, tracks)
+            grown = True
+        if names * self.ncat > len(self.head_lut):
+            self.head_lut = _grow(self.head_lut, names * self.ncat)
+            grown = True
+        if sites + 1 > len(self.site_lut):
+            self.site_lut = _grow(self.site_lut, sites + 1)
+            grown = True
+        if len(regions) != len(self.region):
+            self.region = regions.astype(np.uint8)
+            grown = True
+        if grown or not self.luts:
+            self.luts = (self.host_lut, self.dev_lut, self.head_lut, self.site_lut, self.region)
+
+
+def _grow(lut: np.ndarray, need: int) -> np.ndarray:
+    """``lut`` at least ``need`` long (doubling), new entries -1."""
+    out = np.full(max(need, 2 * len(lut)), -1, np.int32)
+    out[:len(lut)] = lut
+    return out

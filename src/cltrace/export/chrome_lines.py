@@ -9,12 +9,17 @@ indices into those tables; ``encode`` then writes every row's lines. It is the C
 Per row: the host slice (``X``); with a device slice, the device ``X`` event too, and unless the
 row is a region, the flow pair (``s`` on the host track, ``f`` on the device track) between them.
 Times are microseconds with exactly three decimals (negative ones with a leading minus).
+
+The C extension also writes a whole ``SpanBatch`` without that preparation (``Batch``): ``scan`` reads
+the id columns once and reports the keys (tracks, name and category, call site) that lookup tables do not
+map to text yet, ``fill`` writes the rows' lines straight into the writer's buffer, without the GIL. The
+text is the same; ``chrome.py`` uses it when the native encoder is active.
 """
 from __future__ import annotations
 
 import importlib
 import logging
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -44,6 +49,17 @@ class Tables(NamedTuple):
 
 
 Encoder = Callable[[np.ndarray, np.ndarray, Tables, int, int], bytes]
+
+
+class Batch(NamedTuple):
+    """The C extension's batch path (``_chrome.scan`` and ``_chrome.fill``; see ``_chrome.c``)."""
+
+    scan: Callable[..., tuple[list[tuple[int, int, int]], list[Any], int, int]]
+    fill: Callable[..., tuple[int, int]]
+
+
+# Misses ``scan`` reports, by kind: a host track, a device track, a (name, category) key, a call site + 1.
+HOST_TRACK, DEVICE_TRACK, HEAD, SITE = range(4)
 
 _MS = tuple(f"{i:03d}" for i in range(1000))
 
@@ -88,7 +104,7 @@ def encode_python(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int,
     return "".join(out).encode()
 
 
-def _load_native() -> Encoder:
+def _load_native() -> tuple[Encoder, Batch]:
     try:  # by name: "from . import _chrome" reads (to tests/test_layers.py) as importing the package
         _chrome = importlib.import_module(f"{__package__}._chrome")
     except ImportError as exc:
@@ -99,15 +115,16 @@ def _load_native() -> Encoder:
     def encode(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int, stop: int) -> bytes:
         return native(ints, idx, start, stop, *tables)
 
-    return encode
+    return encode, Batch(_chrome.scan, _chrome.fill)
 
 
 PYTHON: Encoder = encode_python
 _CHOICE = choose("the Chrome JSON encoder", _load_native)
-NATIVE: Encoder | None = _CHOICE.native
+NATIVE: Encoder | None = _CHOICE.native and _CHOICE.native[0]
+BATCH: Batch | None = _CHOICE.native and _CHOICE.native[1]  # active with NATIVE
 WHY: str = _CHOICE.why  # why NATIVE is None ("" when it is active)
 PATH: str = _CHOICE.path
 DETAIL: str = _CHOICE.detail
 encode: Encoder = NATIVE or PYTHON
 
-__all__ = ["INTS", "IDX", "DEVICE", "NO_FLOW", "Tables", "encode", "encode_python", "PATH", "DETAIL"]
+__all__ = ["INTS", "IDX", "DEVICE", "NO_FLOW", "Tables", "Batch", "BATCH", "encode", "encode_python", "PATH", "DETAIL"]
