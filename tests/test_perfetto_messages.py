@@ -47,7 +47,8 @@ def _tag(msg: Any, name: str, wire_type: int) -> bytes:
 TE, TP, DA = pb.TrackEvent, pb.TracePacket, pb.DebugAnnotation
 WIRE_TAGS = {
     "P_CLOCK": (TP, "timestamp_clock_id", VARINT), "P_SEQ": (TP, "trusted_packet_sequence_id", VARINT),
-    "P_FLAGS": (TP, "sequence_flags", VARINT), "P_TE": (TP, "track_event", LEN), "P_INTERNED": (TP, "interned_data", LEN),
+    "P_FLAGS": (TP, "sequence_flags", VARINT), "P_TE": (TP, "track_event", LEN),
+    "P_INTERNED": (TP, "interned_data", LEN),
     "TE_TYPE": (TE, "type", VARINT), "TE_CAT": (TE, "category_iids", VARINT), "TE_NAME": (TE, "name_iid", VARINT),
     "TE_UUID": (TE, "track_uuid", VARINT), "TE_COUNTER": (TE, "counter_value", VARINT),
     "TE_FLOW": (TE, "flow_ids_old", VARINT), "TE_TFLOW": (TE, "terminating_flow_ids_old", VARINT),
@@ -94,7 +95,8 @@ def test_one_byte_tags_tables_and_enums_equal_the_descriptors() -> None:
     assert bytes((wire.P_TS,)) == _tag(TP, "timestamp", VARINT)
     assert wire.TABLES == tuple(
         (_tag(pb.InternedData, table, LEN), _tag(entry, "iid", VARINT), _tag(entry, text, LEN))
-        for table, entry, text in (("event_categories", pb.EventCategory, "name"), ("event_names", pb.EventName, "name"),
+        for table, entry, text in (("event_categories", pb.EventCategory, "name"),
+                                   ("event_names", pb.EventName, "name"),
                                    ("debug_annotation_names", pb.DebugAnnotationName, "name"),
                                    ("debug_annotation_string_values", pb.InternedString, "str")))
     assert (wire.BEGIN, wire.END, wire.INSTANT, wire.COUNTER) == (
@@ -158,8 +160,8 @@ def test_process_descriptor(uuid: int, pid: int, name: str | None, ordered: bool
 @EXAMPLES
 @given(uuid=U64, pid=I32, tid=I64, name=NAME, rank=st.none() | I32)
 def test_thread_descriptor(uuid: int, pid: int, tid: int, name: str | None, rank: int | None) -> None:
-    want = descriptor_packet(pb.TrackDescriptor(uuid=uuid, thread=pb.ThreadDescriptor(pid=pid, tid=tid, thread_name=name),
-                                                sibling_order_rank=rank))
+    thread = pb.ThreadDescriptor(pid=pid, tid=tid, thread_name=name)
+    want = descriptor_packet(pb.TrackDescriptor(uuid=uuid, thread=thread, sibling_order_rank=rank))
     assert messages.descriptor(uuid, thread=messages.thread(pid, tid, name), rank=rank) == want
 
 

@@ -27,7 +27,8 @@ from . import messages
 from .layout import Pool
 from ...timeline.sites import STACK
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID,
-                   DA_STRING_IID, DNAMES, HOST_CLOCK, I_SITES, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS, SL_FILE, SVALUES,
+                   DA_STRING_IID, DNAMES, HOST_CLOCK, I_SITES, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS,
+                   SL_FILE, SVALUES,
                    SL_FUNCTION, SL_IID, SL_LINE, SYNTHETIC_UUID, TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_SITE, TE_UUID,
                    uv, value)
 
