@@ -1,6 +1,7 @@
 """Trace file formats: which sink writes a path, chosen by name or by the path's suffix.
 
-Sinks are imported on first use, so ``import cltrace`` loads neither perfetto nor OpenTelemetry.
+Sinks are imported on first use, so ``import cltrace`` loads no OpenTelemetry; no sink here needs the
+perfetto package or protobuf (only reading a .pftrace does).
 """
 from __future__ import annotations
 
@@ -61,12 +62,7 @@ def factory(fmt: str) -> Callable[[str], Any]:
     if fmt not in _BUILTIN:
         raise ValueError(f"unknown trace format {fmt!r}: choose from {names()}")
     module, attr = _BUILTIN[fmt][1].split(":")
-    try:
-        return getattr(importlib.import_module(module, __package__), attr)
-    except ModuleNotFoundError as exc:  # only a missing perfetto/protobuf is the user's to fix
-        if not (exc.name or "").startswith(("perfetto", "google")):
-            raise
-        raise ValueError(f"writing {_BUILTIN[fmt][0]} needs the perfetto package (pip install perfetto)") from None
+    return getattr(importlib.import_module(module, __package__), attr)
 
 
 def sink_for(path: str, fmt: str | None = None) -> Any:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 SMALL = tuple(bytes((i,)) for i in range(128))
+VARINT, FIXED64, LEN = 0, 1, 2  # wire types
 
 
 def varint(n: int) -> bytes:
@@ -20,3 +21,18 @@ def varint(n: int) -> bytes:
         n >>= 7
     out.append(n)
     return bytes(out)
+
+
+def tag(number: int, wire: int) -> bytes:
+    """The key of field ``number`` with wire type ``wire``."""
+    return varint((number << 3) | wire)
+
+
+def nested(key: bytes, body: bytes) -> bytes:
+    """A length-delimited field: an embedded message or raw bytes."""
+    return key + varint(len(body)) + body
+
+
+def text(key: bytes, s: str) -> bytes:
+    """A string field, UTF-8 (a lone surrogate becomes "?" rather than failing the write)."""
+    return nested(key, s.encode("utf-8", "replace"))

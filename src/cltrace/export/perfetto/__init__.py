@@ -9,7 +9,8 @@ rows become bytes in C (``_packets``) or, where it is not built, with numpy: the
 Modules, in the order the data goes: ``rows`` (spans to packet rows), ``order`` (hold-back and
 tie-breaking that keep slices nested across batches), ``tracks`` (descriptors, sequences, interning),
 ``packets`` (runs per sequence), ``encoder`` (picks ``_packets`` or ``layout``, rows to bytes),
-``wire`` (field tags and shared names), ``sink`` (the SpanSink; ``cltrace.read.perfetto`` reads it back).
+``wire`` (field tags and shared names), ``messages`` (descriptors, clock snapshots, counters and
+metadata, built by hand: writing imports no protobuf), ``sink`` (the SpanSink; ``cltrace.read.perfetto`` reads it back).
 """
 from .sink import PerfettoTraceSink
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, BOOTTIME, COUNTER,

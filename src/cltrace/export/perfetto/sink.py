@@ -14,19 +14,18 @@ import time
 from typing import IO, Any, Sequence
 
 import numpy as np
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ...record.memory import counter_name
 from ...timeline.batch import as_batch
 from ...timeline.spans import Span
 from ..base import abandon_file, open_trace_file, start_writeback
 from ..processes import program_name
+from . import messages
 from .order import HoldBack
 from .packets import encode
 from .rows import batch_rows
 from .tracks import Tracks
-from .wire import (BOOTTIME, COUNTER, DROPPED_TRACK, INSTANT, META_SEQ, METADATA_EVENT, MONOTONIC, SEQ_CLEARED,
-                   proto_packet)
+from .wire import BOOTTIME, DROPPED_TRACK, META_SEQ, METADATA_EVENT, MONOTONIC
 
 
 class PerfettoTraceSink:
@@ -61,28 +60,21 @@ class PerfettoTraceSink:
         self._clock = getattr(recorder, "now_ns", time.perf_counter_ns)  # a merged trace ends at its last span
         tracks = self._tracks = Tracks(recorder.tracks, _mono_offset())
         self._fh = open_trace_file(self.path)
-        snap = pb.ClockSnapshot(primary_trace_clock=MONOTONIC)
         boot = getattr(time, "CLOCK_BOOTTIME", None)
         if boot is not None:  # lets the trace line up with system traces (BOOTTIME)
             m0 = time.monotonic_ns()
             b = time.clock_gettime_ns(boot)
             m1 = time.monotonic_ns()
-            snap.clocks.add(clock_id=MONOTONIC, timestamp=(m0 + m1) // 2)
-            snap.clocks.add(clock_id=BOOTTIME, timestamp=b)
+            clocks = [(MONOTONIC, (m0 + m1) // 2, False), (BOOTTIME, b, False)]
         else:
-            snap.clocks.add(clock_id=MONOTONIC, timestamp=time.monotonic_ns())
-        out = [proto_packet(pb.TracePacket(
-            trusted_packet_sequence_id=META_SEQ, sequence_flags=SEQ_CLEARED,
-            trace_packet_defaults=pb.TracePacketDefaults(timestamp_clock_id=MONOTONIC),
-            clock_snapshot=snap))]
+            clocks = [(MONOTONIC, time.monotonic_ns(), False)]
+        out = [messages.sequence_start(META_SEQ, clocks, MONOTONIC, MONOTONIC)]
         pid = recorder.tracks.pid
         name = (getattr(recorder.tracks, "process_names", None) or {}).get(pid) or program_name()
-        out.append(tracks.descriptor(pb.TrackDescriptor(
-            uuid=tracks.process_uuid, process=pb.ProcessDescriptor(pid=pid, process_name=name))))
+        out.append(messages.descriptor(tracks.process_uuid, process=messages.process(pid, name)))
         self._dropped_uuid = tracks.new_uuid()
-        out.append(tracks.descriptor(pb.TrackDescriptor(
-            uuid=self._dropped_uuid, parent_uuid=tracks.process_uuid, name=DROPPED_TRACK,
-            counter=pb.CounterDescriptor(unit=pb.CounterDescriptor.UNIT_COUNT))))
+        out.append(messages.descriptor(self._dropped_uuid, name=DROPPED_TRACK, parent=tracks.process_uuid,
+                                       unit=messages.UNIT_COUNT))
         early = {k: v for k, v in recorder.metadata().items() if k not in ("dropped_spans", "recorded_spans")}
         out.append(self._metadata_packet(early))
         self._emit(b"".join(out))
@@ -151,9 +143,7 @@ class PerfettoTraceSink:
         if n == self._dropped_written:
             return b""
         self._dropped_written = n
-        return proto_packet(pb.TracePacket(
-            timestamp=self._now(), trusted_packet_sequence_id=META_SEQ,
-            track_event=pb.TrackEvent(type=COUNTER, track_uuid=self._dropped_uuid, counter_value=n)))
+        return messages.counter(self._now(), self._dropped_uuid, n)
 
     def _memory_packets(self) -> bytes:
         """Live device-memory samples not written yet, on a counter track per context."""
@@ -170,21 +160,14 @@ class PerfettoTraceSink:
             uuid = tracks.get(key)
             if uuid is None:
                 uuid = tracks[key] = self._tracks.new_uuid()
-                out.append(self._tracks.descriptor(pb.TrackDescriptor(
-                    uuid=uuid, parent_uuid=self._tracks.process_uuid, name=counter_name(ledger.label(key)),
-                    counter=pb.CounterDescriptor(unit=pb.CounterDescriptor.UNIT_SIZE_BYTES))))
-            out.append(proto_packet(pb.TracePacket(
-                timestamp=t + mono, trusted_packet_sequence_id=META_SEQ,
-                track_event=pb.TrackEvent(type=COUNTER, track_uuid=uuid, counter_value=live))))
+                out.append(messages.descriptor(uuid, name=counter_name(ledger.label(key)),
+                                               parent=self._tracks.process_uuid, unit=messages.UNIT_SIZE_BYTES))
+            out.append(messages.counter(t + mono, uuid, live))
         return b"".join(out)
 
     def _metadata_packet(self, meta: dict[str, Any]) -> bytes:
         text = json.dumps(meta, default=str, ensure_ascii=False)
-        return proto_packet(pb.TracePacket(
-            timestamp=self._now(), trusted_packet_sequence_id=META_SEQ,
-            track_event=pb.TrackEvent(
-                type=INSTANT, track_uuid=self._tracks.process_uuid, name=METADATA_EVENT, categories=["cltrace"],
-                debug_annotations=[pb.DebugAnnotation(name="json", string_value=text)])))
+        return messages.instant(self._now(), self._tracks.process_uuid, METADATA_EVENT, "cltrace", [("json", text)])
 
     def _emit(self, data: bytes) -> None:
         if data:

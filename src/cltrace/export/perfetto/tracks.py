@@ -18,19 +18,19 @@ import threading
 from typing import Any
 
 import numpy as np
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ...timeline.spans import STATUS_ERROR
 from ...timeline.tracks import DEVICE_QUEUE, HOST_THREAD
 from ...timeline.arrays import distinct, unique
 from ..processes import device_pid
+from . import messages
 from .layout import Pool
 from ...timeline.sites import STACK
 from .wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, CATS, DA_INT, DA_NAME_IID,
-                   DA_STRING_IID, DNAMES, HOST_CLOCK, I_SITES, META_SEQ, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS,
-                   SEQ_CLEARED, SL_FILE, SVALUES,
+                   DA_STRING_IID, DNAMES, HOST_CLOCK, I_SITES, MONOTONIC, NAMES, P_SEQ, P_TE, ROW_CONSTANTS,
+                   SL_FILE, SVALUES,
                    SL_FUNCTION, SL_IID, SL_LINE, SYNTHETIC_UUID, TABLES, TE_CAT, TE_DEBUG, TE_NAME, TE_SITE, TE_UUID,
-                   proto_packet, uv, value)
+                   uv, value)
 
 # Int annotations with a pooled header per value length, in the order the encoder writes them.
 STANDARD_ANNS = (A_SPAN, A_PARENT, A_DEV_START, A_DEV_END)
@@ -142,10 +142,6 @@ class Tracks:
         self._next_uuid += 1
         return u
 
-    @staticmethod
-    def descriptor(desc: Any) -> bytes:
-        return proto_packet(pb.TracePacket(trusted_packet_sequence_id=META_SEQ, track_descriptor=desc))
-
     def host_process(self, pid: int, head: list[bytes]) -> int:
         """The uuid of a host process's track: the sink's own (0 or the registry's pid), else another
         process of a merged trace, described on first use."""
@@ -155,8 +151,7 @@ class Tracks:
         if uuid is None:
             uuid = self._host_uuids[pid] = self.new_uuid()
             name = (getattr(self.registry, "process_names", None) or {}).get(pid, f"pid {pid}")
-            head.append(self.descriptor(pb.TrackDescriptor(
-                uuid=uuid, process=pb.ProcessDescriptor(pid=pid, process_name=name))))
+            head.append(messages.descriptor(uuid, process=messages.process(pid, name)))
         return uuid
 
     def open(self, track_ids: Any, head: list[bytes]) -> None:
@@ -170,21 +165,18 @@ class Tracks:
         if track.kind == HOST_THREAD:
             pid = track.pid or self.registry.pid
             self.host_process(pid, head)
-            desc = pb.TrackDescriptor(uuid=track.id, thread=pb.ThreadDescriptor(
-                pid=pid, tid=_native_tid(track.attrs.get("thread.id")) or track.id,
-                thread_name=track.name))
+            desc = messages.descriptor(track.id, thread=messages.thread(
+                pid, _native_tid(track.attrs.get("thread.id")) or track.id, track.name))
         elif track.kind == DEVICE_QUEUE:  # a thread of the device's process, as in the Chrome JSON
             dpid = device_pid(self.registry, track.device)
             if track.process not in self._device_uuids:
                 parent = self._device_uuids[track.process] = self.new_uuid()
-                head.append(self.descriptor(pb.TrackDescriptor(
-                    uuid=parent, process=pb.ProcessDescriptor(pid=dpid, process_name=track.process),
-                    child_ordering=pb.TrackDescriptor.EXPLICIT)))
-            desc = pb.TrackDescriptor(uuid=track.id, thread=pb.ThreadDescriptor(
-                pid=dpid, tid=track.id, thread_name=track.name), sibling_order_rank=track.id)
+                head.append(messages.descriptor(parent, process=messages.process(dpid, track.process),
+                                                ordering=messages.EXPLICIT))
+            desc = messages.descriptor(track.id, thread=messages.thread(dpid, track.id, track.name), rank=track.id)
         else:  # the compile track, or any other host-side track
-            desc = pb.TrackDescriptor(uuid=track.id, parent_uuid=self.host_process(track.pid, head), name=track.name)
-        head.append(self.descriptor(desc))
+            desc = messages.descriptor(track.id, name=track.name, parent=self.host_process(track.pid, head))
+        head.append(desc)
         seq = self.seqs[track_id] = Seq(track_id + 1, track.id, track.kind == DEVICE_QUEUE)
         seq.tail = self.pool.add(P_SEQ + uv(seq.id) + P_TE)
         for name in STANDARD_ANNS:
@@ -195,14 +187,8 @@ class Tracks:
 
     def header(self, seq: Seq, t0: int) -> bytes:
         """The packet that opens a sequence: defaults and the clock snapshot for its first time ``t0``."""
-        snap = pb.ClockSnapshot(primary_trace_clock=MONOTONIC)
-        snap.clocks.add(clock_id=HOST_CLOCK, timestamp=t0, is_incremental=True)
-        snap.clocks.add(clock_id=MONOTONIC, timestamp=t0 + self.mono)
-        return proto_packet(pb.TracePacket(
-            trusted_packet_sequence_id=seq.id, sequence_flags=SEQ_CLEARED, first_packet_on_sequence=True,
-            trace_packet_defaults=pb.TracePacketDefaults(
-                timestamp_clock_id=HOST_CLOCK, track_event_defaults=pb.TrackEventDefaults(track_uuid=seq.uuid)),
-            clock_snapshot=snap))
+        return messages.sequence_start(seq.id, [(HOST_CLOCK, t0, True), (MONOTONIC, t0 + self.mono, False)],
+                                       MONOTONIC, HOST_CLOCK, seq.uuid, first=True)
 
     def prefix_ids(self, tables: Any, tracks: np.ndarray, cats: np.ndarray, names: np.ndarray,
                    sites: np.ndarray | None = None) -> np.ndarray:
@@ -265,9 +251,8 @@ class Tracks:
             seq.counter = self.new_uuid()
             parent = (self._device_uuids.get(track.process, self.process_uuid) if track.kind == DEVICE_QUEUE
                       else self.host_process(track.pid, head))
-            head.append(self.descriptor(pb.TrackDescriptor(
-                uuid=seq.counter, parent_uuid=parent, name=f"{track.name} · bytes transferred",
-                counter=pb.CounterDescriptor(unit=pb.CounterDescriptor.UNIT_SIZE_BYTES))))
+            head.append(messages.descriptor(seq.counter, name=f"{track.name} · bytes transferred", parent=parent,
+                                            unit=messages.UNIT_SIZE_BYTES))
             seq.counter_prefix = self.pool.add(TE_UUID + uv(seq.counter))
         return seq
 

@@ -1,70 +1,62 @@
-"""Protobuf wire format of the packets cltrace writes: field tags (numbers taken from the ``perfetto``
-package's descriptors), the enum values and names the writer and reader share, and the encoding of
-single values."""
+"""Protobuf wire format of the packets cltrace writes: field tags (``perfetto/trace/**.proto``; the
+tests check each against the ``perfetto`` package's descriptors), the enum values and names the writer
+and reader share, and the encoding of single values. Written out here so the writer imports no protobuf."""
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ..protowire import varint
+from ..protowire import FIXED64, LEN, VARINT, tag, varint
 
-VARINT, FIXED64, LEN = 0, 1, 2
 uv = varint  # unsigned, or a negative int64 as two's complement
 
 
-def _tag(msg: Any, name: str, wire: int) -> bytes:
-    return uv((msg.DESCRIPTOR.fields_by_name[name].number << 3) | wire)
+def _byte(key: bytes) -> int:
+    assert len(key) == 1, "field number too large for a one-byte tag"
+    return key[0]
 
 
-def _byte(tag: bytes) -> int:
-    assert len(tag) == 1, "field number too large for a one-byte tag"
-    return tag[0]
-
-
-PACKET = _byte(_tag(pb.Trace, "packet", LEN))
-P_TS = _byte(_tag(pb.TracePacket, "timestamp", VARINT))
-P_CLOCK = _tag(pb.TracePacket, "timestamp_clock_id", VARINT)
-P_SEQ = _tag(pb.TracePacket, "trusted_packet_sequence_id", VARINT)
-P_FLAGS = _tag(pb.TracePacket, "sequence_flags", VARINT)
-P_TE = _tag(pb.TracePacket, "track_event", LEN)
-P_INTERNED = _tag(pb.TracePacket, "interned_data", LEN)
-TE_TYPE = _tag(pb.TrackEvent, "type", VARINT)
-TE_CAT = _tag(pb.TrackEvent, "category_iids", VARINT)
-TE_NAME = _tag(pb.TrackEvent, "name_iid", VARINT)
-TE_UUID = _tag(pb.TrackEvent, "track_uuid", VARINT)
-TE_COUNTER = _tag(pb.TrackEvent, "counter_value", VARINT)
+PACKET = _byte(tag(1, LEN))  # Trace.packet
+P_TS = _byte(tag(8, VARINT))  # TracePacket.timestamp
+P_CLOCK = tag(58, VARINT)  # TracePacket.timestamp_clock_id
+P_SEQ = tag(10, VARINT)  # TracePacket.trusted_packet_sequence_id
+P_FLAGS = tag(13, VARINT)  # TracePacket.sequence_flags
+P_TE = tag(11, LEN)  # TracePacket.track_event
+P_INTERNED = tag(12, LEN)  # TracePacket.interned_data
+TE_TYPE = tag(9, VARINT)  # TrackEvent.type
+TE_CAT = tag(3, VARINT)  # TrackEvent.category_iids
+TE_NAME = tag(10, VARINT)  # TrackEvent.name_iid
+TE_UUID = tag(11, VARINT)  # TrackEvent.track_uuid
+TE_COUNTER = tag(30, VARINT)  # TrackEvent.counter_value
 # Flow ids as varints (the span id, a few bytes) rather than fixed64 ``flow_ids``: trace processor reads both.
-TE_FLOW = _tag(pb.TrackEvent, "flow_ids_old", VARINT)
-TE_TFLOW = _tag(pb.TrackEvent, "terminating_flow_ids_old", VARINT)
-TE_DEBUG = _tag(pb.TrackEvent, "debug_annotations", LEN)
-DA_NAME_IID = _tag(pb.DebugAnnotation, "name_iid", VARINT)
-DA_NAME = _tag(pb.DebugAnnotation, "name", LEN)
-DA_BOOL = _tag(pb.DebugAnnotation, "bool_value", VARINT)
-DA_INT = _tag(pb.DebugAnnotation, "int_value", VARINT)
-DA_DOUBLE = _tag(pb.DebugAnnotation, "double_value", FIXED64)
-DA_STRING = _tag(pb.DebugAnnotation, "string_value", LEN)
-DA_STRING_IID = _tag(pb.DebugAnnotation, "string_value_iid", VARINT)
-DA_DICT = _tag(pb.DebugAnnotation, "dict_entries", LEN)
-DA_ARRAY = _tag(pb.DebugAnnotation, "array_values", LEN)
-TE_SITE = _tag(pb.TrackEvent, "source_location_iid", VARINT)
-I_SITES = _tag(pb.InternedData, "source_locations", LEN)
-SL_IID, SL_FILE, SL_FUNCTION, SL_LINE = (_tag(pb.SourceLocation, f, w) for f, w in (
-    ("iid", VARINT), ("file_name", LEN), ("function_name", LEN), ("line_number", VARINT)))
-TABLES = tuple(  # interned tables: (InternedData field tag, iid tag, name tag)
-    (_tag(pb.InternedData, table, LEN), _tag(entry, "iid", VARINT), _tag(entry, text, LEN))
-    for table, entry, text in (("event_categories", pb.EventCategory, "name"), ("event_names", pb.EventName, "name"),
-                               ("debug_annotation_names", pb.DebugAnnotationName, "name"),
-                               ("debug_annotation_string_values", pb.InternedString, "str")))
+TE_FLOW = tag(36, VARINT)  # TrackEvent.flow_ids_old
+TE_TFLOW = tag(42, VARINT)  # TrackEvent.terminating_flow_ids_old
+TE_DEBUG = tag(4, LEN)  # TrackEvent.debug_annotations
+DA_NAME_IID = tag(1, VARINT)  # DebugAnnotation.name_iid
+DA_NAME = tag(10, LEN)  # DebugAnnotation.name
+DA_BOOL = tag(2, VARINT)  # DebugAnnotation.bool_value
+DA_INT = tag(4, VARINT)  # DebugAnnotation.int_value
+DA_DOUBLE = tag(5, FIXED64)  # DebugAnnotation.double_value
+DA_STRING = tag(6, LEN)  # DebugAnnotation.string_value
+DA_STRING_IID = tag(17, VARINT)  # DebugAnnotation.string_value_iid
+DA_DICT = tag(11, LEN)  # DebugAnnotation.dict_entries
+DA_ARRAY = tag(12, LEN)  # DebugAnnotation.array_values
+TE_SITE = tag(34, VARINT)  # TrackEvent.source_location_iid
+I_SITES = tag(4, LEN)  # InternedData.source_locations
+SL_IID, SL_FILE, SL_FUNCTION, SL_LINE = (  # SourceLocation: iid, file_name, function_name, line_number
+    tag(1, VARINT), tag(2, LEN), tag(3, LEN), tag(4, VARINT))
+# Interned tables: (InternedData field tag, iid tag, name tag) of event_categories (EventCategory),
+# event_names (EventName), debug_annotation_names (DebugAnnotationName) and
+# debug_annotation_string_values (InternedString: iid, str).
+TABLES = tuple((tag(table, LEN), tag(1, VARINT), tag(2, LEN)) for table in (1, 2, 3, 29))
 CATS, NAMES, DNAMES, SVALUES = 0, 1, 2, 3
 
-BEGIN, END, INSTANT, COUNTER = (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END,
-                                pb.TrackEvent.TYPE_INSTANT, pb.TrackEvent.TYPE_COUNTER)
-SEQ_CLEARED = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-SEQ_NEEDS = pb.TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
-MONOTONIC = pb.BUILTIN_CLOCK_MONOTONIC
-BOOTTIME = pb.BUILTIN_CLOCK_BOOTTIME
+BEGIN, END, INSTANT, COUNTER = 1, 2, 3, 4  # TrackEvent.Type: TYPE_SLICE_BEGIN, _END, TYPE_INSTANT, TYPE_COUNTER
+SEQ_CLEARED = 1  # TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+SEQ_NEEDS = 2  # TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+MONOTONIC = 3  # BuiltinClock.BUILTIN_CLOCK_MONOTONIC
+BOOTTIME = 6  # BuiltinClock.BUILTIN_CLOCK_BOOTTIME
 HOST_CLOCK = 64  # sequence-scoped, incremental; its values are perf_counter_ns
 META_SEQ = 1  # descriptors, dropped-span counter and metadata; absolute MONOTONIC timestamps
 SYNTHETIC_UUID = 1 << 32  # uuids of tracks the TrackRegistry does not number
@@ -85,10 +77,6 @@ ROW_CONSTANTS = (bytes((PACKET,)), bytes((P_TS,)), P_CLOCK + uv(MONOTONIC), TE_T
 def frame(body: bytes) -> bytes:
     """``body`` as one ``Trace.packet`` field."""
     return bytes((PACKET,)) + uv(len(body)) + body
-
-
-def proto_packet(p: Any) -> bytes:
-    return frame(p.SerializeToString())
 
 
 def value(v: Any) -> bytes:
