@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import passes, stamps
+from . import passes, stamps, tail
 from .batch import NAMES, SpanBatch, Tables
 from .sites import SiteTable
 from .tracks import COMPILE_THREAD
@@ -56,6 +56,9 @@ class Resolver:
         self._region_lut = np.zeros(max(self.tables.region_cats) + 2, bool)
         self._region_lut[sorted(self.tables.region_cats)] = True
         self._failed = np.zeros(0, np.int8)  # the batch in hand: which failed commands are known failures
+        self._tail = self._passes.tail  # the native tail (tail.py), None: ``_columns`` below
+        self._thread_tracks: dict[int, int] = {}  # thread key (or stand-in) -> host thread track
+        self._stand_ins: dict[int, int] = {}  # thread key beyond int64 -> its stand-in key (tail.py)
 
     def queue_info(self, queue: Any, thread: int) -> tuple[int, Any, Any]:
         """(device track id, DeviceClock, lane key or None) for work a thread submitted to a queue.
@@ -120,6 +123,8 @@ class Resolver:
         elif any_tick:
             self._done(hs[:, tick])
         self._failed = failed
+        if self._tail is not None:
+            return tail.columns(self, self._tail, todo, ints, dev, status, raw)
         return self._columns(todo, ints, dev, status, raw)
 
     @staticmethod
@@ -156,6 +161,32 @@ class Resolver:
             first, inverse = self._passes.group(np.fromiter(map(id, values), np.int64, len(values)))
             ids[miss] = np.array([table.id(values[i]) for i in first.tolist()], np.int64)[inverse]
         return ids
+
+    def _thread_track(self, key: int) -> int:
+        """The host thread track of a thread key or stand-in (``_threads`` per distinct key, remembered)."""
+        track = self._thread_tracks.get(key)
+        if track is None:
+            k = self._stand_ins.get(key, key) if key < -1 else key
+            tracks = self.tracks
+            track = -1 if k == -1 else tracks.compile_track() if k == COMPILE_THREAD else tracks.host_thread(k)
+            self._thread_tracks[key] = track
+        return track
+
+    def _stand_in(self, key: int) -> int:
+        """A negative int64 key below -1 standing for a thread key beyond int64 (one per key, kept)."""
+        s = self._stand_ins.get(key)
+        if s is None:
+            s = self._stand_ins[key] = -2 - len(self._stand_ins) // 2
+            self._stand_ins[s] = key
+        return s
+
+    def _launch_path(self, pid: int, name: int) -> int:
+        """The path id of a launch named ``name`` under the recorded path ``pid`` (looked up once, kept)."""
+        i = self._launch_paths.get((pid, name))
+        if i is None:
+            paths = self.tables.paths
+            i = self._launch_paths[(pid, name)] = paths.id(paths.values[pid] + (self.tables.names.values[name],))
+        return i
 
     def _threads(self, todo: list[tuple], thr: np.ndarray, flags: np.ndarray) -> np.ndarray:
         """Host thread track of each row (the compile track for compile work, -1 for none)."""
