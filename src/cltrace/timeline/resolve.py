@@ -103,45 +103,24 @@ class Resolver:
                     wait(np.concatenate([hs[0][mine], h1[h1 != 0]]))
         ints, hs, status, raw = st.columns_read(*args)
         n = len(todo)
-        flags = ints[stamps.C_FLAGS]
-        dev = (flags & stamps.F_DEV) != 0
-        tick = (flags & stamps.F_TICKETS) != 0
-        failed = np.full(n, -1, np.int8)  # 1: the command failed, 0: it did not, -1: ask its event (_device_failed)
-        any_tick = bool(tick.any())
-        if any_tick:
-            self._peek(hs, tick, (flags & stamps.F_TWO) != 0, status, raw, failed)
-        pending = status > 0
-        if pending.any():
-            self.waiting = list(compress(todo, pending))
-            keep = ~pending
+        failed = np.empty(n, np.int8)  # 1: the command failed, 0: it did not, -1: ask its event (_device_failed)
+        pending, tickets, devices = st.settle(ints, hs, status, raw, failed)
+        if pending:
+            pending_rows = status > 0
+            self.waiting = list(compress(todo, pending_rows))
+            keep = ~pending_rows
             todo = list(compress(todo, keep))
-            if any_tick:
-                self._done(hs[:, keep & tick])
+            if tickets:
+                self._done(hs[:, keep & ((ints[stamps.C_FLAGS] & stamps.F_TICKETS) != 0)])
             if not todo:
                 return SpanBatch.empty(self.tables)
-            ints, dev, status, raw, failed = ints[:, keep], dev[keep], status[keep], raw[keep], failed[keep]
-        elif any_tick:
-            self._done(hs[:, tick])
+            ints, status, raw, failed = ints[:, keep], status[keep], raw[keep], failed[keep]
+        elif tickets:  # the rows' handles are tickets where they are not 0, unless events are mixed in
+            self._done(hs if tickets == devices else hs[:, (ints[stamps.C_FLAGS] & stamps.F_TICKETS) != 0])
         self._failed = failed
         if self._tail is not None:
-            return tail.columns(self, self._tail, todo, ints, dev, status, raw)
-        return self._columns(todo, ints, dev, status, raw)
-
-    @staticmethod
-    def _peek(hs: np.ndarray, tick: np.ndarray, two: np.ndarray, status: np.ndarray, raw: np.ndarray,
-              failed: np.ndarray) -> None:
-        """Status, stamps and failure of the rows holding tickets (the reaper read their events), in place."""
-        rows = np.flatnonzero(tick)
-        st0, s0, f0 = stamps.peek(hs[0][rows])
-        status[rows], raw[rows], failed[rows] = st0, s0, f0
-        two = two[rows]
-        if two.any():  # a region's two markers: START is the first marker's END, END the second's
-            r2 = rows[two]
-            st1, s1, f1 = stamps.peek(hs[1][r2])
-            raw[r2, _START] = raw[r2, _END]
-            raw[r2, _END] = s1[:, _END]
-            status[r2] = stamps.combined(st0[two], st1)
-            failed[r2] = f0[two] | f1
+            return tail.columns(self, self._tail, todo, ints, status, raw)
+        return self._columns(todo, ints, (ints[stamps.C_FLAGS] & stamps.F_DEV) != 0, status, raw)
 
     @staticmethod
     def _done(hs: np.ndarray) -> None:

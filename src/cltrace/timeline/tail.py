@@ -23,7 +23,7 @@ from .batch import SpanBatch
 _QUEUE_STATS = 4  # per queue group: commands, their latest START, regions, theirs (_resolve.c Q_*)
 
 
-def columns(res: Any, native: Any, todo: list[tuple], ints: np.ndarray, dev: np.ndarray, status: np.ndarray,
+def columns(res: Any, native: Any, todo: list[tuple], ints: np.ndarray, status: np.ndarray,
             raw: np.ndarray) -> SpanBatch:
     """What ``Resolver._columns`` gives for these rows, from ``native`` (the ``_resolve`` module)."""
     C = stamps
@@ -94,7 +94,7 @@ def columns(res: Any, native: Any, todo: list[tuple], ints: np.ndarray, dev: np.
             errors[i] = todo[i][13]
     if failed:
         known = res._failed
-        for i in np.flatnonzero(dev & (status < 0)).tolist():
+        for i in np.flatnonzero(((ints[C.C_FLAGS] & C.F_DEV) != 0) & (status < 0)).tolist():
             res._device_failed(i, todo[i][9], todo[i][10], int(status[i]), int(known[i]), attrs, errors, err)
     lanes = [g for g, inf in enumerate(infos) if inf[2] is not None]
     if lanes:  # out-of-order queues: their commands, placed above, go on lanes
