@@ -909,20 +909,23 @@ resolve_finish(PyObject *self, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* field(records, index): [r[index] for r in records], records a list of tuples. */
+/* field(records, index, lo, hi): [r[index] for r in records[lo:hi]], records a list of tuples (a part at a time:
+ * the caller lets other threads run between parts). */
 static PyObject *
 resolve_field(PyObject *self, PyObject *args)
 {
     PyObject *records;
-    Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "O!n:field", &PyList_Type, &records, &k))
+    Py_ssize_t k, lo, hi;
+    if (!PyArg_ParseTuple(args, "O!nnn:field", &PyList_Type, &records, &k, &lo, &hi))
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(records);
+    if (lo < 0 || hi > PyList_GET_SIZE(records) || lo > hi)
+        return PyErr_Format(PyExc_IndexError, "field: rows %zd:%zd of %zd records", lo, hi, PyList_GET_SIZE(records));
+    Py_ssize_t n = hi - lo;
     PyObject *out = PyList_New(n);
     if (out == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *r = PyList_GET_ITEM(records, i);
+        PyObject *r = PyList_GET_ITEM(records, lo + i);
         if (!PyTuple_Check(r) || k < 0 || k >= PyTuple_GET_SIZE(r)) {
             Py_DECREF(out);
             return PyErr_Format(PyExc_TypeError, "field: records must be tuples of more than %zd fields", k);
@@ -940,7 +943,7 @@ static PyMethodDef methods[] = {
      "first_fit(starts, ends, lane_ends, used, lanes) -> used: commands on the first free lane."},
     {"scan", resolve_scan, METH_VARARGS, "scan(ints, status, raw, lut, groups) -> counts and groups: the tail's first pass."},
     {"finish", resolve_finish, METH_VARARGS, "finish(...): a batch's final columns, placed and nested (see tail.py)."},
-    {"field", resolve_field, METH_VARARGS, "field(records, index) -> [r[index] for r in records]."},
+    {"field", resolve_field, METH_VARARGS, "field(records, index, lo, hi) -> [r[index] for r in records[lo:hi]]."},
     {NULL, NULL, 0, NULL},
 };
 
