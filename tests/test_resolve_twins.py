@@ -67,6 +67,19 @@ class ForkedClocks:
         return fork
 
 
+class ClockPerQueue(ForkedClocks):
+    """Each queue its own copy of its device's clock, with its own placement: several clocks in one batch, as
+    several devices give (one PoCL device here)."""
+
+    def for_queue(self, queue: Any, device_uid: str | None = None) -> Any:
+        clk = self.source.for_queue(queue, device_uid)
+        fork = self._forks.get(queue.int_ptr)
+        if fork is None:
+            fork = self._forks[queue.int_ptr] = copy.copy(clk)
+            fork.placement = Placement(clk.placement.threshold_ns)
+        return fork
+
+
 def recorded(scenario: Callable[[], Any], tickets: bool = False) -> list[tuple]:
     """The raw records a scenario appends, taken before the recorder's worker resolves them. With
     ``tickets`` the hot path trades the events for the reaper's tickets (native path), else keeps them."""
@@ -85,11 +98,12 @@ def recorded(scenario: Callable[[], Any], tickets: bool = False) -> list[tuple]:
         cltrace.stop()
 
 
-def twins() -> tuple[Resolver, Resolver]:
+def twins(forks: type = ForkedClocks) -> tuple[Resolver, Resolver]:
     native_passes()
     tracks, clocks = TrackRegistry(), ClockRegistry(recalibrate_s=1e9)
-    return (Resolver(tracks, ForkedClocks(clocks), Tables()),
-            Resolver(tracks, ForkedClocks(clocks), Tables(), python=True))
+    nat, py = Resolver(tracks, forks(clocks), Tables()), Resolver(tracks, forks(clocks), Tables(), python=True)
+    assert nat._tail is not None and py._tail is None  # the fused native tail against the Python reference
+    return nat, py
 
 
 def decoded(b: SpanBatch) -> dict[str, list]:
@@ -105,12 +119,18 @@ def assert_same(nb: SpanBatch, pb: SpanBatch, where: str) -> None:
     assert decoded(nb) == decoded(pb), where
 
 
+def placed(res: Resolver) -> dict[Any, tuple]:
+    """What each clock keeps from batch to batch: its placement's steps and state, the latest stamp it mapped."""
+    return {key: (list(c.placement._t), list(c.placement._o), c.placement._last_start, c.placement._max_end,
+                  c.placement.worst_ns, c.placement.changes, c._mapped_max) for key, c in res.clocks._forks.items()}
+
+
 def resolve_both(recs: list[tuple], cuts: list[int], finish: Callable[[], None] | None = None,
-                 cut_after_finish: int | None = None) -> list[SpanBatch]:
+                 cut_after_finish: int | None = None, forks: type = ForkedClocks) -> list[SpanBatch]:
     """Feed both resolvers the same batches (``recs`` cut at ``cuts``); ``finish`` runs before the batch
     starting at ``cut_after_finish``; the last batch blocks. Returns the native batches. Records with
     tickets are read by both: the native resolver, first, leaves them for the Python one to free."""
-    nat, py = twins()
+    nat, py = twins(forks)
     ticketed = sum(type(r[9]) is int for r in recs)
     if ticketed:
         nat._done = lambda hs: None
@@ -125,6 +145,7 @@ def resolve_both(recs: list[tuple], cuts: list[int], finish: Callable[[], None] 
         assert_same(nb, pb, f"batch {k} (records {lo}:{hi})")
         assert len(nat.waiting) == len(py.waiting) and all(a is b for a, b in zip(nat.waiting, py.waiting))
         assert len(nat._extents) == len(py._extents)
+        assert placed(nat) == placed(py), "each clock's placement and map commits the same"
         out.append(nb)
     if ticketed:
         left = stamps.peek(np.array([r[9] for r in recs if type(r[9]) is int], np.uint64))[0]
@@ -176,6 +197,23 @@ def test_nested_regions_across_threads_and_queues_resolve_identically(cl_ctx, qu
     spans = SpanBatch.concat(batches[0].tables, batches)
     assert spans.n == len(recs)
     assert (spans.track != 0).sum() > spans.n // 2  # device rows were placed, not skipped
+
+
+@pytest.mark.parametrize("tickets", [False, True], ids=["events", "tickets"])
+def test_several_clocks_and_thread_keys_beyond_int64_resolve_identically(cl_ctx, queue, kernels, tickets):
+    """Every queue on a clock of its own (each placed on its own, in one batch), and two threads whose keys do
+    not fit int64 (a reused thread ident's key): each keeps its own host track, and its queues theirs."""
+    native_passes()
+    recs = threads_and_queues(cl_ctx, queue, kernels, tickets)
+    keys = sorted({r[5] for r in recs})
+    assert len(keys) >= 3
+    big = {k: k + ((i + 1) << 64) for i, k in enumerate(keys[:2])}
+    recs = [r[:5] + (big.get(r[5], r[5]),) + r[6:] for r in recs]
+    batches = resolve_both(recs, list(range(0, len(recs), 300)), forks=ClockPerQueue)
+    spans = SpanBatch.concat(batches[0].tables, batches)
+    thread_of = dict(zip(spans.id.tolist(), spans.thread.tolist()))
+    tracks = {k: {thread_of[r[2]] for r in recs if r[5] == k} for k in {r[5] for r in recs}}
+    assert all(len(t) == 1 for t in tracks.values()) and len({t.pop() for t in tracks.values()}) == len(tracks)
 
 
 @pytest.mark.parametrize("size", [1, 2, 7, 64, 4096])

@@ -371,39 +371,19 @@ unhold(cl_event *evs, size_t m)
         release_event(evs[j]);
 }
 
-PyObject *
-reaper_peek(PyObject *self, PyObject *args)
+/* peek's work on C arrays, the GIL released by the caller: -1 out of memory (nothing written). */
+int
+reaper_peek_into(const uint64_t *ts, size_t n, int32_t *status, int64_t *st, uint8_t *failed)
 {
-    PyObject *to, *so, *sto, *fo;
-    Py_buffer tb, sb, stb, fb;
-    Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "OOOO:peek", &to, &so, &sto, &fo) || tickets_of(to, &tb, &n) < 0)
-        return NULL;
-    if (PyObject_GetBuffer(so, &sb, PyBUF_WRITABLE) < 0)
-        goto fail0;
-    if (PyObject_GetBuffer(sto, &stb, PyBUF_WRITABLE) < 0)
-        goto fail1;
-    if (PyObject_GetBuffer(fo, &fb, PyBUF_WRITABLE) < 0)
-        goto fail2;
-    if (sb.len != n * 4 || stb.len != n * 32 || fb.len != n) {
-        PyErr_SetString(PyExc_ValueError, "peek: need tickets uint64[N], status int32[N], stamps int64[N, 4], failed uint8[N]");
-        goto fail3;
-    }
-    const uint64_t *ts = tb.buf;
-    int32_t *status = sb.buf;
-    int64_t *st = stb.buf;
-    uint8_t *failed = fb.buf;
     cl_event *evs = malloc((n ? n : 1) * sizeof(cl_event));
     size_t *rows = malloc((n ? n : 1) * sizeof(size_t));
     if (evs == NULL || rows == NULL) {
         free(evs);
         free(rows);
-        PyErr_NoMemory();
-        goto fail3;
+        return -1;
     }
-    Py_BEGIN_ALLOW_THREADS
     /* Commands the reaper has not reached yet are read here (their stamps kept for the next peek). */
-    size_t m = hold_unread(ts, (size_t)n, evs, rows);
+    size_t m = hold_unread(ts, n, evs, rows);
     int32_t *rs = malloc((m ? m : 1) * sizeof(int32_t));
     int64_t *rst = malloc((m ? m : 1) * 4 * sizeof(int64_t));
     uint8_t *rf = malloc(m ? m : 1);
@@ -416,8 +396,8 @@ reaper_peek(PyObject *self, PyObject *args)
                                                  NULL) != CL_SUCCESS || exec < 0);
         }
     }
-    for (size_t i0 = 0, j = 0; i0 < (size_t)n; i0 += CHUNK) {
-        size_t i1 = i0 + CHUNK < (size_t)n ? i0 + CHUNK : (size_t)n;
+    for (size_t i0 = 0, j = 0; i0 < n; i0 += CHUNK) {
+        size_t i1 = i0 + CHUNK < n ? i0 + CHUNK : n;
         pthread_mutex_lock(&mu);
         for (size_t i = i0; i < i1; i++) {
             slot_t *s = ts[i] ? slot_of(ts[i]) : NULL;
@@ -450,9 +430,37 @@ reaper_peek(PyObject *self, PyObject *args)
     free(rst);
     free(rf);
     unhold(evs, m);
-    Py_END_ALLOW_THREADS
     free(evs);
     free(rows);
+    return 0;
+}
+
+PyObject *
+reaper_peek(PyObject *self, PyObject *args)
+{
+    PyObject *to, *so, *sto, *fo;
+    Py_buffer tb, sb, stb, fb;
+    Py_ssize_t n;
+    int err;
+    if (!PyArg_ParseTuple(args, "OOOO:peek", &to, &so, &sto, &fo) || tickets_of(to, &tb, &n) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(so, &sb, PyBUF_WRITABLE) < 0)
+        goto fail0;
+    if (PyObject_GetBuffer(sto, &stb, PyBUF_WRITABLE) < 0)
+        goto fail1;
+    if (PyObject_GetBuffer(fo, &fb, PyBUF_WRITABLE) < 0)
+        goto fail2;
+    if (sb.len != n * 4 || stb.len != n * 32 || fb.len != n) {
+        PyErr_SetString(PyExc_ValueError, "peek: need tickets uint64[N], status int32[N], stamps int64[N, 4], failed uint8[N]");
+        goto fail3;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    err = reaper_peek_into(tb.buf, (size_t)n, sb.buf, stb.buf, fb.buf);
+    Py_END_ALLOW_THREADS
+    if (err < 0) {
+        PyErr_NoMemory();
+        goto fail3;
+    }
     PyBuffer_Release(&fb);
     PyBuffer_Release(&stb);
     PyBuffer_Release(&sb);
@@ -593,6 +601,7 @@ reaper_available(void)
 #else /* _WIN32: no reaper; records keep their pyopencl Events */
 
 int reaper_available(void) { return 0; }
+int reaper_peek_into(const uint64_t *ts, size_t n, int32_t *status, int64_t *st, uint8_t *failed) { return -1; }
 int reaper_track(PyObject *ev, PyObject *queue, uint64_t *ticket) { (void)ev; (void)queue; (void)ticket; return -1; }
 PyObject *reaper_config(PyObject *self, PyObject *args) { return none(); }
 static PyObject *none(void) { PyErr_SetString(PyExc_RuntimeError, "no reaper on this platform"); return NULL; }

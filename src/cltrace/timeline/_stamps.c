@@ -235,6 +235,22 @@ again:
     return CL_PROFILING_INFO_NOT_AVAILABLE;
 }
 
+/* ``read_one`` of an event whose END alone is wanted (a region's second marker): one call where it completed. */
+static cl_int
+read_end(cl_event ev, int64_t *end)
+{
+    cl_ulong v;
+    cl_int err = get_profiling_info(ev, CL_PROFILING_COMMAND_END, sizeof(cl_ulong), &v, NULL);
+    if (err == CL_SUCCESS) {
+        *end = (int64_t)v;
+        return CL_COMPLETE;
+    }
+    int64_t st[4] = {0, 0, 0, 0};
+    cl_int status = read_one(ev, st); /* not complete, failed, or no profiling: as read_one says */
+    *end = st[3];
+    return status;
+}
+
 static PyObject *
 stamps_read(PyObject *self, PyObject *args)
 {
@@ -473,10 +489,10 @@ read_rows(Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, const int64_t *c, const ui
             status[i] = s0;
             continue;
         }
-        int64_t second[4] = {0, 0, 0, 0};
-        cl_int s1 = read_one((cl_event)(uintptr_t)h1[i], second);
+        int64_t end = 0;
+        cl_int s1 = read_end((cl_event)(uintptr_t)h1[i], &end);
         row[2] = row[3];
-        row[3] = second[3];
+        row[3] = end;
         status[i] = s0 < 0 ? s0 : s1 < 0 ? s1 : (s0 > s1 ? s0 : s1);
     }
 }
@@ -564,6 +580,102 @@ stamps_columns_read(PyObject *self, PyObject *args)
     return columns_impl(args, 1);
 }
 
+/* settle(ints, handles, status, stamps, failed) -> (pending, tickets, devices): after columns_read, the rows holding
+ * tickets get what the reaper read (``peek``; a region's two markers combined as columns_read combines events);
+ * failed[i] (int8) is 0/1 for them (the reaper knows whether the command failed) and -1 for the other rows (ask
+ * the event). Counts: rows still pending (status > 0), rows with tickets, rows with device work. */
+static PyObject *
+stamps_settle(PyObject *self, PyObject *args)
+{
+    Py_buffer ib, hb, sb, tb, fb;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*w*:settle", &ib, &hb, &sb, &tb, &fb))
+        return NULL;
+    Py_ssize_t n = sb.len / (Py_ssize_t)sizeof(int32_t), pending = 0, tickets = 0, devices = 0, twos = 0;
+    PyObject *out = NULL;
+    if (sb.len % (Py_ssize_t)sizeof(int32_t) || ib.len != n * N_COLS * (Py_ssize_t)sizeof(int64_t) ||
+        hb.len != 2 * n * (Py_ssize_t)sizeof(uint64_t) || tb.len != 4 * n * (Py_ssize_t)sizeof(int64_t) || fb.len != n) {
+        PyErr_Format(PyExc_ValueError, "settle: need int64[%d, N], uint64[2, N], int32[N], int64[N, 4], int8[N]", N_COLS);
+        goto done;
+    }
+    const int64_t *flags = (const int64_t *)ib.buf + C_FLAGS * n;
+    const uint64_t *h0 = hb.buf, *h1 = h0 + n;
+    int32_t *status = sb.buf;
+    int64_t *raw = tb.buf;
+    int8_t *failed = fb.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        devices += (flags[i] & F_DEV) != 0;
+        if ((flags[i] & (F_DEV | F_TICKETS)) == (F_DEV | F_TICKETS)) {
+            tickets++;
+            twos += (flags[i] & F_TWO) != 0;
+        }
+    }
+    int err = 0;
+    if (tickets && !reaper_available()) {
+        PyErr_SetString(PyExc_RuntimeError, "settle: records hold tickets but there is no reaper");
+        goto done;
+    }
+    Py_ssize_t m = tickets + twos;
+    uint64_t *ts = PyMem_RawMalloc((m ? m : 1) * sizeof(uint64_t));
+    int64_t *rows = PyMem_RawMalloc((m ? m : 1) * sizeof(int64_t)), *st = PyMem_RawMalloc((m ? m : 1) * 4 * sizeof(int64_t));
+    int32_t *sts = PyMem_RawMalloc((m ? m : 1) * sizeof(int32_t));
+    uint8_t *fs = PyMem_RawMalloc(m ? m : 1);
+    if (ts == NULL || rows == NULL || st == NULL || sts == NULL || fs == NULL) {
+        PyErr_NoMemory();
+        goto out_free;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t a = 0, b = tickets; /* first markers at [0, tickets), second ones after */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        failed[i] = -1;
+        if ((flags[i] & (F_DEV | F_TICKETS)) != (F_DEV | F_TICKETS))
+            continue;
+        rows[a] = i;
+        ts[a++] = h0[i];
+        if (flags[i] & F_TWO) {
+            rows[b] = i;
+            ts[b++] = h1[i];
+        }
+    }
+    if (m)
+        err = reaper_peek_into(ts, (size_t)m, sts, st, fs);
+    if (err == 0) {
+        for (Py_ssize_t j = 0; j < tickets; j++) {
+            Py_ssize_t i = rows[j];
+            status[i] = sts[j];
+            memcpy(raw + 4 * i, st + 4 * j, 4 * sizeof(int64_t));
+            failed[i] = (int8_t)fs[j];
+        }
+        for (Py_ssize_t j = tickets; j < m; j++) { /* a region's two markers: START is the first's END, END the second's */
+            Py_ssize_t i = rows[j];
+            int32_t s0 = status[i], s1 = sts[j];
+            raw[4 * i + 2] = raw[4 * i + 3];
+            raw[4 * i + 3] = st[4 * j + 3];
+            status[i] = s0 < 0 ? s0 : s1 < 0 ? s1 : (s0 > s1 ? s0 : s1);
+            failed[i] = (int8_t)(failed[i] | fs[j]);
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            pending += status[i] > 0;
+    }
+    Py_END_ALLOW_THREADS
+    if (err < 0)
+        PyErr_NoMemory();
+    else
+        out = Py_BuildValue("(nnn)", pending, tickets, devices);
+out_free:
+    PyMem_RawFree(ts);
+    PyMem_RawFree(rows);
+    PyMem_RawFree(st);
+    PyMem_RawFree(sts);
+    PyMem_RawFree(fs);
+done:
+    PyBuffer_Release(&ib);
+    PyBuffer_Release(&hb);
+    PyBuffer_Release(&sb);
+    PyBuffer_Release(&tb);
+    PyBuffer_Release(&fb);
+    return out;
+}
+
 static PyObject *
 stamps_track(PyObject *self, PyObject *ev)
 {
@@ -598,6 +710,7 @@ static PyMethodDef methods[] = {
     {"read", stamps_read, METH_VARARGS, "read(handles, status, stamps): fill status int32[N] and stamps int64[N, 4]."},
     {"columns", stamps_columns, METH_VARARGS, "columns(records, ints, handles, names, cats, paths): the resolver's first pass."},
     {"columns_read", stamps_columns_read, METH_VARARGS, "columns_read(records, ints, handles, names, cats, paths, status, stamps): columns() and the events' stamps (a region's two markers combined), in one pass."},
+    {"settle", stamps_settle, METH_VARARGS, "settle(ints, handles, status, stamps, failed) -> (pending, tickets, devices): tickets' rows peeked, in place."},
     {"wait", stamps_wait, METH_VARARGS, "wait(handles): wait for every event; a failed one does not stop the rest."},
     {"transpose", stamps_transpose, METH_O, "transpose(records): list(zip(*records)) in one pass."},
     {NULL, NULL, 0, NULL},

@@ -80,6 +80,7 @@ class DeviceClock:
         self._ko: list[int] = []
         self._sl: list[float] = []  # slope of the segment starting at each knot
         self._mapped_max: int | None = None  # latest device stamp the map was used for
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # the knots as arrays (knots())
         self._err = 0  # largest distance between the map and a calibration point
         self.placement = Placement(max(self.resolution_ns, 100))  # offsets commands are drawn with
         self.calibrate()
@@ -156,6 +157,7 @@ class DeviceClock:
         and after a later calibration (to the ns)."""
         d = p.host_ns + p.offset_ns
         kd, ko, sl = self._kd, self._ko, self._sl
+        self._arrays = None
         if not kd:
             kd.append(d)
             ko.append(p.offset_ns)
@@ -190,6 +192,7 @@ class DeviceClock:
                 break
         if self._mapped_max is None or self._mapped_max <= self._kd[-1]:
             self._sl[-1] = slope
+            self._arrays = None
 
     def _extrapolate(self, d: int) -> int:
         return self._ko[-1] + round(self._sl[-1] * (d - self._kd[-1]))
@@ -208,17 +211,24 @@ class DeviceClock:
         d = np.asarray(device_ns, np.int64)
         if not len(d):
             return np.zeros(0, np.int64)
-        with self._lock:
-            kd = np.array(self._kd, np.int64)
-            ko = np.array(self._ko, np.int64)
-            sl = np.array(self._sl, np.float64)
-            self._commit(int(d.max()))
+        kd, ko, sl = self.knots(int(d.max()))
         i = np.searchsorted(kd, d, "right") - 1
         before = i < 0
         i[before] = 0
         out = ko[i] + np.rint(sl[i] * (d - kd[i])).astype(np.int64)
         out[before] = ko[0]
         return out
+
+    def knots(self, latest: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The map as arrays: knots (device ns, int64), offsets at them (int64), slopes after them (float64);
+        and, in the same lock, note that stamps up to ``latest`` are mapped with it (None: nothing mapped)."""
+        with self._lock:
+            if self._arrays is None:
+                self._arrays = (np.array(self._kd, np.int64), np.array(self._ko, np.int64),
+                                np.array(self._sl, np.float64))
+            if latest is not None:
+                self._commit(latest)
+            return self._arrays
 
     def to_host(self, device_ns: int) -> int:
         """Map a device stamp onto the host timeline."""

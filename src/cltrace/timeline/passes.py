@@ -10,6 +10,8 @@ which gives the same results (``PATH`` says which runs).
   its start (an out-of-order queue's lanes).
 - ``Extents().nest(...)``: regions widened to their children's device extents, kept per (parent,
   device track) from batch to batch until the parent is resolved.
+- ``tail``: the native module's whole-batch tail (``tail.py``; None in the fallback, whose reference is
+  ``Resolver._columns``).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class Impl(NamedTuple):
     group: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     first_fit: Callable[[np.ndarray, np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
     Extents: Callable[[], Any]
+    tail: Any = None
 
 
 def _i64(a: np.ndarray) -> np.ndarray:
@@ -168,7 +171,7 @@ def _load_native() -> Impl:
             self._x.nest(_i64(kind), _i64(ids), _i64(parent), _i64(track), _i64(off), _i64(off_end),
                          raw_start, raw_end)
 
-    return Impl(group, first_fit, NativeExtents)
+    return Impl(group, first_fit, NativeExtents, _resolve)
 
 
 _CHOICE = choose("the resolver's passes", _load_native)

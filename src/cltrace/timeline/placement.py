@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from array import array
 
 import numpy as np
 
@@ -23,8 +24,8 @@ class Placement:
 
     def __init__(self, threshold_ns: int = 100) -> None:
         self.threshold_ns = threshold_ns
-        self._t: list[int] = []  # device times where the offset changes, ascending
-        self._o: list[int] = []  # the offset from each of them on
+        self._t = array("q")  # device times where the offset changes, ascending
+        self._o = array("q")  # the offset from each of them on
         self._last_start: int | None = None  # latest command start placed
         self._max_end: int | None = None  # latest command end placed, device-wide
         self.worst_ns = 0  # largest |target - applied| so far
@@ -60,6 +61,23 @@ class Placement:
                 out[order[new]] = self._walk(s[new], e[new], tg[new])
             self.worst_ns = max(self.worst_ns, int(np.abs(out - target).max()))
         return out
+
+    def state(self) -> np.ndarray:
+        """The scalars the native placement (``_resolve.finish``) reads and updates, as int64[8]: has a last
+        start, last start, has a max end, max end, worst, changes, threshold, steps added. Hold ``_lock``."""
+        return np.array([self._last_start is not None, self._last_start or 0, self._max_end is not None,
+                         self._max_end or 0, self.worst_ns, self.changes, self.threshold_ns, 0], np.int64)
+
+    def update(self, state: np.ndarray, new_t: np.ndarray, new_o: np.ndarray) -> None:
+        """Take back what ``_resolve.finish`` placed: ``state`` as ``state()`` gave it, and the steps it added
+        (``state[7]`` of them at the head of ``new_t``, ``new_o``). Hold ``_lock``."""
+        has_last, last, has_max, max_end, worst, changes, _, added = state.tolist()
+        self._last_start = last if has_last else None
+        self._max_end = max_end if has_max else None
+        self.worst_ns, self.changes = worst, changes
+        if added:
+            self._t.frombytes(new_t[:added].tobytes())
+            self._o.frombytes(new_o[:added].tobytes())
 
     def _walk(self, s: np.ndarray, e: np.ndarray, tg: np.ndarray) -> np.ndarray:
         """Offsets for commands in start order, stepping towards the target where the gaps allow."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import passes, stamps
+from . import passes, stamps, tail
 from .batch import NAMES, SpanBatch, Tables
 from .sites import SiteTable
 from .tracks import COMPILE_THREAD
@@ -56,6 +56,9 @@ class Resolver:
         self._region_lut = np.zeros(max(self.tables.region_cats) + 2, bool)
         self._region_lut[sorted(self.tables.region_cats)] = True
         self._failed = np.zeros(0, np.int8)  # the batch in hand: which failed commands are known failures
+        self._tail = self._passes.tail  # the native tail (tail.py), None: ``_columns`` below
+        self._thread_tracks: dict[int, int] = {}  # thread key (or stand-in) -> host thread track
+        self._stand_ins: dict[int, int] = {}  # thread key beyond int64 -> its stand-in key (tail.py)
 
     def queue_info(self, queue: Any, thread: int) -> tuple[int, Any, Any]:
         """(device track id, DeviceClock, lane key or None) for work a thread submitted to a queue.
@@ -100,43 +103,24 @@ class Resolver:
                     wait(np.concatenate([hs[0][mine], h1[h1 != 0]]))
         ints, hs, status, raw = st.columns_read(*args)
         n = len(todo)
-        flags = ints[stamps.C_FLAGS]
-        dev = (flags & stamps.F_DEV) != 0
-        tick = (flags & stamps.F_TICKETS) != 0
-        failed = np.full(n, -1, np.int8)  # 1: the command failed, 0: it did not, -1: ask its event (_device_failed)
-        any_tick = bool(tick.any())
-        if any_tick:
-            self._peek(hs, tick, (flags & stamps.F_TWO) != 0, status, raw, failed)
-        pending = status > 0
-        if pending.any():
-            self.waiting = list(compress(todo, pending))
-            keep = ~pending
+        failed = np.empty(n, np.int8)  # 1: the command failed, 0: it did not, -1: ask its event (_device_failed)
+        pending, tickets, devices = st.settle(ints, hs, status, raw, failed)
+        if pending:
+            pending_rows = status > 0
+            self.waiting = list(compress(todo, pending_rows))
+            keep = ~pending_rows
             todo = list(compress(todo, keep))
-            if any_tick:
-                self._done(hs[:, keep & tick])
+            if tickets:
+                self._done(hs[:, keep & ((ints[stamps.C_FLAGS] & stamps.F_TICKETS) != 0)])
             if not todo:
                 return SpanBatch.empty(self.tables)
-            ints, dev, status, raw, failed = ints[:, keep], dev[keep], status[keep], raw[keep], failed[keep]
-        elif any_tick:
-            self._done(hs[:, tick])
+            ints, status, raw, failed = ints[:, keep], status[keep], raw[keep], failed[keep]
+        elif tickets:  # the rows' handles are tickets where they are not 0, unless events are mixed in
+            self._done(hs if tickets == devices else hs[:, (ints[stamps.C_FLAGS] & stamps.F_TICKETS) != 0])
         self._failed = failed
-        return self._columns(todo, ints, dev, status, raw)
-
-    @staticmethod
-    def _peek(hs: np.ndarray, tick: np.ndarray, two: np.ndarray, status: np.ndarray, raw: np.ndarray,
-              failed: np.ndarray) -> None:
-        """Status, stamps and failure of the rows holding tickets (the reaper read their events), in place."""
-        rows = np.flatnonzero(tick)
-        st0, s0, f0 = stamps.peek(hs[0][rows])
-        status[rows], raw[rows], failed[rows] = st0, s0, f0
-        two = two[rows]
-        if two.any():  # a region's two markers: START is the first marker's END, END the second's
-            r2 = rows[two]
-            st1, s1, f1 = stamps.peek(hs[1][r2])
-            raw[r2, _START] = raw[r2, _END]
-            raw[r2, _END] = s1[:, _END]
-            status[r2] = stamps.combined(st0[two], st1)
-            failed[r2] = f0[two] | f1
+        if self._tail is not None:
+            return tail.columns(self, self._tail, todo, ints, status, raw)
+        return self._columns(todo, ints, (ints[stamps.C_FLAGS] & stamps.F_DEV) != 0, status, raw)
 
     @staticmethod
     def _done(hs: np.ndarray) -> None:
@@ -156,6 +140,32 @@ class Resolver:
             first, inverse = self._passes.group(np.fromiter(map(id, values), np.int64, len(values)))
             ids[miss] = np.array([table.id(values[i]) for i in first.tolist()], np.int64)[inverse]
         return ids
+
+    def _thread_track(self, key: int) -> int:
+        """The host thread track of a thread key or stand-in (``_threads`` per distinct key, remembered)."""
+        track = self._thread_tracks.get(key)
+        if track is None:
+            k = self._stand_ins.get(key, key) if key < -1 else key
+            tracks = self.tracks
+            track = -1 if k == -1 else tracks.compile_track() if k == COMPILE_THREAD else tracks.host_thread(k)
+            self._thread_tracks[key] = track
+        return track
+
+    def _stand_in(self, key: int) -> int:
+        """A negative int64 key below -1 standing for a thread key beyond int64 (one per key, kept)."""
+        s = self._stand_ins.get(key)
+        if s is None:
+            s = self._stand_ins[key] = -2 - len(self._stand_ins) // 2
+            self._stand_ins[s] = key
+        return s
+
+    def _launch_path(self, pid: int, name: int) -> int:
+        """The path id of a launch named ``name`` under the recorded path ``pid`` (looked up once, kept)."""
+        i = self._launch_paths.get((pid, name))
+        if i is None:
+            paths = self.tables.paths
+            i = self._launch_paths[(pid, name)] = paths.id(paths.values[pid] + (self.tables.names.values[name],))
+        return i
 
     def _threads(self, todo: list[tuple], thr: np.ndarray, flags: np.ndarray) -> np.ndarray:
         """Host thread track of each row (the compile track for compile work, -1 for none)."""

@@ -45,6 +45,7 @@ class Impl(NamedTuple):
     transpose: Callable[[list], list]
     columns: Callable[[list, dict, dict, dict], tuple[np.ndarray, np.ndarray]]
     columns_read: Callable[[list, dict, dict, dict], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    settle: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], tuple[int, int, int]]
 
 
 def _as_handles(handles: Any) -> np.ndarray:
@@ -63,7 +64,9 @@ def _python_handles(events: Sequence[Any]) -> np.ndarray:
     return np.fromiter(map(attrgetter("int_ptr"), events), np.uint64, count=len(events))
 
 
-def _python_read(handles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _python_read(handles: np.ndarray, end_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """``end_only``: a region's second marker, whose END alone is used (one call where it completed; the other
+    stamps 0)."""
     import pyopencl as cl
 
     hs = _as_handles(handles)
@@ -74,7 +77,7 @@ def _python_read(handles: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ev = event(h, True)
         get = ev.get_profiling_info
         try:
-            flat += (get(_QUEUED), get(_SUBMIT), get(_START), get(_END))
+            flat += (0, 0, 0, get(_END)) if end_only else (get(_QUEUED), get(_SUBMIT), get(_START), get(_END))
         except error as exc:
             status[i] = _not_read(ev, exc.code, error, flat)
     if len(flat) == 4 * len(hs):
@@ -202,11 +205,31 @@ def _python_columns_read(records: list, names: dict, cats: dict, paths: dict) ->
         two = (flags[ev] & F_TWO) != 0
         if two.any():
             rows = ev[two]
-            st1, s1 = _python_read(hs[1][rows])
+            st1, s1 = _python_read(hs[1][rows], end_only=True)
             raw[rows, 2] = raw[rows, 3]
             raw[rows, 3] = s1[:, 3]
             status[rows] = combined(st0[two], st1)
     return ints, hs, status, raw
+
+
+def _python_settle(ints: np.ndarray, hs: np.ndarray, status: np.ndarray, raw: np.ndarray,
+                   failed: np.ndarray) -> tuple[int, int, int]:
+    flags = ints[C_FLAGS]
+    tick = (flags & (F_DEV | F_TICKETS)) == (F_DEV | F_TICKETS)
+    failed[:] = -1
+    rows = np.flatnonzero(tick)
+    if len(rows):
+        st0, s0, f0 = peek(hs[0][rows])
+        status[rows], raw[rows], failed[rows] = st0, s0, f0
+        two = (flags[rows] & F_TWO) != 0
+        if two.any():
+            r2 = rows[two]
+            st1, s1, f1 = peek(hs[1][r2])
+            raw[r2, 2] = raw[r2, 3]
+            raw[r2, 3] = s1[:, 3]
+            status[r2] = combined(st0[two], st1)
+            failed[r2] = f0[two] | f1
+    return int((status > 0).sum()), len(rows), int(((flags & F_DEV) != 0).sum())
 
 
 def combined(st0: np.ndarray, st1: np.ndarray) -> np.ndarray:
@@ -215,7 +238,7 @@ def combined(st0: np.ndarray, st1: np.ndarray) -> np.ndarray:
 
 
 PYTHON = Impl(_python_handles, _python_read, _python_wait, _python_transpose, _python_columns,
-              _python_columns_read)
+              _python_columns_read, _python_settle)
 
 
 # --- native: the C extension -------------------------------------------------------------------
@@ -293,7 +316,7 @@ def _load_native() -> Impl:
     if not _reaper_off():
         REAPER = _stamps.reaper()
         _reaper = _stamps if REAPER is not None else None
-    return Impl(handles, read, wait, _stamps.transpose, columns, columns_read)
+    return Impl(handles, read, wait, _stamps.transpose, columns, columns_read, _stamps.settle)
 
 
 REAPER: Any = None  # the capsule of the reaper's hot-path entry (record/_region.c), None without one
@@ -348,6 +371,14 @@ def columns_read(records: list, names: dict, cats: dict, paths: dict) -> tuple[n
     marker's END, END the second's, its status ``combined``. Rows without events, and rows holding tickets
     (``peek`` reads those), are 0."""
     return _active.columns_read(records, names, cats, paths)
+
+
+def settle(ints: np.ndarray, hs: np.ndarray, status: np.ndarray, raw: np.ndarray, failed: np.ndarray) -> tuple[int, int, int]:
+    """After ``columns_read``: the rows holding tickets get what the reaper read (``peek``; a region's two
+    markers combined as ``columns_read`` combines events), in place; ``failed`` (int8[N]) 1/0 for them (the
+    command failed or not), -1 for the other rows (ask the event). Returns (rows still pending: status > 0,
+    rows with tickets, rows with device work)."""
+    return _active.settle(ints, hs, status, raw, failed)
 
 
 def wait_events(events: Sequence[Any]) -> None:
