@@ -156,8 +156,9 @@ def test_no_long_stall_from_cltrace_under_thread_stress(tmp_path):
     assert out.returncode == 0, out.stderr
     off, on, empty, recorded, lost = out.stdout.split()
     off, on, empty = float(off), float(on), int(empty)
-    # 2 shared cores: allow scheduling noise, but not the seconds-long freezes of a resolving hot path.
-    assert on <= off + 0.1, (off, on)
+    # 2 shared cores: allow scheduling noise (up to ~120 ms seen with the fallback's numpy under load),
+    # but not the seconds-long freezes of a resolving hot path.
+    assert on <= off + 0.25, (off, on)
     assert empty <= 50_000_000, empty
     # Spans the worker could not keep up with (the pure-Python fallback on 2 shared cores) are
     # dropped, never waited for, and the file says exactly how many.
