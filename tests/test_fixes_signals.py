@@ -34,7 +34,7 @@ with cltrace.region("waiting"):  # open when the signal comes: "ready" is printe
 def start(tmp_path: Any, argv: list[str], setup: str = "", env: dict[str, str] | None = None) -> subprocess.Popen:
     script = tmp_path / "prog.py"
     script.write_text(textwrap.dedent(BODY.format(setup=setup)))
-    full_env = {**os.environ, "CLTRACE_CACHE_DIR": str(tmp_path / "cache"), **(env or {})}
+    full_env = {**os.environ, "CLTRACE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONFAULTHANDLER": "1", **(env or {})}
     full_env.pop("CLTRACE", None)
     p = subprocess.Popen([sys.executable, *argv], cwd=tmp_path, env=full_env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -45,7 +45,12 @@ def start(tmp_path: Any, argv: list[str], setup: str = "", env: dict[str, str] |
 
 def finish(p: subprocess.Popen) -> tuple[int, str]:
     p.send_signal(signal.SIGTERM)
-    _, err = p.communicate(timeout=60)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # hung: SIGABRT makes faulthandler print every thread's stack
+        p.send_signal(signal.SIGABRT)
+        _, err = p.communicate(timeout=30)
+        pytest.fail(f"the program did not end within 60 s of SIGTERM; its threads:\n{err}")
     return p.returncode, err
 
 
