@@ -24,6 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "../_gil.h"
 
 static uint64_t
 mix(uint64_t x)
@@ -84,7 +85,7 @@ resolve_group(PyObject *self, PyObject *args)
         return PyErr_NoMemory();
     }
     Py_ssize_t m = 0;
-    Py_BEGIN_ALLOW_THREADS
+    CLT_BEGIN_WORK(n)
     memset(slot, 0, cap * sizeof(int64_t));
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t h = 0;
@@ -109,7 +110,7 @@ resolve_group(PyObject *self, PyObject *args)
             s = (s + 1) & (cap - 1);
         }
     }
-    Py_END_ALLOW_THREADS
+    CLT_END_WORK
     PyMem_RawFree(slot);
     release(b, 3);
     return PyLong_FromSsize_t(m);
@@ -135,7 +136,7 @@ resolve_first_fit(PyObject *self, PyObject *args)
     }
     const int64_t *s = (const int64_t *)b[0].buf, *e = (const int64_t *)b[1].buf;
     int64_t *ends = (int64_t *)b[2].buf, *lanes = (int64_t *)b[3].buf;
-    Py_BEGIN_ALLOW_THREADS
+    CLT_BEGIN_WORK(n)
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t j = 0;
         while (j < used && ends[j] > s[i])
@@ -145,7 +146,7 @@ resolve_first_fit(PyObject *self, PyObject *args)
         ends[j] = e[i];
         lanes[i] = j;
     }
-    Py_END_ALLOW_THREADS
+    CLT_END_WORK
     release(b, 4);
     return PyLong_FromSsize_t(used);
 }
@@ -295,11 +296,11 @@ extents_nest(Extents *x, PyObject *args)
         return NULL;
     }
     int err;
-    Py_BEGIN_ALLOW_THREADS
+    CLT_BEGIN_WORK(n)
     PyThread_acquire_lock(x->lock, WAIT_LOCK);
     err = nest_rows(x, n, b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, b[7].buf);
     PyThread_release_lock(x->lock);
-    Py_END_ALLOW_THREADS
+    CLT_END_WORK
     release(b, 8);
     if (err < 0)
         return PyErr_NoMemory();
@@ -525,7 +526,7 @@ resolve_scan(PyObject *self, PyObject *args)
             break;
     int64_t count[5] = {0, 0, 0, 0, 0}; /* misses, big thread keys, failed commands, errors, attrs */
     if (made == N_GROUPS) {
-        Py_BEGIN_ALLOW_THREADS
+        CLT_BEGIN_WORK(n)
         for (Py_ssize_t i = 0; i < n; i++) {
             int64_t flags = c[C_FLAGS * n + i], name = c[C_NAME * n + i], cat = c[C_CAT * n + i];
             int64_t pid = c[C_PATH * n + i], thr = c[C_THREAD * n + i];
@@ -558,7 +559,7 @@ resolve_scan(PyObject *self, PyObject *args)
             grp[G_QUEUE * n + i] = gq;
             grp[G_PATH * n + i] = gp;
         }
-        Py_END_ALLOW_THREADS
+        CLT_END_WORK
     }
     PyObject *out = NULL;
     if (made < N_GROUPS || oom) {
@@ -796,7 +797,7 @@ resolve_finish(PyObject *self, PyObject *args)
         int64_t *cmd_at = tmp + n, *reg_at = cmd_at + nclk + 1, *fill = reg_at + nclk + 1;
         Extents *x = (Extents *)ext;
         int nest_err = 0;
-        Py_BEGIN_ALLOW_THREADS
+        CLT_BEGIN_WORK(n)
         memset(cmd_at, 0, (size_t)(2 * nclk + 2) * sizeof(int64_t));
         for (Py_ssize_t i = 0; i < n && bad == NULL; i++) {
             int64_t flags = c[C_FLAGS * n + i], ct = c[C_CAT * n + i];
@@ -893,7 +894,7 @@ resolve_finish(PyObject *self, PyObject *args)
                 }
             }
         }
-        Py_END_ALLOW_THREADS
+        CLT_END_WORK
         if (bad == NULL && nest_err < 0)
             PyErr_NoMemory();
         else if (bad != NULL)
