@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of the closing notes, in one go, on a machine with NVIDIA GPUs and Python but no
 # pyopencl (the lent H200 hosts): wheels carried in .whl/, the C extensions built there.
-#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup diag sweep gilsweep breakdown fprofile devices pipeline reaper noreaper probes fallback stamps profile clock multi tune
+#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup diag sweep breakdown fprofile devices pipeline reaper noreaper probes fallback stamps profile clock multi tune
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 steps=${*:-setup devices pipeline fallback clock multi tune}
@@ -37,11 +37,6 @@ for step in $steps; do
       done ;;
     breakdown) python3 benchmarks/e2e_breakdown.py --launches 100000 --rounds 3 2>&1 | tail -60 | tee "$out/breakdown.txt" ;;
     fprofile) CLTRACE_NATIVE=0 python3 benchmarks/profile_pipeline.py --spans 50000 --top 12 2>&1 | tee "$out/profile-fallback.txt" ;;
-    gilsweep)
-      for g in 0 4096 65536; do
-        echo "--- CLTRACE_GIL_ROWS=$g"
-        CLTRACE_GIL_ROWS=$g python3 benchmarks/bench_pipeline.py --only e2e,stall --launches 200000 --rounds 3 --stall-s 3 2>&1 | tail -2
-      done 2>&1 | tee "$out/gilsweep.txt" ;;
     sweep)
       for sw in 0 0.1 0.25 0.5 1; do
         echo "--- CLTRACE_SWITCH_MS=$sw"
