@@ -181,12 +181,10 @@ def test_rows_larger_than_the_buffer_and_track_ids_past_the_tables(tmp_path: Any
 
 
 @pytest.mark.skipif(DISABLED, reason="CLTRACE_NATIVE=0: fallback-only run")
-def test_fill_lets_other_threads_run_only_when_it_is_long(tmp_path: Any, monkeypatch: Any) -> None:
-    """Long fills run without the GIL: a Python thread counts while one runs (with the GIL held it could
-    not: the switch interval is far longer than the call). Short ones keep it (``_gil.h``: each release
-    is a switch that can keep a third thread waiting), so the counter does not move during them."""
+def test_fill_lets_other_threads_run(tmp_path: Any, monkeypatch: Any) -> None:
+    """The rows are written without the GIL: a Python thread counts while ``fill`` runs (with the GIL held
+    it could not: the switch interval is far longer than the call)."""
     native()
-    rows = 70_000  # above CLT_RELEASE_ROWS_DEFAULT
     args: list[Any] = []
     fill = chrome_lines.BATCH.fill  # type: ignore[union-attr]
     monkeypatch.setattr(chrome_lines, "BATCH", chrome_lines.BATCH._replace(  # type: ignore[union-attr]
@@ -194,10 +192,9 @@ def test_fill_lets_other_threads_run_only_when_it_is_long(tmp_path: Any, monkeyp
     rec = recorder()
     sink = ChromeTraceSink(tmp_path / "g.json")
     sink.start(rec)
-    sink.write(batch(rec.tables, rows, 1))
+    sink.write(batch(rec.tables, 20_000, 1))
     sink.close({})
-    _, _, _, n, base, cols, luts, ncat, tables = max(args, key=lambda a: a[3])
-    assert n == rows
+    _, _, _, n, base, cols, luts, ncat, tables = args[0]
     out = bytearray(1000 * n)
     count = [0]
     stop = threading.Event()
@@ -212,22 +209,17 @@ def test_fill_lets_other_threads_run_only_when_it_is_long(tmp_path: Any, monkeyp
     try:
         t.start()
         time.sleep(0.01)  # the counter runs; it gives the GIL back within 0.5 s of this thread asking
-        progress, short = [], []
+        progress = []
         for _ in range(5):
             before = count[0]
-            row, _ = fill(out, 0, 0, n, base, cols, luts, ncat, tables)  # ~10 ms: well inside the interval
+            row, _ = fill(out, 0, 0, n, base, cols, luts, ncat, tables)  # ~2 ms: well inside the interval
             progress.append(count[0] - before)
             assert row == n
-            before = count[0]
-            row, _ = fill(out, 0, 0, 1000, base, cols, luts, ncat, tables)
-            short.append(count[0] - before)
-            assert row == 1000
     finally:
         stop.set()
         sys.setswitchinterval(old)
         t.join()
     assert max(progress) > 0, progress
-    assert short == [0] * 5, short
 
 
 def test_columns_that_are_strided_views(tmp_path: Any) -> None:

@@ -22,7 +22,6 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include "../_gil.h"
 
 #define N_INTS 10
 #define N_IDX 6
@@ -385,9 +384,9 @@ chrome_encode(PyObject *self, PyObject *args)
     if (out == NULL)
         goto done;
     char *begin = PyBytes_AS_STRING(out), *end;
-    CLT_BEGIN_WORK(stop - start)
+    Py_BEGIN_ALLOW_THREADS
     end = encode_rows(begin, ints, idx, n, start, stop, t);
-    CLT_END_WORK
+    Py_END_ALLOW_THREADS
     if (_PyBytes_Resize(&out, end - begin) < 0)
         out = NULL;
 done:
@@ -699,7 +698,7 @@ chrome_fill(PyObject *self, PyObject *args)
     const char *why = NULL;
     uint64_t ub = (uint64_t)base;
     row_t r;
-    CLT_BEGIN_WORK(stop - start)
+    Py_BEGIN_ALLOW_THREADS
     for (i = start; i < stop; i++) {
         int16_t c = cat[i];
         int64_t hk = (int64_t)name[i] * b.ncat + c, sk = (int64_t)site[i] + 1;
@@ -743,7 +742,7 @@ chrome_fill(PyObject *self, PyObject *args)
         r.flags = (track[i] != 0 ? F_DEVICE : 0) | (region[c] ? F_NO_FLOW : 0);
         p = put_row(p, &r);
     }
-    CLT_END_WORK
+    Py_END_ALLOW_THREADS
     if (bad >= 0)
         PyErr_Format(PyExc_IndexError, "fill: row %zd: %s", bad, why);
     else

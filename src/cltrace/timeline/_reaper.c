@@ -18,7 +18,6 @@
 #include <Python.h>
 #include <string.h>
 #include <stdlib.h>
-#include "../_gil.h"
 
 #include "_opencl.h"
 #include "_reaper.h"
@@ -455,9 +454,9 @@ reaper_peek(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "peek: need tickets uint64[N], status int32[N], stamps int64[N, 4], failed uint8[N]");
         goto fail3;
     }
-    CLT_BEGIN_WORK(n)
+    Py_BEGIN_ALLOW_THREADS
     err = reaper_peek_into(tb.buf, (size_t)n, sb.buf, stb.buf, fb.buf);
-    CLT_END_WORK
+    Py_END_ALLOW_THREADS
     if (err < 0) {
         PyErr_NoMemory();
         goto fail3;

@@ -24,7 +24,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include "../_gil.h"
 
 static uint64_t
 mix(uint64_t x)
@@ -85,7 +84,7 @@ resolve_group(PyObject *self, PyObject *args)
         return PyErr_NoMemory();
     }
     Py_ssize_t m = 0;
-    CLT_BEGIN_WORK(n)
+    Py_BEGIN_ALLOW_THREADS
     memset(slot, 0, cap * sizeof(int64_t));
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t h = 0;
@@ -110,7 +109,7 @@ resolve_group(PyObject *self, PyObject *args)
             s = (s + 1) & (cap - 1);
         }
     }
-    CLT_END_WORK
+    Py_END_ALLOW_THREADS
     PyMem_RawFree(slot);
     release(b, 3);
     return PyLong_FromSsize_t(m);
@@ -136,7 +135,7 @@ resolve_first_fit(PyObject *self, PyObject *args)
     }
     const int64_t *s = (const int64_t *)b[0].buf, *e = (const int64_t *)b[1].buf;
     int64_t *ends = (int64_t *)b[2].buf, *lanes = (int64_t *)b[3].buf;
-    CLT_BEGIN_WORK(n)
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_ssize_t j = 0;
         while (j < used && ends[j] > s[i])
@@ -146,7 +145,7 @@ resolve_first_fit(PyObject *self, PyObject *args)
         ends[j] = e[i];
         lanes[i] = j;
     }
-    CLT_END_WORK
+    Py_END_ALLOW_THREADS
     release(b, 4);
     return PyLong_FromSsize_t(used);
 }
@@ -296,11 +295,11 @@ extents_nest(Extents *x, PyObject *args)
         return NULL;
     }
     int err;
-    CLT_BEGIN_WORK(n)
+    Py_BEGIN_ALLOW_THREADS
     PyThread_acquire_lock(x->lock, WAIT_LOCK);
     err = nest_rows(x, n, b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, b[7].buf);
     PyThread_release_lock(x->lock);
-    CLT_END_WORK
+    Py_END_ALLOW_THREADS
     release(b, 8);
     if (err < 0)
         return PyErr_NoMemory();
@@ -526,7 +525,7 @@ resolve_scan(PyObject *self, PyObject *args)
             break;
     int64_t count[5] = {0, 0, 0, 0, 0}; /* misses, big thread keys, failed commands, errors, attrs */
     if (made == N_GROUPS) {
-        CLT_BEGIN_WORK(n)
+        Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             int64_t flags = c[C_FLAGS * n + i], name = c[C_NAME * n + i], cat = c[C_CAT * n + i];
             int64_t pid = c[C_PATH * n + i], thr = c[C_THREAD * n + i];
@@ -559,7 +558,7 @@ resolve_scan(PyObject *self, PyObject *args)
             grp[G_QUEUE * n + i] = gq;
             grp[G_PATH * n + i] = gp;
         }
-        CLT_END_WORK
+        Py_END_ALLOW_THREADS
     }
     PyObject *out = NULL;
     if (made < N_GROUPS || oom) {
@@ -797,7 +796,7 @@ resolve_finish(PyObject *self, PyObject *args)
         int64_t *cmd_at = tmp + n, *reg_at = cmd_at + nclk + 1, *fill = reg_at + nclk + 1;
         Extents *x = (Extents *)ext;
         int nest_err = 0;
-        CLT_BEGIN_WORK(n)
+        Py_BEGIN_ALLOW_THREADS
         memset(cmd_at, 0, (size_t)(2 * nclk + 2) * sizeof(int64_t));
         for (Py_ssize_t i = 0; i < n && bad == NULL; i++) {
             int64_t flags = c[C_FLAGS * n + i], ct = c[C_CAT * n + i];
@@ -894,7 +893,7 @@ resolve_finish(PyObject *self, PyObject *args)
                 }
             }
         }
-        CLT_END_WORK
+        Py_END_ALLOW_THREADS
         if (bad == NULL && nest_err < 0)
             PyErr_NoMemory();
         else if (bad != NULL)

@@ -24,7 +24,6 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#include "../_gil.h"
 
 #ifdef _WIN32
 #include <windows.h>
@@ -275,11 +274,11 @@ stamps_read(PyObject *self, PyObject *args)
     int64_t *st = (int64_t *)t.buf;
     /* One thread: NVIDIA's driver serialises these calls (measured on an H200: 1.8M events/s on one
      * thread, 0.94M on two, 0.53M on eight), and PoCL's answer in ~40 ns an event. */
-    CLT_BEGIN_WORK(n)
+    Py_BEGIN_ALLOW_THREADS
     memset(st, 0, (size_t)n * 4 * sizeof(int64_t));
     for (Py_ssize_t i = 0; i < n; i++)
         status[i] = read_one((cl_event)(uintptr_t)hs[i], st + 4 * i);
-    CLT_END_WORK
+    Py_END_ALLOW_THREADS
     PyBuffer_Release(&h);
     PyBuffer_Release(&s);
     PyBuffer_Release(&t);
@@ -543,10 +542,10 @@ columns_impl(PyObject *args, int read)
         if (list_changed(records, n) ||
             fill_rows(records, lo, hi, n, c, h0, h1, names, cats, paths, attr, lasts, &getter))
             goto fail;
-        CLT_BEGIN_WORK(n)
+        Py_BEGIN_ALLOW_THREADS
         if (read)
             read_rows(lo, hi, n, c, h0, h1, (int32_t *)sb.buf, (int64_t *)tb.buf);
-        CLT_END_WORK
+        Py_END_ALLOW_THREADS
     }
     Py_DECREF(attr);
     Py_XDECREF(getter.fget);
@@ -624,7 +623,7 @@ stamps_settle(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto out_free;
     }
-    CLT_BEGIN_WORK(n)
+    Py_BEGIN_ALLOW_THREADS
     Py_ssize_t a = 0, b = tickets; /* first markers at [0, tickets), second ones after */
     for (Py_ssize_t i = 0; i < n; i++) {
         failed[i] = -1;
@@ -657,7 +656,7 @@ stamps_settle(PyObject *self, PyObject *args)
         for (Py_ssize_t i = 0; i < n; i++)
             pending += status[i] > 0;
     }
-    CLT_END_WORK
+    Py_END_ALLOW_THREADS
     if (err < 0)
         PyErr_NoMemory();
     else
