@@ -405,3 +405,37 @@ def test_an_entered_region_shows_the_same_state(impl: str, queue: Any) -> None:
             assert r._st[-1] == (r._id, r._path) and isinstance(r._hb, int)
             assert type(r._ev0) is cl.Event
         assert outer._ev0 is None and outer._parent == 0
+
+
+def test_record_launch_in_c_gives_the_python_record(queue: Any) -> None:
+    """``regions._record`` (C) and ``regions._record_py`` build the same record for the same command,
+    at the top level and inside regions of either kind, on this thread's key."""
+    native()
+    from cltrace import _state
+
+    c_record = regions._record
+    assert c_record is not regions._record_py
+    ev = cl.enqueue_marker(queue)
+    attrs = {"global_size": (4,), "local_size": None}
+    site = regions._site(1)
+    _state.ENABLED = True
+    try:
+        RECORDER.pending.clear()
+        ids = []
+        for make in (lambda: regions._Region("py", None, None), lambda: regions._NativeRegion("c")):
+            for fn in (c_record, regions._record_py):
+                ids.append(fn("k", queue, ev, 10, 20, "kernel", attrs, site))
+            with make():
+                for fn in (c_record, regions._record_py):
+                    ids.append(fn("k", queue, ev, 10, 20, "kernel", attrs, site))
+        recs = [r for r in RECORDER.pending if r[R_NAME] == "k"]
+    finally:
+        _state.ENABLED = False
+        RECORDER.pending.clear()
+    assert [r[R_ID] for r in recs] == ids and len(set(ids)) == 8
+    strip = [r[:R_ID] + r[R_ID + 1:] for r in recs]
+    for a, b in zip(strip[::2], strip[1::2]):
+        assert a == b
+    assert recs[0][R_PARENT] == 0 and recs[0][R_PATH] == ()
+    assert recs[2][R_PATH] == ("py",) and recs[6][R_PATH] == ("c",)
+    assert recs[0][R_THREAD] == regions._tls.stack.key and recs[0][R_SITE] is site

@@ -7,6 +7,7 @@
  *
  *   init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread)
  *   Region(name, queue=None, attrs=None, cat=region_cat)
+ *   record_launch(name, queue, event, host_begin, host_end, cat, attrs, site)   an enqueued command's record
  *   now()   the host clock as time.perf_counter_ns() reads it (for tests)
  *   site(skip=1)   callsite.capture in C: the raw call site above the caller's skip - 1 frames
  *   site_config(classify, generation, depth)   share callsite's library test and settings
@@ -948,6 +949,78 @@ mod_init(PyObject *mod, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* record_launch(name, queue, event, host_begin, host_end, cat, attrs, site): ``regions._record_py`` in C,
+ * one enqueued command's record under the thread's innermost region; returns its span id. */
+static PyObject *
+mod_record_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "record_launch() takes 8 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (!ready())
+        return NULL;
+    PyObject *st = thread_stack();
+    if (st == NULL)
+        return NULL;
+    if (!PyList_Check(st)) {
+        PyErr_SetString(PyExc_TypeError, "cltrace: the region stack is not a list");
+        Py_DECREF(st);
+        return NULL;
+    }
+    PyObject *parent = g_zero, *path = g_empty_tuple;
+    Py_ssize_t depth = PyList_GET_SIZE(st);
+    if (depth) {
+        PyObject *top = PyList_GET_ITEM(st, depth - 1);
+        if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2) {
+            PyErr_SetString(PyExc_TypeError, "cltrace: a region stack entry is not (span id, path)");
+            Py_DECREF(st);
+            return NULL;
+        }
+        parent = PyTuple_GET_ITEM(top, 0);
+        path = PyTuple_GET_ITEM(top, 1);
+    }
+    PyObject *key = PyObject_GetAttr(st, s_key);
+    if (key == NULL) {
+        Py_DECREF(st);
+        return NULL;
+    }
+    PyObject *sid = Py_TYPE(g_ids)->tp_iternext(g_ids);
+    PyObject *rec = sid == NULL ? NULL : PyTuple_New(15);
+    if (rec == NULL) {
+        Py_XDECREF(sid);
+        Py_DECREF(key);
+        Py_DECREF(st);
+        return NULL;
+    }
+#define PUT(i, o) do { Py_INCREF(o); PyTuple_SET_ITEM(rec, i, o); } while (0)
+    PUT(0, args[5]);
+    PUT(1, args[0]);
+    PUT(2, sid);
+    PUT(3, parent);
+    PUT(4, path);
+    PyTuple_SET_ITEM(rec, 5, key);
+    PUT(6, args[3]);
+    PUT(7, args[4]);
+    PUT(8, args[1]);
+    PUT(9, args[2]);
+    PUT(10, Py_None);
+    PUT(11, args[6]);
+    PUT(12, Py_None);
+    PUT(13, Py_None);
+    PUT(14, args[7]);
+#undef PUT
+    Py_DECREF(st);
+    untrack_record(rec);
+    int ok = push_record(rec);
+    Py_DECREF(rec);
+    if (ok < 0) {
+        Py_DECREF(sid);
+        return NULL;
+    }
+    return sid;
+}
+
 static PyObject *
 mod_now(PyObject *mod, PyObject *unused)
 {
@@ -963,6 +1036,8 @@ static PyMethodDef methods[] = {
      "share the Python state (per_os_thread: tls is a plain threading.local; reaper: the capsule of "
      "timeline._stamps' track, to trade records' events for tickets)."},
     {"push", mod_push, METH_O, "push(rec): append a raw record (untracked by the cyclic GC) to the pending deque, with back-pressure."},
+    {"record_launch", (PyCFunction)(void (*)(void))mod_record_launch, METH_FASTCALL,
+     "record_launch(name, queue, event, host_begin, host_end, cat, attrs, site): one enqueued command's record; its span id."},
     {"now", mod_now, METH_NOARGS, "The host clock in ns, read as time.perf_counter_ns() reads it."},
     {"site", (PyCFunction)(void (*)(void))mod_site, METH_FASTCALL,
      "site(skip=1): the raw call site (code, offset, ...) of the first user frames above the caller's skip - 1."},

@@ -272,12 +272,22 @@ def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: 
     (``callsite.capture()``), by default the caller's; a cltrace helper that has it passes
     it, saving the walk through its own frame.
     """
+    return _record(name, queue, event, host_begin, host_end, cat, attrs, _site(2) if site is _CALLER else site)
+
+
+def _record_py(name: str, queue: Any, event: Any, host_begin: int, host_end: int, cat: str,
+               attrs: dict[str, Any] | None, site: Any) -> int:
     st = _tls.stack
     parent, path = st[-1] if st else _ROOT
     sid = new_id()
     _push((cat, name, sid, parent, path, st.key, host_begin, host_end,
-           queue, event, None, attrs, None, None, _site(2) if site is _CALLER else site))
+           queue, event, None, attrs, None, None, site))
     return sid
+
+
+# A launch's or copy's record: ``_record_py`` in C where the extension is built.
+_record: Callable[[str, Any, Any, int, int, str, Any, Any], int] = (
+    _record_py if _NativeRegion is None else sys.modules[_NativeRegion.__module__].record_launch)
 
 
 def record_failure(name: str, cat: str, host_begin: int, exc: BaseException,
@@ -320,7 +330,7 @@ def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: An
     except cl.Error as exc:
         raise failed_launch(exc, name or own, global_size, local_size, hb, kernel, queue) from None
     he = _perf()
-    record_launch(name or own, queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size), _site(2))
+    _record(name or own, queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size), _site(2))
     return ev
 
 
@@ -391,5 +401,5 @@ def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any
     hb = _perf()
     ev = cl.enqueue_copy(queue, dest, src, **kwargs)
     he = _perf()
-    record_launch(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes}, _site(2))
+    _record(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes}, _site(2))
     return ev
