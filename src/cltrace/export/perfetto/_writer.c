@@ -231,8 +231,9 @@ typedef struct {
     size_t cap_x;
     uint8_t *out;
     size_t cap_out;
-    int64_t *runs, *opened;
-    size_t nruns, nopened, cap_runs, cap_opened;
+    int64_t *runs, *opened, *written, *bend;
+    size_t nruns, nopened, nwritten, cap_runs, cap_opened, cap_written, cap_bend;
+    int bucketed; /* ev holds each track's events together, runs (ascending) ending at bend[track] */
 } Writer;
 
 static int
@@ -512,7 +513,7 @@ typedef struct {
     const row_t *rows;
 } cols_t;
 
-static inline void
+static inline __attribute__((always_inline)) void
 load(const cols_t *c, const ev_t *e, row_t *r)
 {
     if (e->kind == EV_ROW) {
@@ -721,7 +722,7 @@ typedef struct {
 
 /* One row's packet (``layout.encode_rows`` and ``_packets.c`` say the rules), on its track's sequence. */
 static inline uint8_t *
-encode_row(uint8_t *p, const row_t *r, track_t *tk, const consts_t *k)
+encode_row(uint8_t *p, const row_t *r, track_t *tk, const consts_t *k, const piece tail)
 {
     const strings *pool = k->pool;
     const int64_t ts = r->ts;
@@ -729,7 +730,6 @@ encode_row(uint8_t *p, const row_t *r, track_t *tk, const consts_t *k)
     const uint64_t tsv = absolute ? (uint64_t)ts + (uint64_t)k->mono : (uint64_t)ts - (uint64_t)tk->last;
     if (!absolute)
         tk->last = ts;
-    const piece tail = get(pool, tk->tail);
     int64_t te = k->type[r->k2].len;
     piece name = {NULL, 0}, a_sid = {NULL, 0}, a_par = {NULL, 0}, a_rs = {NULL, 0}, a_re = {NULL, 0};
     const uint64_t sid = (uint64_t)r->sid, par = (uint64_t)r->parent, raws = (uint64_t)r->raws,
@@ -852,7 +852,8 @@ ev_room(Writer *w, size_t ne, size_t more)
 static inline void
 add_event(Writer *w, size_t *ne, const cols_t *c, int kind, uint32_t idx)
 {
-    ev_t *e = &w->ev[*ne];
+    const int64_t track = kind == EV_ROW ? c->rows[idx].track : kind >= EV_DB ? c->trk[idx] : c->thr[idx];
+    ev_t *e = w->bucketed ? &w->ev[w->bend[track]++] : &w->ev[*ne];
     e->pos = (uint32_t)*ne;
     e->kind = (uint8_t)kind;
     e->idx = idx;
@@ -891,88 +892,96 @@ cmp_pair(const void *a, const void *b)
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
-/* Rows ev[0..ne) to write: each track's run in time order (ties in nesting order), encoded. -1: no memory;
- * -2: an id out of range. */
+/* The events ev[0..*rows) not held, each track's in time order (ties in nesting order), encoded; *rows
+ * becomes the number written. -1: no memory; -2: a track not known. */
 static int
 emit(Writer *w, size_t *rows, const cols_t *c, const consts_t *k, size_t *size)
 {
-    size_t ne = *rows;
-    if (RESERVE(w->ev2, w->cap_ev2, ne + 1) < 0 || RESERVE(w->ts_latest, w->cap_ts, w->ntracks + 1) < 0)
+    const size_t ne = *rows;
+    if (RESERVE(w->ev2, w->cap_ev2, ne + 1) < 0 || RESERVE(w->bend, w->cap_bend, w->ntracks + 1) < 0)
         return -1;
-    /* counting sort by track into ev2, then each run sorted in place (ev as scratch) */
-    int64_t *count = w->ts_latest;
-    w->nruns = 0;
-    size_t kept = 0;
-    for (size_t i = 0; i < ne; i++) {
-        if (w->ev[i].held)
-            continue;
-        kept++;
-        int32_t t = w->ev[i].track;
-        if (t < 0 || (size_t)t >= w->ntracks || !w->tracks[t].known)
-            return -2;
-        if (!w->tracks[t].mark) {
-            w->tracks[t].mark = 1;
-            count[t] = 0;
-            if (RESERVE(w->runs, w->cap_runs, w->nruns + 1) < 0)
-                return -1;
-            w->runs[w->nruns++] = t;
+    if (!w->bucketed) { /* counting sort by track into ev2, which becomes ev */
+        int64_t *count = w->bend;
+        w->nruns = 0;
+        for (size_t i = 0; i < ne; i++) {
+            int32_t t = w->ev[i].track;
+            if (t < 0 || (size_t)t >= w->ntracks || !w->tracks[t].known)
+                return -2;
+            if (!w->tracks[t].mark) {
+                w->tracks[t].mark = 1;
+                count[t] = 0;
+                if (RESERVE(w->runs, w->cap_runs, w->nruns + 1) < 0)
+                    return -1;
+                w->runs[w->nruns++] = t;
+            }
+            count[t]++;
         }
-        count[t]++;
-    }
-    qsort(w->runs, w->nruns, sizeof(int64_t), cmp_i64);
-    int64_t at = 0;
-    for (size_t r = 0; r < w->nruns; r++) {
-        int64_t t = w->runs[r], m = count[t];
-        count[t] = at;
-        at += m;
-        w->tracks[t].mark = 0;
-    }
-    for (size_t i = 0; i < ne; i++)
-        if (!w->ev[i].held)
+        qsort(w->runs, w->nruns, sizeof(int64_t), cmp_i64);
+        int64_t at = 0;
+        for (size_t r = 0; r < w->nruns; r++) {
+            int64_t t = w->runs[r], m = count[t];
+            count[t] = at;
+            at += m;
+            w->tracks[t].mark = 0;
+        }
+        for (size_t i = 0; i < ne; i++)
             w->ev2[count[w->ev[i].track]++] = w->ev[i];
-    ne = kept;
-    size_t bound = 0, longest = 0;
+        ev_t *swap = w->ev;
+        size_t cap = w->cap_ev;
+        w->ev = w->ev2;
+        w->cap_ev = w->cap_ev2;
+        w->ev2 = swap;
+        w->cap_ev2 = cap;
+        w->bucketed = 1;
+    }
     const strings *pool = k->pool;
+    size_t longest = 0;
     for (Py_ssize_t i = 0; i < pool->n; i++)
         if ((size_t)pool->len[i] > longest)
             longest = (size_t)pool->len[i];
-    size_t per_row = 11 * longest + 8 * 10; /* 11 pieces and 8 varints at most */
-    bound = ne * per_row;
+    size_t bound = ne * (11 * longest + 8 * 10); /* 11 pieces and 8 varints a row at most, and its extra */
     for (size_t i = 0; i < ne; i++) {
-        const ev_t *e = &w->ev2[i];
+        const ev_t *e = &w->ev[i];
         if (e->kind == EV_ROW)
             bound += (size_t)c->rows[e->idx].xlen;
         else if (e->kind == EV_HB && c->xid[e->idx] >= 0)
             bound += (size_t)c->xl[c->xid[e->idx]];
     }
-    if (RESERVE(w->out, w->cap_out, bound + 1) < 0)
+    if (RESERVE(w->out, w->cap_out, bound + 1) < 0 || RESERVE(w->written, w->cap_written, w->nruns + 1) < 0)
         return -1;
     uint8_t *p = w->out;
-    w->nopened = 0;
-    size_t lo = 0;
+    w->nopened = w->nwritten = 0;
+    size_t lo = 0, kept = 0;
     for (size_t r = 0; r < w->nruns; r++) {
-        track_t *tk = &w->tracks[w->runs[r]];
-        size_t hi = (size_t)count[w->runs[r]];
+        const int64_t t = w->runs[r];
+        track_t *tk = &w->tracks[t];
+        const size_t hi = (size_t)w->bend[t];
         if (tk->tail < 0 || tk->tail >= pool->n)
             return -2;
         for (int a = 0; a < 4; a++)
             if (tk->hdr[a] < 0 || tk->hdr[a] + 9 >= pool->n)
                 return -2;
-        sort_track(w->ev2 + lo, w->ev, hi - lo);
-        if (!tk->has_last) {
-            tk->has_last = 1;
-            tk->last = w->ev2[lo].ts;
-            if (RESERVE(w->opened, w->cap_opened, 2 * (w->nopened + 1)) < 0)
-                return -1;
-            w->opened[2 * w->nopened] = w->runs[r];
-            w->opened[2 * w->nopened++ + 1] = tk->last;
-        }
+        sort_track(w->ev + lo, w->ev2, hi - lo);
+        const piece tail = get(pool, tk->tail);
+        const size_t from = kept;
         for (size_t i = lo; i < hi; i++) {
+            const ev_t *e = &w->ev[i];
+            if (e->held)
+                continue;
+            if (kept++ == from) {
+                w->written[w->nwritten++] = t;
+                if (!tk->has_last) {
+                    tk->has_last = 1;
+                    tk->last = e->ts;
+                    if (RESERVE(w->opened, w->cap_opened, 2 * (w->nopened + 1)) < 0)
+                        return -1;
+                    w->opened[2 * w->nopened] = t;
+                    w->opened[2 * w->nopened++ + 1] = e->ts;
+                }
+            }
             row_t row;
-            load(c, &w->ev2[i], &row);
-            if (row.k2 < 0 || row.k2 > 2 || row.flow < 0 || row.flow > 2 || (row.pre >= 0 && row.pre >= pool->n))
-                return -2;
-            p = encode_row(p, &row, tk, k);
+            load(c, e, &row);
+            p = encode_row(p, &row, tk, k, tail);
         }
         lo = hi;
     }
@@ -1125,8 +1134,37 @@ plan(Writer *w, Py_ssize_t n, cols_t *c, const uint8_t *leaf, Py_ssize_t nleaf, 
     }
     /* events: host BEGINs, ENDs, device BEGINs, ENDs, then the carried rows (the numpy path's row order) */
     size_t ne = 0;
-    if (ev_room(w, 0, 4 * (size_t)n + w->nrows) < 0)
+    if (ev_room(w, 0, 4 * (size_t)n + w->nrows) < 0 || RESERVE(w->bend, w->cap_bend, w->ntracks + 1) < 0 ||
+        RESERVE(w->runs, w->cap_runs, 2 * (size_t)n + w->nrows + 1) < 0)
         return -1;
+    /* each track's events go together, in the order of ``runs``: counted, then placed as they are made */
+    int64_t *bend = w->bend;
+    w->nruns = 0;
+    for (Py_ssize_t i = 0; i < n + (Py_ssize_t)w->nrows; i++) {
+        const int64_t ts[2] = {i < n ? c->thr[i] : w->rows[i - n].track, i < n ? c->trk[i] : 0};
+        for (int h = 0; h < 2; h++) {
+            const int64_t t = ts[h];
+            if (h && !t)
+                continue;
+            track_t *tk = &w->tracks[t];
+            if (!tk->known)
+                return -2;
+            if (!tk->mark) {
+                tk->mark = 1;
+                bend[t] = 0;
+                w->runs[w->nruns++] = t;
+            }
+            bend[t] += i < n ? 2 : 1;
+        }
+    }
+    qsort(w->runs, w->nruns, sizeof(int64_t), cmp_i64);
+    for (size_t r = 0, at = 0; r < w->nruns; r++) {
+        const int64_t t = w->runs[r], m = bend[t];
+        bend[t] = (int64_t)at;
+        at += (size_t)m;
+        w->tracks[t].mark = 0;
+    }
+    w->bucketed = 1;
     for (int kind = EV_HB; kind <= EV_DE; kind++)
         for (Py_ssize_t i = 0; i < n; i++)
             if (kind < EV_DB || c->trk[i])
@@ -1214,6 +1252,7 @@ plan(Writer *w, Py_ssize_t n, cols_t *c, const uint8_t *leaf, Py_ssize_t nleaf, 
             c->rows = w->rows;
             if (ev_room(w, ne, w->nrows - base) < 0)
                 return -1;
+            w->bucketed = 0; /* appended: emit sorts them into their tracks */
             for (size_t j = base; j < w->nrows; j++)
                 add_event(w, &ne, c, EV_ROW, (uint32_t)j);
         }
@@ -1257,12 +1296,12 @@ static PyObject *
 result_of(Writer *w, size_t size, size_t rows)
 {
     PyObject *data = PyBytes_FromStringAndSize((const char *)w->out, (Py_ssize_t)size);
-    PyObject *runs = PyList_New((Py_ssize_t)w->nruns), *opened = PyDict_New();
+    PyObject *runs = PyList_New((Py_ssize_t)w->nwritten), *opened = PyDict_New();
     PyObject *res = NULL;
     if (!data || !runs || !opened)
         goto done;
-    for (size_t r = 0; r < w->nruns; r++) {
-        PyObject *o = PyLong_FromLongLong(w->runs[r]);
+    for (size_t r = 0; r < w->nwritten; r++) {
+        PyObject *o = PyLong_FromLongLong(w->written[r]);
         if (!o)
             goto done;
         PyList_SET_ITEM(runs, (Py_ssize_t)r, o);
@@ -1422,11 +1461,15 @@ w_write(Writer *w, PyObject *args)
             goto done;
         }
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
+    for (Py_ssize_t i = 0; i < n; i++) { /* the cache's ids were checked when they went in */
         if (w->hpre[i] < -1)
             w->hpre[i] = w->missmap[-2 - w->hpre[i]];
         if (w->dpre[i] < -1)
             w->dpre[i] = w->missmap[-2 - w->dpre[i]];
+        if (w->hpre[i] >= pool.n || w->dpre[i] >= pool.n) {
+            PyErr_SetString(PyExc_ValueError, "write: a template's pool id is out of range");
+            goto done;
+        }
     }
     cols_t c = {b[0].buf, b[1].buf, b[3].buf, b[4].buf, b[5].buf, b[6].buf, b[7].buf, b[8].buf, b[9].buf,
                 b[10].buf, w->md, w->group, w->hpre, w->dpre, w->xid, w->flows, w->xp, w->xl, NULL};
@@ -1482,6 +1525,7 @@ w_drain(Writer *w, PyObject *args)
         rc = carry(w, &w->tail[j], 0, 1);
     w->nheld = w->ntail = 0;
     c.rows = w->rows;
+    w->bucketed = 0;
     if (rc == 0)
         rc = ev_room(w, 0, w->nrows);
     for (size_t j = 0; j < w->nrows && rc == 0; j++)
