@@ -1028,9 +1028,15 @@ plan(Writer *w, Py_ssize_t n, cols_t *c, const uint8_t *leaf, Py_ssize_t nleaf, 
             j = up[j];
         }
         int64_t g;
-        if (st[j] == 1)
-            return -3;
-        if (st[j] == 2) {
+        if (st[j] == 1) { /* a cycle through j: the numpy path's pointer doubling settles on one of its
+                           * spans (in the batch: group 0) where its length is a power of 2, else refuses */
+            size_t len = 1;
+            for (Py_ssize_t q = up[j]; q != j; q = up[q])
+                len++;
+            if (len & (len - 1))
+                return -3;
+            g = 0;
+        } else if (st[j] == 2) {
             g = group[j];
         } else if (up[j] == j) {
             g = 0;
@@ -1038,11 +1044,13 @@ plan(Writer *w, Py_ssize_t n, cols_t *c, const uint8_t *leaf, Py_ssize_t nleaf, 
             int64_t p = par[j];
             g = p && !map_find(&w->arrived, p, 0) ? p : 0;
         }
-        for (Py_ssize_t q = i; st[q] != 2; q = up[q]) {
+        for (Py_ssize_t q = i; st[q] == 1; q = up[q]) {
             st[q] = 2;
             group[q] = g;
-            if (q == j)
-                break;
+        }
+        if (st[j] == 0) {
+            st[j] = 2;
+            group[j] = g;
         }
     }
     for (Py_ssize_t i = 0; i < n; i++) {
