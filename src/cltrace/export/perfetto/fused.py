@@ -38,9 +38,10 @@ class FusedWriter:
         leaf, region = self._luts(tables)
         deep = self._deep(tables)
         errors = batch.errors
-        firsts, new, hmiss, dmiss = self._w.prepare(batch.attrs, batch.thread, batch.status, batch.site, batch.cat,
-                                                    batch.name, batch.track, deep,
-                                                    batch.error_list() if errors else None)
+        thread, track, cat = _c(batch.thread), _c(batch.track), _c(batch.cat, np.int16)
+        firsts, new, hmiss, dmiss = self._w.prepare(batch.attrs, thread, _c(batch.status, np.int8),
+                                                    _c(batch.site, np.int32), cat, _c(batch.name, np.int32), track,
+                                                    deep, batch.error_list() if errors else None)
         if new:
             tracks.open(new, head)
             for t in new:
@@ -57,9 +58,9 @@ class FusedWriter:
         dp = np.array([tracks.prefix(tables, k, s) for k, s in dmiss], np.int64)
         counters = _counters(batch, tracks, head, extras)
         pool = tracks.pool.arrays()
-        out = self._w.write(batch.id, batch.parent, batch.cat, batch.thread, batch.host_begin, batch.host_end,
-                            batch.track, batch.dev_start, batch.dev_end, batch.raw_start, batch.raw_end, leaf, region,
-                            hp, dp, extras, counters, *pool, tracks.consts, tracks.mono)
+        out = self._w.write(_c(batch.id), _c(batch.parent), cat, thread, _c(batch.host_begin), _c(batch.host_end), track,
+                            _c(batch.dev_start), _c(batch.dev_end), _c(batch.raw_start), _c(batch.raw_end), leaf,
+                            region, hp, dp, extras, counters, *pool, tracks.consts, tracks.mono)
         return self._framed(*out)
 
     def drain(self) -> tuple[list[bytes], int]:
@@ -104,6 +105,11 @@ class FusedWriter:
             lut = bytes(bool(v.callers) for v in values) if any(v.callers for v in values) else None
             self._sites = (len(values), lut)
         return lut
+
+
+def _c(col: np.ndarray, dtype: Any = np.int64) -> np.ndarray:
+    """A column as the C pass reads it: contiguous, of its batch dtype (the column itself where it is)."""
+    return np.ascontiguousarray(col, dtype)
 
 
 def _counters(batch: SpanBatch, tracks: Tracks, head: list[bytes], extras: list[bytes]) -> np.ndarray:
