@@ -212,8 +212,10 @@ typedef struct {
     int64_t stamp;
     /* a write's scratch, reused */
     Py_ssize_t n;  /* spans of the prepared batch (-1: none) */
-    int64_t *xid, *hpre, *dpre, *md, *group, *up, *ts_latest;
-    size_t cap_n, cap_ts;
+    int64_t *xid, *hpre, *dpre, *md, *group, *up;
+    size_t cap_n;
+    uint8_t *padded; /* the pool's bytes with room to read 16 past any template */
+    size_t cap_padded;
     uint8_t *flows, *state;
     int64_t *miss;  /* (key, site, row slot) triples from prepare: host ones, then device ones */
     size_t nmiss, nhmiss, cap_miss;
@@ -712,7 +714,19 @@ get(const strings *s, int64_t id)
     return x;
 }
 
-#define PUT(p, x) ((p) = copy((p), (x).at, (x).len))
+/* A template: one 16-byte move where it fits (the pool is padded, the output has slack). */
+static inline uint8_t *
+copy16(uint8_t *p, const uint8_t *src, int64_t n)
+{
+    if (n <= 16) {
+        memcpy(p, src, 16);
+        return p + n;
+    }
+    memcpy(p, src, (size_t)n);
+    return p + n;
+}
+
+#define PUT(p, x) ((p) = copy16((p), (x).at, (x).len))
 
 typedef struct {
     piece packet, tstag, abs_clock, type[3], flows[2];
@@ -780,7 +794,8 @@ encode_row(uint8_t *p, const row_t *r, track_t *tk, const consts_t *k, const pie
     PUT(p, tail);
     p = put_varint(p, (uint64_t)te);
     PUT(p, k->type[r->k2]);
-    PUT(p, name);
+    if (name.at)
+        PUT(p, name);
     if (r->flow) {
         PUT(p, k->flows[r->flow - 1]);
         p = put_varint(p, sid);
@@ -895,7 +910,7 @@ cmp_pair(const void *a, const void *b)
 /* The events ev[0..*rows) not held, each track's in time order (ties in nesting order), encoded; *rows
  * becomes the number written. -1: no memory; -2: a track not known. */
 static int
-emit(Writer *w, size_t *rows, const cols_t *c, const consts_t *k, size_t *size)
+emit(Writer *w, size_t *rows, const cols_t *c, const consts_t *k, size_t *size, int hold_tail)
 {
     const size_t ne = *rows;
     if (RESERVE(w->ev2, w->cap_ev2, ne + 1) < 0 || RESERVE(w->bend, w->cap_bend, w->ntracks + 1) < 0)
@@ -947,7 +962,7 @@ emit(Writer *w, size_t *rows, const cols_t *c, const consts_t *k, size_t *size)
         else if (e->kind == EV_HB && c->xid[e->idx] >= 0)
             bound += (size_t)c->xl[c->xid[e->idx]];
     }
-    if (RESERVE(w->out, w->cap_out, bound + 1) < 0 || RESERVE(w->written, w->cap_written, w->nruns + 1) < 0)
+    if (RESERVE(w->out, w->cap_out, bound + 16) < 0 || RESERVE(w->written, w->cap_written, w->nruns + 1) < 0)
         return -1;
     uint8_t *p = w->out;
     w->nopened = w->nwritten = 0;
@@ -962,6 +977,25 @@ emit(Writer *w, size_t *rows, const cols_t *c, const consts_t *k, size_t *size)
             if (tk->hdr[a] < 0 || tk->hdr[a] + 9 >= pool->n)
                 return -2;
         sort_track(w->ev + lo, w->ev2, hi - lo);
+        if (hold_tail) { /* the rows at the track's latest time wait for the next write (a device command
+                          * may come late): the last of its sorted run not held for a parent */
+            size_t q = hi;
+            while (q > lo && w->ev[q - 1].held)
+                q--;
+            const int64_t latest = q > lo ? w->ev[q - 1].ts : 0;
+            for (size_t i = q; i-- > lo;) {
+                ev_t *e = &w->ev[i];
+                if (e->held)
+                    continue;
+                if (e->ts != latest)
+                    break;
+                row_t r;
+                load(c, e, &r);
+                if (keep(&w->tail, &w->ntail, &w->cap_tail, &r, 0) < 0)
+                    return -1;
+                e->held = 2;
+            }
+        }
         const piece tail = get(pool, tk->tail);
         const size_t from = kept;
         for (size_t i = lo; i < hi; i++) {
@@ -1265,37 +1299,6 @@ plan(Writer *w, Py_ssize_t n, cols_t *c, const uint8_t *leaf, Py_ssize_t nleaf, 
                 add_event(w, &ne, c, EV_ROW, (uint32_t)j);
         }
     }
-    /* each track's rows at its latest time wait for the next write (a device command may come late) */
-    int64_t *latest = NULL;
-    if (RESERVE(w->ts_latest, w->cap_ts, w->ntracks + 1) < 0)
-        return -1;
-    latest = w->ts_latest;
-    for (size_t i = 0; i < ne; i++) {
-        const ev_t *e = &w->ev[i];
-        if (e->held)
-            continue;
-        if ((size_t)e->track >= w->ntracks || e->track < 0)
-            return -2;
-        track_t *tk = &w->tracks[e->track];
-        if (!tk->mark) {
-            tk->mark = 1;
-            latest[e->track] = e->ts;
-        } else if (e->ts > latest[e->track]) {
-            latest[e->track] = e->ts;
-        }
-    }
-    for (size_t i = 0; i < ne; i++) {
-        ev_t *e = &w->ev[i];
-        if (!e->held && e->ts == latest[e->track]) {
-            row_t r;
-            load(c, e, &r);
-            if (keep(&w->tail, &w->ntail, &w->cap_tail, &r, 0) < 0)
-                return -1;
-            e->held = 2;
-        }
-    }
-    for (size_t j = 0; j < w->ntail; j++) /* every track with a row written has one in the tail */
-        w->tracks[w->tail[j].track].mark = 0;
     *ne_out = ne;
     return 0;
 }
@@ -1347,6 +1350,20 @@ check_strings(const char *fn, const Py_buffer *buf, const Py_buffer *off, const 
             return 0;
         }
     }
+    return 1;
+}
+
+/* Points the pool at a copy of its bytes with 16 bytes of room after them (``copy16``). */
+static int
+pad_pool(Writer *w, strings *pool, Py_ssize_t len)
+{
+    if (RESERVE(w->padded, w->cap_padded, (size_t)len + 16) < 0) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    memcpy(w->padded, pool->buf, (size_t)len);
+    memset(w->padded + len, 0, 16);
+    pool->buf = w->padded;
     return 1;
 }
 
@@ -1410,7 +1427,8 @@ w_write(Writer *w, PyObject *args)
     }
     strings pool;
     consts_t k;
-    if (!check_strings(fn, &b[16], &b[17], &b[18], &pool) || !make_consts(fn, &b[19], &pool, mono, &k))
+    if (!check_strings(fn, &b[16], &b[17], &b[18], &pool) || !pad_pool(w, &pool, b[16].len) ||
+        !make_consts(fn, &b[19], &pool, mono, &k))
         goto done;
     const Py_ssize_t nx = PyList_GET_SIZE(extras);
     size_t had = w->cap_x;
@@ -1492,7 +1510,7 @@ w_write(Writer *w, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     rc = plan(w, n, &c, b[11].buf, b[11].len, b[12].buf, b[2].buf, counters, ncounters, &ne);
     if (rc == 0)
-        rc = emit(w, &ne, &c, &k, &size);
+        rc = emit(w, &ne, &c, &k, &size, 1);
     Py_END_ALLOW_THREADS
     release_carried(w);
     if (rc == -1)
@@ -1520,7 +1538,8 @@ w_drain(Writer *w, PyObject *args)
         return NULL;
     strings pool;
     consts_t k;
-    if (!check_strings(fn, &b[0], &b[1], &b[2], &pool) || !make_consts(fn, &b[3], &pool, mono, &k))
+    if (!check_strings(fn, &b[0], &b[1], &b[2], &pool) || !pad_pool(w, &pool, b[0].len) ||
+        !make_consts(fn, &b[3], &pool, mono, &k))
         goto done;
     int rc = 0;
     size_t ne = 0, size = 0;
@@ -1539,7 +1558,7 @@ w_drain(Writer *w, PyObject *args)
     for (size_t j = 0; j < w->nrows && rc == 0; j++)
         add_event(w, &ne, &c, EV_ROW, (uint32_t)j);
     if (rc == 0)
-        rc = emit(w, &ne, &c, &k, &size);
+        rc = emit(w, &ne, &c, &k, &size, 0);
     release_carried(w);
     map_reset(&w->groups, 16);
     map_reset(&w->pend, 16);
@@ -1595,7 +1614,7 @@ w_dealloc(Writer *w)
     for (size_t j = 0; j < sizeof maps / sizeof *maps; j++)
         free(maps[j]->s);
     void *arrs[] = {w->tracks, w->ring, w->held, w->tail, w->xid, w->hpre, w->dpre, w->md, w->group, w->up,
-                    w->ts_latest, w->flows, w->state, w->miss, w->missmap, w->ev, w->ev2, w->rows, w->frees,
+                    w->padded, w->flows, w->state, w->miss, w->missmap, w->ev, w->ev2, w->rows, w->frees,
                     (void *)w->xp, w->xl, w->out, w->runs, w->opened};
     for (size_t j = 0; j < sizeof arrs / sizeof *arrs; j++)
         free(arrs[j]);
