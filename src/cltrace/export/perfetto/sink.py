@@ -101,8 +101,8 @@ class PerfettoTraceSink:
         if self._fused is not None:
             parts, packets = self._fused.write(batch, head)
             self.packets_written += packets
-            self._emit(b"".join(head))
-            self._emit(b"".join(parts))
+            for part in (b"".join(head), *parts):
+                self._emit(part)
         else:
             rows, extras, arrivals = batch_rows(batch, self._tracks, self._hold, head)
             rows, now = self._hold.hold_back(rows, extras, arrivals)
