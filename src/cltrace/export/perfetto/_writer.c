@@ -31,6 +31,8 @@ enum { EV_HB, EV_HE, EV_DB, EV_DE, EV_ROW };
 #define MAX_TRACK (1 << 20)
 #define EMPTY INT64_MIN
 
+static int reserve(void **p, size_t *cap, size_t need, size_t size);
+
 /* ---- a hash map of (int64, int64) -> int64, linear probing ------------------------------------------ */
 typedef struct {
     int64_t k1, k2, v;
@@ -38,6 +40,8 @@ typedef struct {
 typedef struct {
     slot_t *s;
     size_t cap, n;
+    size_t *used, nused, cap_used; /* the slots filled, where ``map_reset`` is to clear only those */
+    int per_call;
 } map_t;
 
 static inline uint64_t
@@ -56,12 +60,13 @@ home(const map_t *m, int64_t a, int64_t b)
     return (size_t)(mix((uint64_t)a ^ mix((uint64_t)b + 0x9e3779b97f4a7c15ULL)) & (m->cap - 1));
 }
 
-/* Empties the map with room for ``need`` keys (reused between calls: no fresh pages each write). */
+/* Empties the map with room for ``need`` keys, reused between calls (no fresh pages each write); a
+ * per-call map clears only the slots it filled (a batch of 16384 spans: 1.5 MB of slots a map). */
 static int
 map_reset(map_t *m, size_t need)
 {
     size_t cap = 64;
-    while (cap < 2 * need + 2)
+    while (cap < 2 * need)
         cap *= 2;
     if (cap > m->cap) {
         free(m->s);
@@ -69,12 +74,16 @@ map_reset(map_t *m, size_t need)
         m->cap = m->s ? cap : 0;
         if (!m->s)
             return -1;
-    } else if (!m->n && m->s) {
-        return 0;
+        for (size_t i = 0; i < m->cap; i++)
+            m->s[i].k1 = EMPTY;
+    } else if (m->per_call) {
+        for (size_t j = 0; j < m->nused; j++)
+            m->s[m->used[j]].k1 = EMPTY;
+    } else if (m->n) {
+        for (size_t i = 0; i < m->cap; i++)
+            m->s[i].k1 = EMPTY;
     }
-    for (size_t i = 0; i < m->cap; i++)
-        m->s[i].k1 = EMPTY;
-    m->n = 0;
+    m->n = m->nused = 0;
     return 0;
 }
 
@@ -97,12 +106,18 @@ static slot_t *map_put(map_t *m, int64_t a, int64_t b, int64_t v, int *fresh);
 static int
 map_grow(map_t *m)
 {
-    map_t g = {NULL, 0, 0};
+    map_t g;
+    memset(&g, 0, sizeof g);
     if (map_reset(&g, m->cap ? m->cap : 32) < 0)
         return -1;
+    g.used = m->used;
+    g.cap_used = m->cap_used;
+    g.per_call = m->per_call;
     for (size_t i = 0; i < m->cap; i++)
-        if (m->s[i].k1 != EMPTY)
-            map_put(&g, m->s[i].k1, m->s[i].k2, m->s[i].v, NULL);
+        if (m->s[i].k1 != EMPTY && !map_put(&g, m->s[i].k1, m->s[i].k2, m->s[i].v, NULL)) {
+            free(g.s);
+            return -1;
+        }
     free(m->s);
     *m = g;
     return 0;
@@ -112,11 +127,16 @@ map_grow(map_t *m)
 static slot_t *
 map_put(map_t *m, int64_t a, int64_t b, int64_t v, int *fresh)
 {
-    if (2 * (m->n + 1) > m->cap && map_grow(m) < 0)
+    if (2 * (m->n + 1) > m->cap + 2 && map_grow(m) < 0) /* at most half full, less a slot or so */
         return NULL;
     for (size_t i = home(m, a, b);; i = (i + 1) & (m->cap - 1)) {
         slot_t *s = &m->s[i];
         if (s->k1 == EMPTY) {
+            if (m->per_call) {
+                if (reserve((void **)&m->used, &m->cap_used, m->nused + 1, sizeof(size_t)) < 0)
+                    return NULL;
+                m->used[m->nused++] = i;
+            }
             s->k1 = a;
             s->k2 = b;
             s->v = v;
@@ -1133,7 +1153,7 @@ plan(Writer *w, Py_ssize_t n, cols_t *c, const uint8_t *leaf, Py_ssize_t nleaf, 
             return -1;
     w->ntail = 0;
     if (w->nheld) {
-        if (map_reset(&w->arr, (size_t)n) < 0 || map_reset(&w->bgroups, (size_t)n) < 0)
+        if (map_reset(&w->arr, 64) < 0 || map_reset(&w->bgroups, 64) < 0) /* they grow to what they hold */
             return -1;
         for (Py_ssize_t i = 0; i < n; i++) {
             if (!(cat[i] < nleaf && leaf[cat[i]]) && !map_put(&w->arr, id[i], 0, group[i], NULL))
@@ -1611,8 +1631,10 @@ w_dealloc(Writer *w)
         free((void *)w->tail[j].x);
     map_t *maps[] = {&w->arrived, &w->pend, &w->groups, &w->prefix, &w->ids, &w->arr, &w->bgroups, &w->mins,
                      &w->xkeys, &w->seen};
-    for (size_t j = 0; j < sizeof maps / sizeof *maps; j++)
+    for (size_t j = 0; j < sizeof maps / sizeof *maps; j++) {
         free(maps[j]->s);
+        free(maps[j]->used);
+    }
     void *arrs[] = {w->tracks, w->ring, w->held, w->tail, w->xid, w->hpre, w->dpre, w->md, w->group, w->up,
                     w->padded, w->flows, w->state, w->miss, w->missmap, w->ev, w->ev2, w->rows, w->frees,
                     (void *)w->xp, w->xl, w->out, w->runs, w->opened};
@@ -1632,6 +1654,9 @@ w_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     if (!w)
         return NULL;
     w->n = -1;
+    map_t *per_call[] = {&w->ids, &w->arr, &w->bgroups, &w->mins, &w->xkeys, &w->seen};
+    for (size_t j = 0; j < sizeof per_call / sizeof *per_call; j++)
+        per_call[j]->per_call = 1;
     w->ring = malloc(ARRIVED_WINDOW * sizeof(int64_t));
     if (!w->ring || map_reset(&w->arrived, 1024) < 0 || map_reset(&w->pend, 16) < 0 ||
         map_reset(&w->groups, 16) < 0 || map_reset(&w->prefix, 64) < 0) {
