@@ -342,6 +342,12 @@ def test_native_and_python_agree_on_call_sites_odd_attributes_and_parents_that_n
     orphans = [Span(10**8 + i, 10**9 + i, "orphan", "region", th, t + 10 * i, t + 10 * i + 5,
                     attrs={"k": i % 3} if i % 2 else None) for i in range(6000)]
     batches += [orphans[i:i + 1000] for i in range(0, len(orphans), 1000)]
+    # neighbours with equal attributes in distinct dicts: one run of annotation bytes on both paths
+    # (compared with ``!=``, as ``rows._extras`` does), {"flag": 1} after {"flag": True} included
+    t += 10 * len(orphans)
+    flags = [{"flag": True}, {"flag": 1}, {"flag": 1.0}, {"flag": 2}, {"flag": 2}, None, {"flag": 1}]
+    batches.append([Span(2 * 10**8 + i, 0, "k", "kernel", th, t + 10 * i, t + 10 * i + 5, attrs=dict(f) if f else f)
+                    for i, f in enumerate(flags)])
     assert_same_files(rec, batches, tmp_path, monkeypatch)
     back = {s.id for s in load_pftrace(tmp_path / "native.pftrace")[0]}
     assert back == {s.id for b in batches for s in b}

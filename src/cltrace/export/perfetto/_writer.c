@@ -391,10 +391,18 @@ w_prepare(Writer *w, PyObject *args)
     if (!firsts || !tracks)
         goto done;
 
-    /* Annotation bytes: one Python call per distinct (thread, attrs object, failed, site, error). */
+    /* Annotation bytes, as ``rows._extras`` numbers them: a row starts a run where its thread, failure, site
+     * (with callers anywhere), error text or attributes differ from the row before, attributes compared by
+     * value (``!=``; where any comparison raises, every row starts one); each run that needs bytes takes
+     * those of the first run with its (attrs object, thread, failure, site), or new ones (an error text
+     * makes its own). Python makes the new ones, for ``firsts``. */
+    int all_changed = 0;
+restart:
     if (map_reset(&w->xkeys, 64) < 0)
         goto nomem;
-    int64_t nfirst = 0, x = -1;
+    if (PyList_SetSlice(firsts, 0, PyList_GET_SIZE(firsts), NULL) < 0)
+        goto done;
+    int64_t nfirst = 0, head = -1;
     PyObject *pa = NULL, *pe = NULL, *truth_of = NULL;
     int64_t pt = -1, ps = 0;
     int pb = -1, truth = 0;
@@ -402,9 +410,23 @@ w_prepare(Writer *w, PyObject *args)
         PyObject *a = PyList_GET_ITEM(attrs, i), *e = errors == Py_None ? Py_None : PyList_GET_ITEM(errors, i);
         const int bad = st[i] != 0;
         const int64_t t = thr[i], s = have_deep ? site[i] : 0;
-        if (a == pa && t == pt && bad == pb && s == ps && e == pe) {
-            w->xid[i] = x;
-            continue;
+        int changed = i == 0 || all_changed || t != pt || bad != pb || s != ps;
+        if (i && a != pa) {
+            int eq = PyObject_RichCompareBool(a, pa, Py_EQ);
+            if (eq < 0) {
+                if (!PyErr_ExceptionMatches(PyExc_TypeError) && !PyErr_ExceptionMatches(PyExc_ValueError))
+                    goto done;
+                PyErr_Clear();
+                all_changed = 1;
+                goto restart;
+            }
+            changed |= !eq;
+        }
+        if (i && e != pe) {
+            int eq = PyObject_RichCompareBool(e, pe, Py_EQ);
+            if (eq < 0)
+                goto done;
+            changed |= !eq;
         }
         pa = a, pt = t, pb = bad, ps = s, pe = e;
         if (a != truth_of) {
@@ -414,20 +436,18 @@ w_prepare(Writer *w, PyObject *args)
             truth_of = a;
         }
         int need = truth || bad || (deep && site[i] >= 0 && site[i] < ndeep && deep[site[i]]);
-        if (!need) {
-            x = -1;
-        } else {
+        if (need && changed) {
             int fresh = 1;
-            if (e == Py_None) { /* an error text makes a row its own (as the numpy path numbers them) */
+            if (e == Py_None) {
                 slot_t *sl = map_put(&w->xkeys, (int64_t)(intptr_t)a,
                                      (int64_t)(((uint64_t)t << 34) | ((uint64_t)(s + 1) << 1) | (uint64_t)bad),
                                      nfirst, &fresh);
                 if (!sl)
                     goto nomem;
-                x = sl->v;
+                head = sl->v;
             }
             if (fresh) {
-                x = nfirst++;
+                head = nfirst++;
                 PyObject *o = PyLong_FromSsize_t(i);
                 if (!o || PyList_Append(firsts, o) < 0) {
                     Py_XDECREF(o);
@@ -436,7 +456,7 @@ w_prepare(Writer *w, PyObject *args)
                 Py_DECREF(o);
             }
         }
-        w->xid[i] = x;
+        w->xid[i] = need ? head : -1;
     }
 
     /* Tracks not seen yet: host threads ascending, then device tracks ascending (``Tracks.open``'s order). */
