@@ -130,6 +130,7 @@ class PerfettoTraceSink:
             return
         if self._fused is not None:
             parts, packets = self._fused.drain()
+            self._fused = None  # its scratch (a few MB at 16k-span batches) goes with it
             self.packets_written += packets
             self._emit(b"".join(parts))
         else:
@@ -155,6 +156,7 @@ class PerfettoTraceSink:
         """In a forked child: the file is the parent's; drop it unwritten (``base.abandon_file``)."""
         abandon_file(self._fh)
         self._fh = None
+        self._fused = None
 
     def _encode(self, rows: np.ndarray, extras: list[bytes], select: np.ndarray | None = None) -> bytes:
         data, packets = encode(self._tracks, rows, extras, select)
