@@ -6,9 +6,10 @@
  * the next write (with copies of their extra bytes); the interned name templates already in the pool.
  * A write is two calls with Python between them, for the few new ids only:
  *   prepare(attrs, thread, status, site, cat, name, track, deep, errors) -> (firsts, new_tracks, hmiss, dmiss)
- *     the rows whose annotation bytes Python must build (the first of each distinct (thread, attrs object,
- *     failed, site, error)), the tracks to open, and the (name key, site) templates not yet in the pool,
- *     host ones then device ones, each sorted as ``Tracks.prefix_ids`` interns them;
+ *     the rows whose annotation bytes Python must build (runs of equal attributes as ``rows._extras`` finds
+ *     them, one per distinct (attrs object, thread, failure, site), an error text its own), the tracks to
+ *     open, and the (name key, site) templates not yet in the pool, host ones then device ones, each sorted
+ *     as ``Tracks.prefix_ids`` interns them;
  *   write(id, parent, cat, thread, hb, he, track, ds, de, raws, rawe, leaf, region, hpids, dpids, extras,
  *         counters, pool, pool_off, pool_len, consts, mono) -> (bytes, run_tracks, opened, rows)
  *     the packets: groups and last descendants (``HoldBack.groups``), hold-back (``HoldBack.hold_back``),
@@ -1636,12 +1637,6 @@ w_track(Writer *w, PyObject *args)
     Py_RETURN_NONE;
 }
 
-static PyObject *
-w_held(Writer *w, PyObject *Py_UNUSED(ignored))
-{
-    return Py_BuildValue("(nnn)", (Py_ssize_t)w->nheld, (Py_ssize_t)w->ntail, (Py_ssize_t)w->groups.n);
-}
-
 static void
 w_dealloc(Writer *w)
 {
@@ -1694,7 +1689,6 @@ static PyMethodDef w_methods[] = {
      "pool, pool_off, pool_len, consts, mono) -> (bytes, run_tracks, opened, rows)"},
     {"drain", (PyCFunction)w_drain, METH_VARARGS, "drain(pool, pool_off, pool_len, consts, mono): every held row."},
     {"track", (PyCFunction)w_track, METH_VARARGS, "track(id, tail, h_span, h_parent, h_dev_start, h_dev_end)"},
-    {"held", (PyCFunction)w_held, METH_NOARGS, "held() -> (held rows, tail rows, held groups)"},
     {NULL, NULL, 0, NULL},
 };
 
