@@ -257,6 +257,7 @@ typedef struct {
     int64_t *runs, *opened, *written, *bend;
     size_t nruns, nopened, nwritten, cap_runs, cap_opened, cap_written, cap_bend;
     int bucketed; /* ev holds each track's events together, runs (ascending) ending at bend[track] */
+    size_t xbytes; /* the batch's annotation bytes, for the output's bound */
 } Writer;
 
 static int
@@ -995,14 +996,9 @@ emit(Writer *w, size_t *rows, const cols_t *c, const consts_t *k, size_t *size, 
     for (Py_ssize_t i = 0; i < pool->n; i++)
         if ((size_t)pool->len[i] > longest)
             longest = (size_t)pool->len[i];
-    size_t bound = ne * (11 * longest + 8 * 10); /* 11 pieces and 8 varints a row at most, and its extra */
-    for (size_t i = 0; i < ne; i++) {
-        const ev_t *e = &w->ev[i];
-        if (e->kind == EV_ROW)
-            bound += (size_t)c->rows[e->idx].xlen;
-        else if (e->kind == EV_HB && c->xid[e->idx] >= 0)
-            bound += (size_t)c->xl[c->xid[e->idx]];
-    }
+    size_t bound = ne * (11 * longest + 8 * 10) + w->xbytes; /* 11 pieces and 8 varints a row at most */
+    for (size_t j = 0; j < w->nrows; j++)
+        bound += (size_t)w->rows[j].xlen;
     if (RESERVE(w->out, w->cap_out, bound + 16) < 0 || RESERVE(w->written, w->cap_written, w->nruns + 1) < 0)
         return -1;
     uint8_t *p = w->out;
@@ -1528,7 +1524,10 @@ w_write(Writer *w, PyObject *args)
             goto done;
         }
     }
+    w->xbytes = 0;
     for (Py_ssize_t i = 0; i < n; i++) { /* the cache's ids were checked when they went in */
+        if (xid[i] >= 0)
+            w->xbytes += (size_t)w->xl[xid[i]];
         if (w->hpre[i] < -1)
             w->hpre[i] = w->missmap[-2 - w->hpre[i]];
         if (w->dpre[i] < -1)
@@ -1594,6 +1593,7 @@ w_drain(Writer *w, PyObject *args)
     w->nheld = w->ntail = 0;
     c.rows = w->rows;
     w->bucketed = 0;
+    w->xbytes = 0;
     if (rc == 0)
         rc = ev_room(w, 0, w->nrows);
     for (size_t j = 0; j < w->nrows && rc == 0; j++)
