@@ -1,6 +1,7 @@
 """The native parts, each a small C extension with a pure-Python fallback that writes the same bytes:
 ``timeline._stamps`` (event stamps in bulk), ``timeline._resolve`` (the resolver's passes over columns),
-``record._region`` (region enter/exit), ``export._chrome`` (Chrome JSON lines), ``export.perfetto._packets`` (Perfetto packets).
+``record._region`` (region enter/exit), ``export._chrome`` (Chrome JSON lines), ``export.perfetto._packets`` (Perfetto packets),
+``export.perfetto._writer`` (the .pftrace writer's whole batch pass).
 Project metadata lives in pyproject.toml.
 
 ``optional=True``: where no C compiler exists the install still succeeds and cltrace runs its
@@ -27,6 +28,7 @@ setup(
         _ext("cltrace.record._region", "src/cltrace/record/_region.c"),
         _ext("cltrace.export._chrome", "src/cltrace/export/_chrome.c"),
         _ext("cltrace.export.perfetto._packets", "src/cltrace/export/perfetto/_packets.c"),
+        _ext("cltrace.export.perfetto._writer", "src/cltrace/export/perfetto/_writer.c"),
         _ext("cltrace.read._scan", "src/cltrace/read/_scan.c"),
     ],
 )

@@ -23,7 +23,8 @@ import cltrace
 from cltrace.export.perfetto import META_SEQ, PerfettoTraceSink, encoder, layout
 from cltrace.read.perfetto import iter_packets, load_pftrace
 from cltrace.record.recorder import RECORDER, Recorder
-from cltrace.timeline.batch import SpanBatch
+from cltrace.timeline.batch import NAMES, SpanBatch
+from cltrace.timeline.sites import CallSite
 from cltrace.timeline.spans import Span
 
 DISABLED = os.environ.get("CLTRACE_NATIVE", "").strip() == "0"
@@ -202,6 +203,42 @@ def test_native_and_python_write_the_same_file_for_real_batches(real_batches: li
     assert [p.track_event.counter_value for p in counters] == [4 * 4096 * k for k in (1, 2, 3)]
 
 
+def test_native_writes_the_whole_file_python_writes_for_real_batches(real_batches: list[SpanBatch], tmp_path: Any,
+                                                                     monkeypatch: Any) -> None:
+    """A byte pin of whole files from real PoCL spans: with the sink's clocks frozen, the C pass and the numpy
+    path (the writer as it was before the C pass) write the same file, every byte of it: clock snapshots,
+    descriptors, interned data, packets, held rows written at close, counters and metadata."""
+    meta = RECORDER.metadata()
+    files = []
+    for impl in (native(), encoder.PYTHON):
+        with monkeypatch.context() as m:
+            m.setattr(encoder, "encode_rows", impl)
+            m.setattr(encoder, "fill_rows", getattr(impl, "fill", layout.fill_rows))
+            m.setattr(time, "monotonic_ns", lambda: 5 * 10**9)
+            m.setattr(time, "clock_gettime_ns", lambda clock: 6 * 10**9)
+            m.setattr(RECORDER, "now_ns", lambda: 7 * 10**9, raising=False)  # the sink reads it where it exists
+            path = tmp_path / f"{len(files)}.pftrace"
+            sink = PerfettoTraceSink(path)
+            sink.start(RECORDER)
+            for b in real_batches:
+                sink.write(b)
+            sink.flush(meta)
+            sink.close(meta)
+            files.append((path.read_bytes(), sink.packets_written, sink.bytes_written))
+    (fast, fast_packets, fast_bytes), (slow, slow_packets, slow_bytes) = files
+    assert fast == slow
+    assert (fast_packets, fast_bytes) == (slow_packets, slow_bytes) == (fast_packets, len(fast))
+    assert sum(1 for _ in iter_packets(fast)) > fast_packets > 4 * sum(b.n for b in real_batches) // 2
+
+
+def test_the_sink_writes_through_the_c_pass_unless_disabled(tmp_path: Any) -> None:
+    """Natively the sink makes no packet rows at all (``fused``); the numpy path runs whole otherwise."""
+    sink = PerfettoTraceSink(tmp_path / "t.pftrace")
+    sink.start(Recorder())
+    assert (sink._fused is not None) == (not DISABLED)
+    sink.close({})
+
+
 # ---- generated batches: what PoCL rarely shows --------------------------------------------------
 def generated(queue: Any, seed: int) -> tuple[Recorder, list[list[Span]]]:
     """Trees of regions and kernels on two threads and two queues, children delivered before parents
@@ -282,6 +319,72 @@ def test_native_and_python_write_the_same_file_for_generated_batches(seed: int, 
             s.host_begin, s.host_end, s.dev_start, s.dev_end, s.raw_start, s.raw_end, s.status), s
 
 
+def test_native_and_python_agree_on_call_sites_odd_attributes_and_parents_that_never_come(
+        queue: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """What the generated trees lack: call sites, some with callers (an interned source location in the
+    name template, a "code.stacktrace" annotation); attribute values that neither hash nor compare
+    (arrays); and more parents that never come than held groups are kept for (4096), so the oldest
+    groups' rows go out early, in the order they were held."""
+    rec, batches = generated(queue, 4)
+    rng = random.Random(4)
+    here = CallSite("app.py", 10, "main")
+    sites = [here, CallSite("lib.py", 3, "f", callers=(here,)),
+             CallSite("lib.py", 7, "g", callers=(here, CallSite("x.py", 1, "h")))]
+    for b in batches:
+        for s in b:
+            if rng.random() < 0.5:
+                s.site = rng.choice(sites)
+            if rng.random() < 0.05:
+                s.attrs = {"arr": np.arange(rng.randint(1, 4)), "n": 1}
+    spans = [s for b in batches for s in b]
+    th = spans[0].thread
+    t = max(s.host_end for s in spans) + 1000
+    orphans = [Span(10**8 + i, 10**9 + i, "orphan", "region", th, t + 10 * i, t + 10 * i + 5,
+                    attrs={"k": i % 3} if i % 2 else None) for i in range(6000)]
+    batches += [orphans[i:i + 1000] for i in range(0, len(orphans), 1000)]
+    # neighbours with equal attributes in distinct dicts: one run of annotation bytes on both paths
+    # (compared with ``!=``, as ``rows._extras`` does), {"flag": 1} after {"flag": True} included
+    t += 10 * len(orphans)
+    flags = [{"flag": True}, {"flag": 1}, {"flag": 1.0}, {"flag": 2}, {"flag": 2}, None, {"flag": 1}]
+    batches.append([Span(2 * 10**8 + i, 0, "k", "kernel", th, t + 10 * i, t + 10 * i + 5, attrs=dict(f) if f else f)
+                    for i, f in enumerate(flags)])
+    assert_same_files(rec, batches, tmp_path, monkeypatch)
+    back = {s.id for s in load_pftrace(tmp_path / "native.pftrace")[0]}
+    assert back == {s.id for b in batches for s in b}
+
+
+def test_native_and_python_agree_on_batches_of_strided_columns(queue: Any, tmp_path: Any, monkeypatch: Any) -> None:
+    """Columns that are views with a stride (as a merged or sliced batch may hold) are read as they are."""
+    rec, spans = generated(queue, 5)
+    batches = []
+    for part in spans:
+        b = SpanBatch.from_spans(rec.tables, part)
+        for name in NAMES:
+            setattr(b, name, np.repeat(getattr(b, name), 2)[::2])
+        assert not b.thread.flags.c_contiguous or b.n < 2
+        batches.append(b)
+    assert_same_files(rec, batches, tmp_path, monkeypatch)
+    assert len(load_pftrace(tmp_path / "native.pftrace")[0]) == sum(len(p) for p in spans)
+
+
+@pytest.mark.parametrize("length", [2, 3, 4])
+def test_parents_in_a_cycle_go_as_the_numpy_path_takes_them(length: int, queue: Any, tmp_path: Any,
+                                                            monkeypatch: Any) -> None:
+    """Spans whose parents form a cycle (never from cltrace's own records): the numpy path's pointer
+    doubling settles where the cycle's length is a power of 2 (the spans wait for nobody) and refuses
+    the others; the C pass does the same, writing the same file or refusing on both paths."""
+    rec, _ = generated(queue, 1)
+    th = rec.tracks.host_thread(threading.get_ident())
+    loop = [Span(i, i % length + 1, f"s{i}", "region", th, 10 + i, 30 - i) for i in range(1, length + 1)]
+    batches = [[Span(99, 1, "child", "kernel", th, 15, 16)] + loop]
+    if length & (length - 1):
+        for impl in (native(), encoder.PYTHON):
+            with pytest.raises(ValueError, match="cycle"):
+                write_with(impl, rec, batches, str(tmp_path / "t.pftrace"), monkeypatch)
+    else:
+        assert_same_files(rec, batches, tmp_path, monkeypatch)
+
+
 # ---- bytes per span ---------------------------------------------------------------------------------
 def plain_kernels(queue: Any, n: int) -> tuple[Recorder, list[Span]]:
     """Launches back to back on one queue, timed like a busy device (as benchmarks/bench_perfetto.py)."""
@@ -352,6 +455,50 @@ def test_native_encode_rejects_inconsistent_arrays() -> None:
     with pytest.raises(ValueError, match="rows int64"):
         _packets.encode(np.zeros(5, np.int64), perm, runs.copy(), 0, consts, *pool, *extras)
     assert RUN_COLS == runs.shape[1]
+
+
+def test_native_writer_rejects_inconsistent_calls() -> None:
+    """``_writer.Writer`` refuses, with a ValueError naming the cause, what would read out of bounds or
+    against a batch it was not prepared for."""
+    native()
+    from cltrace.export.perfetto import _writer
+    from cltrace.export.perfetto.layout import strings
+    from cltrace.export.perfetto.wire import ROW_CONSTANTS
+
+    w = _writer.Writer()
+    n = 3
+    i64, z = np.arange(1, n + 1, dtype=np.int64), np.zeros(n, np.int64)
+    cols = ([None, None, None], np.full(n, 1, np.int64), np.zeros(n, np.int8), np.full(n, -1, np.int32),
+            np.zeros(n, np.int16), np.zeros(n, np.int32), z)
+    pool = strings([*ROW_CONSTANTS, b"\x50\x02\x5a", *[b"\x22"] * 40, b"\x10\x01"])
+    consts = np.arange(8, dtype=np.int64)
+    lut = np.zeros(2, np.uint8)
+
+    def write(hp: np.ndarray, **kw: Any) -> Any:
+        args = dict(id=i64, parent=z, cat=np.zeros(n, np.int16), thr=np.full(n, 1, np.int64), hb=i64, he=i64 + 1,
+                    trk=z, ds=z, de=z, raws=z, rawe=z, leaf=lut, region=lut, hp=hp,
+                    dp=np.zeros(0, np.int64), extras=[], counters=np.zeros((0, 5), np.int64))
+        args.update(kw)
+        return w.write(*args.values(), *pool, consts, 0)
+
+    with pytest.raises(ValueError, match="prepare first"):
+        write(np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="thread must hold"):
+        w.prepare(cols[0], np.ones(2, np.int64), *cols[2:], None, None)
+    with pytest.raises(ValueError, match="out of range"):
+        w.prepare(cols[0], np.full(n, 1 << 30, np.int64), *cols[2:], None, None)
+    firsts, new, hmiss, dmiss = w.prepare(*cols, None, None)
+    assert (firsts, new, len(hmiss), dmiss) == ([], [1], 1, [])
+    w.track(1, 8, 9, 19, 29, 39)
+    with pytest.raises(ValueError, match="hpids must hold"):
+        write(np.zeros(2, np.int64))
+    w.prepare(*cols, None, None)
+    with pytest.raises(ValueError, match="pool id is out of range"):
+        write(np.array([10**6], np.int64))
+    w.prepare(*cols, None, None)
+    data, runs, opened, rows = write(np.array([len(pool[2]) - 1], np.int64))
+    assert (runs, opened, rows) == ([1], {1: 1}, 2 * n - 1)  # the latest END waits for the next write
+    assert sum(1 for _ in iter_packets(data)) == rows
 
 
 def test_native_fill_writes_the_rows_numpy_writes_over_stale_rows() -> None:

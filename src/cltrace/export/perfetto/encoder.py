@@ -4,6 +4,8 @@ Both take the same arrays and give the same bytes (``layout.encode_rows`` docume
 goes ``fill_rows``, which lays a batch's columns out as packet rows (the same rows either way). The C
 ones write every row in one pass without the GIL; where it is not built (no compiler at install
 time) or ``CLTRACE_NATIVE=0``, the numpy one runs. ``PATH`` says which ("native" or "python").
+The native choice also carries ``_writer`` (``encode_rows.writer``), with which the sink skips packet rows
+altogether (``fused``): where ``encode_rows`` is the numpy one, the sink runs the numpy path whole.
 """
 from __future__ import annotations
 
@@ -33,6 +35,13 @@ def _load_native() -> EncodeRows:
     built = (_packets.NCOLS, _packets.RUN_COLS, _packets.NCONSTS)
     if built != (NCOLS, RUN_COLS, NCONSTS):
         raise ImportError(f"C extension built for another row layout {built}: reinstall cltrace")
+    try:
+        _writer = importlib.import_module(f"{__package__}._writer")
+    except ImportError as exc:
+        log.debug("cltrace: %s", exc)
+        raise ImportError("C extension _writer not built (no C compiler at install time?)") from None
+    if _writer.NCONSTS != NCONSTS:
+        raise ImportError("C extension _writer built for another row layout: reinstall cltrace")
 
     def encode_rows(rows: np.ndarray, perm: np.ndarray, runs: np.ndarray, mono: int, consts: np.ndarray,
                     pool: Strings, extras: Strings) -> bytes:
@@ -43,6 +52,7 @@ def _load_native() -> EncodeRows:
         _packets.fill(rows, *(c if i == 7 else np.ascontiguousarray(c, np.int64) for i, c in enumerate(cols)))
 
     encode_rows.fill = fill_rows  # type: ignore[attr-defined]
+    encode_rows.writer = _writer  # type: ignore[attr-defined]
     return encode_rows
 
 

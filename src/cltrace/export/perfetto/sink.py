@@ -20,7 +20,8 @@ from ...timeline.batch import as_batch
 from ...timeline.spans import Span
 from ..base import abandon_file, open_trace_file, start_writeback
 from ..processes import program_name
-from . import messages
+from . import encoder, messages
+from .fused import FusedWriter
 from .order import HoldBack
 from .packets import encode
 from .rows import batch_rows
@@ -37,6 +38,7 @@ class PerfettoTraceSink:
         self._fh: IO[bytes] | None = None
         self._tracks = Tracks(None, 0)  # replaced at start, when the recorder's tracks are known
         self._hold = HoldBack()
+        self._fused: FusedWriter | None = None  # the C pass, where the active row encoder carries it
         self._dropped_uuid = 0
         self._dropped_written = -1
         self._memory: Any = None
@@ -59,6 +61,8 @@ class PerfettoTraceSink:
             self._memory_at, self._memory_first = self._memory.open()
         self._clock = getattr(recorder, "now_ns", time.perf_counter_ns)  # a merged trace ends at its last span
         tracks = self._tracks = Tracks(recorder.tracks, _mono_offset())
+        native = getattr(encoder.encode_rows, "writer", None)
+        self._fused = FusedWriter(native, tracks) if native is not None else None
         self._fh = open_trace_file(self.path)
         boot = getattr(time, "CLOCK_BOOTTIME", None)
         if boot is not None:  # lets the trace line up with system traces (BOOTTIME)
@@ -84,10 +88,17 @@ class PerfettoTraceSink:
         if self._fh is None or not spans:
             return
         head: list[bytes] = []
-        rows, extras, arrivals = batch_rows(as_batch(spans, self._tables), self._tracks, self._hold, head)
-        rows, now = self._hold.hold_back(rows, extras, arrivals)
-        self._emit(b"".join(head))
-        self._emit(self._encode(rows, extras, now))
+        batch = as_batch(spans, self._tables)
+        if self._fused is not None:
+            parts, packets = self._fused.write(batch, head)
+            self.packets_written += packets
+            for part in (b"".join(head), *parts):
+                self._emit(part)
+        else:
+            rows, extras, arrivals = batch_rows(batch, self._tracks, self._hold, head)
+            rows, now = self._hold.hold_back(rows, extras, arrivals)
+            self._emit(b"".join(head))
+            self._emit(self._encode(rows, extras, now))
         self._since_flush += len(spans)
         if self._since_flush >= self.flush_every:
             self._flush_os()
@@ -108,9 +119,15 @@ class PerfettoTraceSink:
         fh = self._fh
         if fh is None:
             return
-        held = self._hold.drain()
-        if held is not None:
-            self._emit(self._encode(*held))
+        if self._fused is not None:
+            parts, packets = self._fused.drain()
+            self._fused = None  # its scratch (a few MB at 16k-span batches) goes with it
+            self.packets_written += packets
+            self._emit(b"".join(parts))
+        else:
+            held = self._hold.drain()
+            if held is not None:
+                self._emit(self._encode(*held))
         self._emit(self._dropped(int(meta.get("dropped_spans", 0))) + self._memory_packets()
                    + self._metadata_packet(meta))
         fh.flush()
@@ -130,6 +147,7 @@ class PerfettoTraceSink:
         """In a forked child: the file is the parent's; drop it unwritten (``base.abandon_file``)."""
         abandon_file(self._fh)
         self._fh = None
+        self._fused = None
 
     def _encode(self, rows: np.ndarray, extras: list[bytes], select: np.ndarray | None = None) -> bytes:
         data, packets = encode(self._tracks, rows, extras, select)

@@ -234,6 +234,20 @@ class Tracks:
             ids.append(pid)
         return np.array(ids, np.int64)[inv2]
 
+    def prefix(self, tables: Any, key: int, site: int) -> int:
+        """The pool id of one BEGIN template (``prefix_ids``' key and a site id, -1: none), made where new."""
+        if site >= 0:
+            pid = self._site_prefixes.get((key, site))
+            if pid is not None:
+                return pid
+        base = self._prefixes.get(key) or self._prefix(tables, key)
+        if site < 0:
+            return base
+        seq = self.seqs[key >> 44]
+        body = self.pool.items[base] + TE_SITE + uv(seq.site(tables.sites.values[site]))
+        pid = self._site_prefixes[key, site] = self.pool.add(body)
+        return pid
+
     def _prefix(self, tables: Any, key: int) -> int:
         track, cat, name = key >> 44, (key >> 28) & 0xFFFF, key & 0xFFFFFFF
         seq = self.seqs[track]
