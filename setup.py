@@ -27,8 +27,10 @@ setup(
              libraries=[] if sys.platform == "win32" else ["m"]),
         _ext("cltrace.record._region", "src/cltrace/record/_region.c"),
         _ext("cltrace.export._chrome", "src/cltrace/export/_chrome.c"),
-        _ext("cltrace.export.perfetto._packets", "src/cltrace/export/perfetto/_packets.c"),
-        _ext("cltrace.export.perfetto._writer", "src/cltrace/export/perfetto/_writer.c"),
+        _ext("cltrace.export.perfetto._packets", "src/cltrace/export/perfetto/_packets.c",
+             depends=["src/cltrace/export/perfetto/_wire.h"]),
+        _ext("cltrace.export.perfetto._writer", "src/cltrace/export/perfetto/_writer.c",
+             depends=["src/cltrace/export/perfetto/_wire.h"]),
         _ext("cltrace.read._scan", "src/cltrace/read/_scan.c"),
     ],
 )

@@ -529,6 +529,30 @@ region_dealloc(Region *r)
 
 /* __enter__: parent from the thread's stack, a new id, the path, (id, path) pushed; then the host
  * clock and, with a queue, the first marker (the host bracket encloses the markers' QUEUED stamps). */
+/* The thread's innermost region, (span id, path), borrowed from its stack; (0, ()) outside any. */
+static int
+stack_top(PyObject *st, PyObject **parent, PyObject **path)
+{
+    if (!PyList_Check(st)) {
+        PyErr_SetString(PyExc_TypeError, "cltrace: the region stack is not a list");
+        return -1;
+    }
+    Py_ssize_t depth = PyList_GET_SIZE(st);
+    if (depth == 0) {
+        *parent = g_zero;
+        *path = g_empty_tuple;
+        return 0;
+    }
+    PyObject *top = PyList_GET_ITEM(st, depth - 1);
+    if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(top, 1))) {
+        PyErr_SetString(PyExc_TypeError, "cltrace: a region stack entry is not (span id, path)");
+        return -1;
+    }
+    *parent = PyTuple_GET_ITEM(top, 0);
+    *path = PyTuple_GET_ITEM(top, 1);
+    return 0;
+}
+
 static PyObject *
 region_enter(Region *self, PyObject *unused)
 {
@@ -537,25 +561,10 @@ region_enter(Region *self, PyObject *unused)
     PyObject *st = thread_stack();
     if (st == NULL)
         return NULL;
-    if (!PyList_Check(st)) {
-        PyErr_SetString(PyExc_TypeError, "cltrace: the region stack is not a list");
+    PyObject *parent, *ppath;
+    if (stack_top(st, &parent, &ppath) < 0) {
         Py_DECREF(st);
         return NULL;
-    }
-    PyObject *parent, *ppath;
-    Py_ssize_t depth = PyList_GET_SIZE(st);
-    if (depth) {
-        PyObject *top = PyList_GET_ITEM(st, depth - 1);
-        if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2 || !PyTuple_Check(PyTuple_GET_ITEM(top, 1))) {
-            PyErr_SetString(PyExc_TypeError, "cltrace: a region stack entry is not (span id, path)");
-            Py_DECREF(st);
-            return NULL;
-        }
-        parent = PyTuple_GET_ITEM(top, 0);
-        ppath = PyTuple_GET_ITEM(top, 1);
-    } else {
-        parent = g_zero;
-        ppath = g_empty_tuple;
     }
     PyObject *sid = Py_TYPE(g_ids)->tp_iternext(g_ids);
     if (sid == NULL) {
@@ -963,22 +972,10 @@ mod_record_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     PyObject *st = thread_stack();
     if (st == NULL)
         return NULL;
-    if (!PyList_Check(st)) {
-        PyErr_SetString(PyExc_TypeError, "cltrace: the region stack is not a list");
+    PyObject *parent, *path;
+    if (stack_top(st, &parent, &path) < 0) {
         Py_DECREF(st);
         return NULL;
-    }
-    PyObject *parent = g_zero, *path = g_empty_tuple;
-    Py_ssize_t depth = PyList_GET_SIZE(st);
-    if (depth) {
-        PyObject *top = PyList_GET_ITEM(st, depth - 1);
-        if (!PyTuple_Check(top) || PyTuple_GET_SIZE(top) != 2) {
-            PyErr_SetString(PyExc_TypeError, "cltrace: a region stack entry is not (span id, path)");
-            Py_DECREF(st);
-            return NULL;
-        }
-        parent = PyTuple_GET_ITEM(top, 0);
-        path = PyTuple_GET_ITEM(top, 1);
     }
     PyObject *key = PyObject_GetAttr(st, s_key);
     if (key == NULL) {

@@ -21,51 +21,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_wire.h"
+
 enum { C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G, C_PRE, C_FLOW, C_SID, C_SPANANN, C_PARENT, C_EXTRA, C_RAW, C_RAWS,
        C_RAWE, C_RAWEND, NCOLS };
 enum { R_LO, R_HI, R_TAIL, R_HDR, R_LAST = R_HDR + 4, R_OFFSET, R_HAS_OFFSET, RUN_COLS };
 enum { K_PACKET, K_TS, K_ABS, K_TYPE, K_FLOW = K_TYPE + 3, NCONSTS = K_FLOW + 2 };
 enum { A_SPAN, A_PARENT, A_DEV_START, A_DEV_END };
-
-typedef struct {
-    const uint8_t *buf;
-    const int64_t *off, *len;
-    Py_ssize_t n;
-} strings;
-
-static inline int
-vlen(uint64_t v)
-{
-    int n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static inline uint8_t *
-put_varint(uint8_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
-
-static inline uint8_t *
-copy(uint8_t *p, const uint8_t *src, int64_t n)
-{
-    if (n > 16) {
-        memcpy(p, src, (size_t)n);
-        return p + n;
-    }
-    for (int64_t j = 0; j < n; j++) /* the templates are a few bytes: a libc call would cost more */
-        p[j] = src[j];
-    return p + n;
-}
 
 static inline uint8_t *
 put(uint8_t *p, const strings *s, int64_t id)
@@ -95,19 +57,6 @@ check_strings(const char *what, const Py_buffer *buf, const Py_buffer *off, cons
 }
 
 #define BAD_ID(id, s) ((id) < 0 || (id) >= (s)->n)
-
-/* A pooled string's place, looked up once per run rather than once per row. */
-typedef struct {
-    const uint8_t *at;
-    int64_t len;
-} piece;
-
-static inline piece
-get(const strings *s, int64_t id)
-{
-    piece x = {s->buf + s->off[id], s->len[id]};
-    return x;
-}
 
 #define PUT(p, x) ((p) = copy((p), (x).at, (x).len))
 

@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "_wire.h"
+
 enum { K_PACKET, K_TS, K_ABS, K_TYPE, K_FLOW = K_TYPE + 3, NCONSTS = K_FLOW + 2 };
 enum { FLOW_OUT = 1, FLOW_IN = 2 };
 enum { EV_HB, EV_HE, EV_DB, EV_DE, EV_ROW };
@@ -214,12 +216,6 @@ typedef struct {
     uint32_t pos, idx;
     uint8_t k2, kind, held; /* held: 1 for a parent, 2 for the next write */
 } __attribute__((aligned(16))) ev_t;
-
-typedef struct {
-    const uint8_t *buf;
-    const int64_t *off, *len;
-    Py_ssize_t n;
-} strings;
 
 typedef struct {
     PyObject_HEAD
@@ -708,52 +704,6 @@ sort_track(ev_t *a, ev_t *tmp, size_t n)
         merge(a, tmp, lo, hi);
         lo = hi;
     }
-}
-
-static inline int
-vlen(uint64_t v)
-{
-    int n = 1;
-    while (v >= 0x80) {
-        v >>= 7;
-        n++;
-    }
-    return n;
-}
-
-static inline uint8_t *
-put_varint(uint8_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
-
-static inline uint8_t *
-copy(uint8_t *p, const uint8_t *src, int64_t n)
-{
-    if (n > 16) {
-        memcpy(p, src, (size_t)n);
-        return p + n;
-    }
-    for (int64_t j = 0; j < n; j++)
-        p[j] = src[j];
-    return p + n;
-}
-
-typedef struct {
-    const uint8_t *at;
-    int64_t len;
-} piece;
-
-static inline piece
-get(const strings *s, int64_t id)
-{
-    piece x = {s->buf + s->off[id], s->len[id]};
-    return x;
 }
 
 /* A template: one 16-byte move where it fits (the pool is padded, the output has slack). */
