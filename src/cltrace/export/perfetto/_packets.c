@@ -151,26 +151,7 @@ encode_run(uint8_t *p, const int64_t *const *col, const int64_t *perm, int64_t *
         p = put_varint(p, (uint64_t)te);
         PUT(p, type[k2]);
         PUT(p, name);
-        if (flow) {
-            PUT(p, fl);
-            p = put_varint(p, sid);
-        }
-        if (span_ann) {
-            PUT(p, a_sid);
-            p = put_varint(p, sid);
-        }
-        if (a_par.at) {
-            PUT(p, a_par);
-            p = put_varint(p, par);
-        }
-        if (a_rs.at) {
-            PUT(p, a_rs);
-            p = put_varint(p, raws);
-        }
-        if (a_re.at) {
-            PUT(p, a_re);
-            p = put_varint(p, rawe);
-        }
+        p = put_slice_fields(p, fl, a_sid, sid, a_par, par, a_rs, raws, a_re, rawe);
         PUT(p, xtra);
     }
     run[R_LAST] = last;

@@ -60,4 +60,20 @@ get(const strings *s, int64_t id)
     return x;
 }
 
+/* A slice's optional fields after its name, each written where its tag is set (``at`` not NULL): the
+ * flow id and the span-id annotation (both the span id), the parent, the raw device START and END. */
+static inline uint8_t *
+put_slice_fields(uint8_t *p, piece flow, piece a_sid, uint64_t sid, piece a_par, uint64_t par, piece a_rs,
+                 uint64_t raws, piece a_re, uint64_t rawe)
+{
+    const piece tag[5] = {flow, a_sid, a_par, a_rs, a_re};
+    const uint64_t v[5] = {sid, sid, par, raws, rawe};
+    for (int j = 0; j < 5; j++)
+        if (tag[j].at != NULL) {
+            p = copy(p, tag[j].at, tag[j].len);
+            p = put_varint(p, v[j]);
+        }
+    return p;
+}
+
 #endif

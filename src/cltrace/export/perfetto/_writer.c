@@ -788,26 +788,8 @@ encode_row(uint8_t *p, const row_t *r, track_t *tk, const consts_t *k, const pie
     PUT(p, k->type[r->k2]);
     if (name.at)
         PUT(p, name);
-    if (r->flow) {
-        PUT(p, k->flows[r->flow - 1]);
-        p = put_varint(p, sid);
-    }
-    if (r->spanann) {
-        PUT(p, a_sid);
-        p = put_varint(p, sid);
-    }
-    if (a_par.at) {
-        PUT(p, a_par);
-        p = put_varint(p, par);
-    }
-    if (a_rs.at) {
-        PUT(p, a_rs);
-        p = put_varint(p, raws);
-    }
-    if (a_re.at) {
-        PUT(p, a_re);
-        p = put_varint(p, rawe);
-    }
+    const piece none = {NULL, 0};
+    p = put_slice_fields(p, r->flow ? k->flows[r->flow - 1] : none, a_sid, sid, a_par, par, a_rs, raws, a_re, rawe);
     if (r->xlen)
         p = copy(p, r->x, r->xlen);
     return p;

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from ...timeline.batch import SpanBatch, Tables
-from ...timeline.spans import TRANSFER
 from .order import _LEAF_CATS
+from .rows import transfer_samples
 from .tracks import STANDARD_ANNS, Tracks
-from .wire import P_INTERNED, P_SEQ, TE_COUNTER, frame, uv
+from .wire import P_INTERNED, P_SEQ, frame, uv
 
 _NO_COUNTERS = np.zeros((0, 5), np.int64)
 
@@ -113,25 +113,8 @@ def _c(col: np.ndarray, dtype: Any = np.int64) -> np.ndarray:
 
 
 def _counters(batch: SpanBatch, tracks: Tracks, head: list[bytes], extras: list[bytes]) -> np.ndarray:
-    """The cumulative bytes-transferred samples at the end of each transfer that says its size, as
-    (span row, track, time, template id, extras index) rows (``rows._counter_rows``' twin)."""
-    tid = batch.tables.cats.ids.get(TRANSFER)
-    if tid is None:
-        return _NO_COUNTERS
-    transfers = np.flatnonzero(batch.cat == tid)
-    if not len(transfers):
-        return _NO_COUNTERS
-    out = []
-    for i in transfers.tolist():
-        a = batch.attrs[i]
-        nbytes = a.get("bytes") if a else None
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
-            continue
-        dt = int(batch.track[i])
-        track = dt if dt else int(batch.thread[i])
-        seq = tracks.counter(track, head)
-        seq.moved += nbytes
-        out.append((i, track, int(batch.dev_end[i]) if dt else int(batch.host_end[i]), seq.counter_prefix,
-                    len(extras)))
-        extras.append(TE_COUNTER + uv(seq.moved))
+    """The cumulative bytes-transferred samples as (span row, track, time, template id, extras index)
+    rows (``rows.transfer_samples``)."""
+    out = [(i, track, ts, seq.counter_prefix, extra)
+           for i, track, ts, seq, extra in transfer_samples(batch, tracks, head, extras)]
     return np.array(out, np.int64) if out else _NO_COUNTERS

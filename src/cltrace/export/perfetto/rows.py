@@ -15,7 +15,7 @@ names, attribute runs) and transfers that report bytes.
 from __future__ import annotations
 
 from operator import ne
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 
@@ -137,17 +137,14 @@ def _distinct(heads: np.ndarray, ids: np.ndarray, thr: np.ndarray, bad: np.ndarr
     return rank[inv], heads[np.sort(first)]
 
 
-def _counter_rows(batch: SpanBatch, group: np.ndarray, md: np.ndarray, tracks: Tracks, head: list[bytes],
-                  extras: list[bytes]) -> np.ndarray | None:
-    """Cumulative bytes-transferred samples, at the end of each transfer that says its size."""
+def transfer_samples(batch: SpanBatch, tracks: Tracks, head: list[bytes],
+                     extras: list[bytes]) -> Iterator[tuple[int, int, int, Any, int]]:
+    """The cumulative bytes-transferred samples, at the end of each transfer that says its size: (span
+    row, track, time, counter sequence, extras index), each sample's counter value appended to ``extras``."""
     tid = batch.tables.cats.ids.get(TRANSFER)
     if tid is None:
-        return None
-    transfers = np.flatnonzero(batch.cat == tid)
-    if not len(transfers):
-        return None
-    out = []
-    for i in transfers.tolist():
+        return
+    for i in np.flatnonzero(batch.cat == tid).tolist():
         a = batch.attrs[i]
         nbytes = a.get("bytes") if a else None
         if not isinstance(nbytes, int) or isinstance(nbytes, bool):
@@ -156,13 +153,19 @@ def _counter_rows(batch: SpanBatch, group: np.ndarray, md: np.ndarray, tracks: T
         track = dt if dt else int(batch.thread[i])
         seq = tracks.counter(track, head)
         seq.moved += nbytes
-        row = np.zeros(NCOLS, np.int64)
-        row[[C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G]] = (
-            track, int(batch.dev_end[i]) if dt else int(batch.host_end[i]), md[i], K2_COUNTER, -int(batch.id[i]),
-            group[i])
-        row[C_PRE] = seq.counter_prefix
-        row[C_EXTRA] = len(extras)
+        yield i, track, int(batch.dev_end[i]) if dt else int(batch.host_end[i]), seq, len(extras)
         extras.append(TE_COUNTER + uv(seq.moved))
+
+
+def _counter_rows(batch: SpanBatch, group: np.ndarray, md: np.ndarray, tracks: Tracks, head: list[bytes],
+                  extras: list[bytes]) -> np.ndarray | None:
+    """Cumulative bytes-transferred samples as packet rows."""
+    out = []
+    for i, track, ts, seq, extra in transfer_samples(batch, tracks, head, extras):
+        row = np.zeros(NCOLS, np.int64)
+        row[[C_TRACK, C_TS, C_K1, C_K2, C_K3, C_G]] = (track, ts, md[i], K2_COUNTER, -int(batch.id[i]), group[i])
+        row[C_PRE] = seq.counter_prefix
+        row[C_EXTRA] = extra
         out.append(row)
     return np.ascontiguousarray(np.array(out).T) if out else None
 
