@@ -57,6 +57,20 @@ def open_trace_file(path: str, buffering: int = 1 << 20) -> IO[bytes]:
     return open(path, "wb", buffering=buffering)
 
 
+def _libc(name: str, *args: str) -> Any:
+    """The C library's function ``name`` (returning int; ``args``: ctypes type names without ``c_``),
+    or None where there is none. ctypes is imported here, at first use, not with cltrace."""
+    try:
+        import ctypes
+
+        f = getattr(ctypes.CDLL(None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
+    f.argtypes = [getattr(ctypes, "c_" + a) for a in args]
+    f.restype = ctypes.c_int
+    return f
+
+
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 _sync_file_range: Callable[[int, int, int, int], int] | None | bool = sys.platform.startswith("linux")
 
@@ -77,16 +91,8 @@ def start_writeback(fh: IO[bytes], since: int) -> int:
         end = fh.tell()
     except (OSError, ValueError):  # not a seekable file (a pipe): nothing to start
         return since
-    if _sync_file_range is True:  # first use: look the call up (ctypes is not imported before)
-        try:
-            import ctypes
-
-            f = ctypes.CDLL(None, use_errno=True).sync_file_range
-            f.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
-            f.restype = ctypes.c_int
-            _sync_file_range = f
-        except (OSError, AttributeError):
-            _sync_file_range = None
+    if _sync_file_range is True:  # first use: look the call up
+        _sync_file_range = _libc("sync_file_range", "int", "longlong", "longlong", "uint")
     if _sync_file_range and end > since:
         try:
             _sync_file_range(fh.fileno(), since, end - since, _SYNC_FILE_RANGE_WRITE)
@@ -116,15 +122,7 @@ def reserve_space(fd: int, end: int, reserved: int) -> int:
     if end + RESERVE // 2 <= reserved:
         return reserved
     if _fallocate is True:
-        try:
-            import ctypes
-
-            f = ctypes.CDLL(None, use_errno=True).fallocate
-            f.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
-            f.restype = ctypes.c_int
-            _fallocate = f
-        except (OSError, AttributeError):
-            _fallocate = None
+        _fallocate = _libc("fallocate", "int", "int", "longlong", "longlong")
     if not _fallocate:
         return -1
     start = max(end, reserved)

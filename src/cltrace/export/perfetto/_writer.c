@@ -614,20 +614,27 @@ ev_less(const ev_t *a, const ev_t *b)
     return a->pos < b->pos;
 }
 
+/* Moves a[i] back to its place among the sorted a[0..i); returns that place. */
+static inline size_t
+insert_back(ev_t *a, size_t i)
+{
+    ev_t v = a[i];
+    size_t j = i;
+    while (j && ev_less(&v, &a[j - 1])) {
+        a[j] = a[j - 1];
+        j--;
+    }
+    a[j] = v;
+    return j;
+}
+
 /* Merge sort that costs one comparison per half already in order (a track's rows mostly are). */
 static void
 msort(ev_t *a, ev_t *tmp, size_t n)
 {
     if (n <= 16) {
-        for (size_t i = 1; i < n; i++) {
-            ev_t v = a[i];
-            size_t j = i;
-            while (j && ev_less(&v, &a[j - 1])) {
-                a[j] = a[j - 1];
-                j--;
-            }
-            a[j] = v;
-        }
+        for (size_t i = 1; i < n; i++)
+            insert_back(a, i);
         return;
     }
     size_t h = n / 2;
@@ -652,13 +659,7 @@ sort_nearly(ev_t *a, ev_t *tmp, size_t n)
     for (size_t i = 1; i < n; i++) {
         if (!ev_less(&a[i], &a[i - 1]))
             continue;
-        ev_t v = a[i];
-        size_t j = i;
-        while (j && ev_less(&v, &a[j - 1])) {
-            a[j] = a[j - 1];
-            j--;
-        }
-        a[j] = v;
+        size_t j = insert_back(a, i);
         if ((budget -= i - j < budget ? i - j : budget) == 0) {
             msort(a, tmp, n);
             return;
