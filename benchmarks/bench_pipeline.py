@@ -7,6 +7,8 @@ Rows (each against its baseline or target; ratios printed as a table):
   end to end     a launch-bound loop of tiny kernels: ``cltrace.trace(a.json, a.pftrace)`` around it
                  (start -> loop -> files closed) against the same loop untraced (+ queue.finish),
                  rounds alternating, median of rounds
+  same, finish   the same loop with a ``finish`` after every 50 launches (a program that waits for
+  every 50       each step, as a training loop reading its loss)
   torch          (where PyTorch with CUDA is installed) the same loop shape in CUDA, ``x.add_(y)`` on
                  1024 floats, under ``torch.profiler`` (CPU+CUDA, trace exported) against untraced
   stall          longest pause between iterations of a loop (50 launches + finish) on two threads,
@@ -70,11 +72,19 @@ class Setup:
         self.k.set_args(self.buf)
         self.compiled = cltrace.compile(SRC, context=self.q.context)
 
-    def loop(self, n: int) -> None:
+    def loop(self, n: int, sync_every: int = 0) -> None:
+        """``n`` launches, then ``finish``; with ``sync_every``, a ``finish`` after every that many too
+        (a program that waits for each step, as a training loop reading its loss)."""
         q, k, buf = self.q, self.k, self.buf
         launch = cltrace.launch
-        for _ in range(n):
-            launch(k, q, (1024,), None, buf)
+        if sync_every:
+            for _ in range(n // sync_every):
+                for _ in range(sync_every):
+                    launch(k, q, (1024,), None, buf)
+                q.finish()
+        else:
+            for _ in range(n):
+                launch(k, q, (1024,), None, buf)
         q.finish()
 
 
@@ -111,16 +121,16 @@ def capacity(s: Setup, n: int, tmp: str) -> float:
     return len(recs) / dt
 
 
-def end_to_end(s: Setup, n: int, rounds: int, tmp: str) -> tuple[float, float]:
+def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0) -> tuple[float, float]:
     off, on = [], []
     for r in range(rounds):
         t0 = time.perf_counter()
-        s.loop(n)
+        s.loop(n, sync_every)
         off.append(time.perf_counter() - t0)
         RECORDER.clear()
         t0 = time.perf_counter()
         with switched(), cltrace.trace(os.path.join(tmp, f"e{r}.json"), os.path.join(tmp, f"e{r}.pftrace")):
-            s.loop(n)
+            s.loop(n, sync_every)
         on.append(time.perf_counter() - t0)
     return statistics.median(off), statistics.median(on)
 
@@ -350,7 +360,7 @@ def main() -> None:
     ap.add_argument("--stall-s", type=float, default=3.0)
     ap.add_argument("--switch-ms", type=float, default=None,
                     help="sys.setswitchinterval while the end-to-end and stall rows trace (default: unchanged)")
-    ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,torch,stall,region,launch,memory,pftrace,first")
+    ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,e2e_sync,torch,stall,region,launch,memory,pftrace,first")
     args = ap.parse_args()
     global SWITCH_S
     SWITCH_S = None if args.switch_ms is None else args.switch_ms / 1e3
@@ -379,6 +389,10 @@ def main() -> None:
         if want("e2e"):
             off, on = end_to_end(s, args.launches, args.rounds, tmp)
             row(f"end to end, {args.launches} launches", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
+                "<= 1.10 (GPU) / <= 1.5 (PoCL)")
+        if want("e2e_sync"):
+            off, on = end_to_end(s, args.launches, args.rounds, tmp, sync_every=50)
+            row(f"same, finish every 50 launches", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
                 "<= 1.10 (GPU) / <= 1.5 (PoCL)")
         t = torch_end_to_end(args.launches, args.rounds, tmp) if want("torch") else None
         if t is not None:

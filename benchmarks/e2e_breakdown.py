@@ -11,6 +11,8 @@ The loop is bench_pipeline's end-to-end loop (tiny kernels through ``cltrace.lau
   before     the same with this branch's cuts undone (``UNDO``), for before/after figures in one run
   held       the same, the worker held off during the loop (it resolves nothing until stop()):
              the loop column is the hot path alone, stop() the whole catch-up
+  quiet      held, and the reaper paused too (records keep their events; nothing reads a stamp during
+             the loop, nothing waits: no back-pressure below a million records): the hot path alone
   memory     ``cltrace.trace()`` with no file: the sinks' share is traced - memory
 
 ``--fresh N`` adds the first trace of a process, as a user's program pays it: N fresh interpreters
@@ -50,6 +52,8 @@ from cltrace.export.perfetto import PerfettoTraceSink  # noqa: E402
 from cltrace.record.recorder import RECORDER, Recorder  # noqa: E402
 from cltrace.timeline import clock, passes, stamps  # noqa: E402
 from cltrace.timeline.resolve import Resolver  # noqa: E402
+if stamps.REAPER is not None:
+    from cltrace.timeline import _stamps as stamps_native  # noqa: E402
 from cltrace.timeline.stats import Stats  # noqa: E402
 
 PHASES = ("start", "loop", "stop")
@@ -174,8 +178,10 @@ def run_variant(s: Setup, name: str, n: int, tmp: str, r: int, timings: Timings)
     if name != "untraced":
         RECORDER.clear()
     redo = [undo() for undo in UNDO.values()] if name == "before" else []
-    if name == "held":  # the worker, woken once, goes back to a wait of an hour
-        RECORDER.configure(resolve_interval_s=3600)
+    if name in ("held", "quiet"):  # the worker, woken once, goes back to a wait of an hour
+        RECORDER.configure(resolve_interval_s=3600, **({"max_pending": 1 << 20} if name == "quiet" else {}))
+        if name == "quiet" and stamps.REAPER is not None:
+            stamps_native.pause_reaper(True)
         RECORDER._wake.set()
         time.sleep(0.02)
     timings.spans.clear()
@@ -201,8 +207,10 @@ def run_variant(s: Setup, name: str, n: int, tmp: str, r: int, timings: Timings)
         session.stop()
     t3 = time.perf_counter()
     timings.on = GC.on = False
-    if name == "held":
-        RECORDER.configure(resolve_interval_s=0.05)
+    if name in ("held", "quiet"):
+        RECORDER.configure(resolve_interval_s=0.05, max_pending=65_536)
+        if name == "quiet" and stamps.REAPER is not None:
+            stamps_native.pause_reaper(False)
         RECORDER._wake.set()  # it sleeps in wait(3600) otherwise, and the next rounds would be "held" too
     for fn in redo:
         fn()
@@ -396,7 +404,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--launches", type=int, default=30_000)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--variants", default="untraced,before,traced,held,memory")
+    ap.add_argument("--variants", default="untraced,before,traced,held,quiet,memory")
     ap.add_argument("--fresh", type=int, default=0, help="pairs of fresh processes timing their first trace")
     a = ap.parse_args()
     global a_launches

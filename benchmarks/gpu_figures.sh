@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The GPU figures of the closing notes, in one go, on a machine with NVIDIA GPUs and Python but no
 # pyopencl (the lent H200 hosts): wheels carried in .whl/, the C extensions built there.
-#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup diag sweep breakdown fprofile devices pipeline reaper noreaper probes fallback stamps profile clock multi tune
+#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup harvest diag sweep breakdown fprofile devices pipeline reaper noreaper probes fallback stamps profile clock multi tune
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 steps=${*:-setup devices pipeline fallback clock multi tune}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 CLTRACE_DEVICE=${CLTRACE_DEVICE:-gpu} PYTHONPATH=$PWD/src:/tmp/site
+[ -d /tmp/site/pyopencl ] || [[ " $steps " == *" setup "* ]] || steps="setup $steps"  # a fresh machine
 for step in $steps; do
   echo "=== $step"
   case $step in
@@ -16,6 +17,9 @@ for step in $steps; do
       python3 setup.py -q build_ext --inplace 2>&1 | tail -3 ;;
     devices) python3 -m cltrace devices --samples 16 ;;
     pipeline) python3 benchmarks/bench_pipeline.py --launches 200000 --rounds 3 --capacity-spans 200000 --stall-s 3 2>&1 | tee "$out/pipeline.txt" ;;
+    harvest)
+      python3 benchmarks/harvest_probe.py --launches 100000 --rounds 3 2>&1 | tee "$out/harvest.txt"
+      for f in 4 0; do python3 benchmarks/harvest_probe.py --launches 100000 --rounds 3 --finish-every $f 2>&1 | tail -16; done | tee -a "$out/harvest.txt" ;;
     reaper) python3 benchmarks/reaper_probe.py --launches 100000 --rounds 3 2>&1 | tee "$out/reaper.txt" ;;
     noreaper) CLTRACE_REAPER=0 python3 benchmarks/bench_pipeline.py --launches 200000 --rounds 3 --capacity-spans 200000 --stall-s 3 2>&1 | tee "$out/pipeline-noreaper.txt" ;;
     probes)
