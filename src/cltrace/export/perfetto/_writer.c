@@ -1363,6 +1363,14 @@ make_consts(const char *fn, const Py_buffer *kb, const strings *pool, long long 
     return 1;
 }
 
+/* The string pool (bytes, offsets, lengths) and the row constants, four buffers in a row from ``b``. */
+static int
+load_pool(Writer *w, const char *fn, const Py_buffer *b, long long mono, strings *pool, consts_t *k)
+{
+    return check_strings(fn, &b[0], &b[1], &b[2], pool) && pad_pool(w, pool, b[0].len) &&
+           make_consts(fn, &b[3], pool, mono, k);
+}
+
 static const char *const FAIL[] = {"", "", "a track, template or extra id is out of range", "spans whose parents form a cycle"};
 
 static PyObject *
@@ -1397,8 +1405,7 @@ w_write(Writer *w, PyObject *args)
     }
     strings pool;
     consts_t k;
-    if (!check_strings(fn, &b[16], &b[17], &b[18], &pool) || !pad_pool(w, &pool, b[16].len) ||
-        !make_consts(fn, &b[19], &pool, mono, &k))
+    if (!load_pool(w, fn, &b[16], mono, &pool, &k))
         goto done;
     const Py_ssize_t nx = PyList_GET_SIZE(extras);
     size_t had = w->cap_x;
@@ -1511,8 +1518,7 @@ w_drain(Writer *w, PyObject *args)
         return NULL;
     strings pool;
     consts_t k;
-    if (!check_strings(fn, &b[0], &b[1], &b[2], &pool) || !pad_pool(w, &pool, b[0].len) ||
-        !make_consts(fn, &b[3], &pool, mono, &k))
+    if (!load_pool(w, fn, b, mono, &pool, &k))
         goto done;
     int rc = 0;
     size_t ne = 0, size = 0;
