@@ -209,3 +209,27 @@ def test_traced_launches_keep_back_pressure_and_their_thread(cl_ctx: Any, queue:
     assert len(device) == len(host) == 40
     assert all(s.attrs["cltrace.device_time"].startswith("unavailable") for s in host)
     assert not any("cltrace.device_time" in s.attrs for s in device)
+
+
+def test_launcher_held_from_before_the_first_launch(cl_ctx: Any, queue: Any, bufs: Any, tmp_path: Any) -> None:
+    """``launch = knl[gs, ls, q]`` taken before any launch: only its first call carries the compile,
+    and a first launch made untraced and unprofiled still uses the charge up."""
+    a, b = bufs
+    prg = cltrace.compile(SOURCE, context=cl_ctx, cache=ProgramCache(tmp_path / "p"))
+    held, other = prg.add[N, 64, queue], prg.add[N, None, queue]
+    profiles = [cltrace.LaunchProfile() for _ in range(3)]
+    for p in profiles:
+        held(a, b, profile=p)
+    assert profiles[0].compile_ns >= prg.compile_ns > 0
+    assert [p.compile_ns for p in profiles[1:]] == [0, 0]
+    p = cltrace.LaunchProfile()
+    other(a, b, profile=p)
+    assert p.compile_ns == 0
+
+    prg2 = cltrace.compile(SOURCE.replace("add", "add2"), context=cl_ctx, cache=ProgramCache(tmp_path / "q"))
+    first, second = prg2.add2[N, None, queue], prg2.add2[N, 64, queue]
+    first(a, b)  # untraced, unprofiled: the compile is charged here, to no one
+    p = cltrace.LaunchProfile()
+    second(a, b, profile=p)
+    queue.finish()
+    assert p.compile_ns == 0 and p.kernel_ns > 0

@@ -73,7 +73,9 @@ def _invoker(knl: Any, nargs: int, arg_types: Sequence[Any] | None) -> tuple[Any
 
 
 # A launcher is a plain function of exactly the kernel's arguments, made from this template
-# (compiled once per arity and argument handling, as pyopencl does for its invokers).
+# (compiled once per arity and argument handling, as pyopencl does for its invokers). Its first
+# call goes through ``first_launch``: the kernel's first launch (of any launcher) carries the
+# program's compile charge; later calls pay one closure read for it.
 # Tracing off and no profile: bind the arguments (``_set_arg_multi`` as pyopencl's generic
 # invoker does, or pyopencl's typed invoker) and enqueue, in one frame. Otherwise the
 # measured launch: arguments bound first (skipped when unchanged), then two clock reads
@@ -82,8 +84,21 @@ def _invoker(knl: Any, nargs: int, arg_types: Sequence[Any] | None) -> tuple[Any
 # traced launch); the globals it uses are ``_RECORD_GLOBALS``. A pyopencl error from the
 # enqueue leaves through ``_failed`` (the try costs nothing until something is raised).
 _TEMPLATE = """
-def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profile_error, m):
+def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profile_error, m, fresh):
+    first = True
+
+    def first_launch(args, profile, wait_for):
+        nonlocal first
+        first = False
+        m.charge = owner._first() if type(owner) is fresh else 0
+        try:
+            return launch(*args, profile=profile, wait_for=wait_for)
+        finally:
+            m.charge = 0
+
     def launch({params}*, profile=None, wait_for=None):
+        if first:
+            return first_launch(({params}), profile, wait_for)
         if profile is None and not state.ENABLED:
             try:
                 {fast}
@@ -277,7 +292,7 @@ class Kernel(dict):
         meta = _LaunchMeta(self, queue, gs, ls)
         make = _factory(self._fast.num_args, self._typed)
         launch = make(_state, self._enq, getattr(self._fast, "_set_arg_multi", None), _ENQUEUE, self._fast,
-                      queue, gs, ls, self._knl, self, _perf, _profile_error, meta)
+                      queue, gs, ls, self._knl, self, _perf, _profile_error, meta, _FreshKernel)
         launch.__qualname__ = launch.__name__ = f"{self.name}[{gs}, {ls}]"
         launch.meta = meta
         return launch
@@ -295,8 +310,8 @@ class Kernel(dict):
 class _FreshKernel(Kernel):
     """A kernel not launched yet: its first launch is charged the program's compile time.
 
-    That launch turns the object into a plain ``Kernel`` (class swap), so steady-state
-    launches carry no first-call check.
+    That launch turns the object into a plain ``Kernel`` (class swap); each launcher's own
+    first call checks for it once (``first_launch`` in the template).
     """
 
     __slots__ = ()
@@ -305,9 +320,6 @@ class _FreshKernel(Kernel):
         prg = self.program
         self.__class__ = Kernel if len(prg.devices) >= len(prg.context.devices) else _SomeDevicesKernel
         return prg._take_compile_charge() + self._prime_ns
-
-    def __getitem__(self, key: Any) -> Any:
-        return _First(self._get(key))
 
     def __call__(self, queue: Any, global_size: Any, local_size: Any, *args: Any,
                  profile: Any = None, wait_for: Any = None) -> Any:
@@ -340,26 +352,6 @@ def _check_device(knl: Kernel, queue: Any) -> None:
     raise ValueError(f"kernel {knl.name!r} was compiled for {built}, not for this queue's device "
                      f"{device_info(dev).label}: compile with devices=[...] including it, or without "
                      f"device=/devices= to build for every device of the context")
-
-
-class _First:
-    """The launcher handed out before a kernel's first launch; that launch carries the compile charge."""
-
-    __slots__ = ("launch",)
-
-    def __init__(self, launch: Any) -> None:
-        self.launch = launch
-
-    def __call__(self, *args: Any, profile: Any = None, wait_for: Any = None) -> Any:
-        meta = self.launch.meta
-        k = meta.kernel
-        if type(k) is not _FreshKernel:
-            return self.launch(*args, profile=profile, wait_for=wait_for)
-        meta.charge = k._first()
-        try:
-            return self.launch(*args, profile=profile, wait_for=wait_for)
-        finally:
-            meta.charge = 0
 
 
 class _LaunchMeta:
