@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Iterator
 
 import pyopencl as cl
 
@@ -119,6 +120,34 @@ def capacity(s: Setup, n: int, tmp: str) -> float:
     dt = time.perf_counter() - t0
     RECORDER.configure(max_pending=65536, resolve_interval_s=0.05)
     return len(recs) / dt
+
+
+@contextlib.contextmanager
+def previous_design() -> Iterator[None]:
+    """The sixth session's design, for a side-by-side row: no harvest on the launching thread, records keep
+    their Events below 16 384 waiting, the reaper and the resolver read whenever they run."""
+    from cltrace.timeline import _stamps
+
+    if stamps.REAPER is None:
+        yield
+        return
+    _stamps.reaper_config(250_000, 2_000_000, 0, 0, 0)
+    RECORDER.configure(tickets_above=16_384)
+    try:
+        yield
+    finally:
+        _stamps.reaper_config(250_000, 2_000_000, 1024, 2_000_000, 50_000_000)
+        RECORDER.configure(tickets_above=0)
+
+
+def harvest_note(before: dict | None) -> str:
+    """What the launching threads harvested since ``before`` (the reaper's counters)."""
+    after = stamps.reaper_stats()
+    if before is None or after is None:
+        return "no reaper"
+    d = {k: after[k] - before[k] for k in ("tracked", "harvested", "harvests", "harvests_declined", "harvest_ms")}
+    return (f"{d['harvested']:,} of {d['tracked']:,} commands read by the launching thread in {d['harvests']} "
+            f"harvests ({d['harvest_ms']} ms), {d['harvests_declined']} declined")
 
 
 def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0) -> tuple[float, float]:
@@ -360,7 +389,7 @@ def main() -> None:
     ap.add_argument("--stall-s", type=float, default=3.0)
     ap.add_argument("--switch-ms", type=float, default=None,
                     help="sys.setswitchinterval while the end-to-end and stall rows trace (default: unchanged)")
-    ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,e2e_sync,torch,stall,region,launch,memory,pftrace,first")
+    ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,e2e_sync,e2e_prev,torch,stall,region,launch,memory,pftrace,first")
     args = ap.parse_args()
     global SWITCH_S
     SWITCH_S = None if args.switch_ms is None else args.switch_ms / 1e3
@@ -387,13 +416,24 @@ def main() -> None:
             row(f"capacity, spans/s ({stamps.PATH})", f"{cap:,.0f}/s", "1,000,000/s (150,000/s fallback)",
                 cap / 1e6, ">= 1 (native) / >= 0.15")
         if want("e2e"):
+            before = stamps.reaper_stats()
             off, on = end_to_end(s, args.launches, args.rounds, tmp)
+            print(f"  ({harvest_note(before)})")
             row(f"end to end, {args.launches} launches", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
                 "<= 1.10 (GPU) / <= 1.5 (PoCL)")
         if want("e2e_sync"):
+            before = stamps.reaper_stats()
             off, on = end_to_end(s, args.launches, args.rounds, tmp, sync_every=50)
+            print(f"  ({harvest_note(before)})")
             row(f"same, finish every 50 launches", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
                 "<= 1.10 (GPU) / <= 1.5 (PoCL)")
+        if want("e2e_prev"):
+            with previous_design():
+                off, on = end_to_end(s, args.launches, args.rounds, tmp)
+                off2, on2 = end_to_end(s, args.launches, args.rounds, tmp, sync_every=50)
+            row("same, no harvest (sixth session)", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off, "(comparison)")
+            row("same, no harvest, finish every 50", f"{on2 * 1e3:.1f} ms", f"{off2 * 1e3:.1f} ms", on2 / off2,
+                "(comparison)")
         t = torch_end_to_end(args.launches, args.rounds, tmp) if want("torch") else None
         if t is not None:
             row(f"torch.profiler, {args.launches} add_", f"{t[1] * 1e3:.1f} ms", f"{t[0] * 1e3:.1f} ms",

@@ -21,7 +21,7 @@ from cltrace.record import regions
 from cltrace.record.recorder import RECORDER
 
 RECORDER_DEFAULTS = {"capacity": 1_000_000, "overflow": "discard", "max_pending": 65_536, "resolve_interval_s": 0.05,
-                     "tickets_above": 16_384}
+                     "tickets_above": 0}
 
 KERNEL_SOURCE = """
 __kernel void add(__global float *a, __global const float *b) {

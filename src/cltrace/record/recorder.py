@@ -7,12 +7,14 @@ Data path, in one direction:
          one ``SpanBatch`` of columns per chunk; see timeline/resolve.py)
       -> statistics, the in-memory store and every sink, each fed the whole batch
 
-Events: a record holds its command's event until resolved. When the worker falls behind (more than
-``tickets_above`` records waiting: a launch loop can keep every other Python thread off the GIL),
-the native hot path trades each new event for a ticket of the reaper thread (timeline/_reaper.c),
-which reads its stamps and releases it once the command is done, without the GIL: the driver never
-holds more than that many of our events (NVIDIA's enqueue blocked at ~130k). Below it, nothing is
-paid for the reaper: its reads and releases compete with the program's enqueues for the driver.
+Events (native path): the hot path trades each command's event for a ticket of the reaper
+(timeline/_reaper.c) and the launching thread itself reads stamps in batches: every so many commands,
+when its queue has caught up, it finishes the queue and reads and releases what it launched there,
+without the GIL. On NVIDIA's driver a read costs ~1 us there and 4-8 us at any other moment, and any
+other thread's driver calls slow each enqueue by as much; so while the program launches, no other
+thread reads a ticket younger than the reaper's ``stale_ns``. The reaper thread reads the rest: once
+the program has been quiet for a moment, or the device was behind (the harvest declined).
+``tickets_above`` (default 0) keeps the first records waiting on their Events instead.
 
 Memory policy: records not yet resolved (queued here or waiting for their commands) are kept
 near ``max_pending``. Past it, the launching thread waits for the *device* only: for the older
@@ -73,7 +75,7 @@ class Recorder:
 
     def __init__(self, capacity: int = 1_000_000, overflow: str = "discard",
                  max_pending: int = 65_536, flush_interval_s: float = 1.0, resolve_interval_s: float = 0.05,
-                 tickets_above: int = 16_384) -> None:
+                 tickets_above: int = 0) -> None:
         self.tracks = TrackRegistry()
         self.steps = StepTable()  # a scheduled session's traced steps (capture/stepper.py)
         self.gate: Callable[[SpanBatch], SpanBatch] | None = None  # set by a schedule: withholds warm-up

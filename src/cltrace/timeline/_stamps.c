@@ -38,6 +38,7 @@ profiling_info_fn get_profiling_info = NULL;
 event_info_fn get_event_info = NULL;
 wait_fn wait_for_events = NULL;
 refcount_fn retain_event = NULL, release_event = NULL;
+finish_fn finish_queue = NULL;
 
 static PyObject *
 stamps_init(PyObject *self, PyObject *args)
@@ -61,6 +62,7 @@ stamps_init(PyObject *self, PyObject *args)
     event_info_fn e = (event_info_fn)SYM("clGetEventInfo");
     wait_fn w = (wait_fn)SYM("clWaitForEvents");
     refcount_fn r = (refcount_fn)SYM("clRetainEvent"), u = (refcount_fn)SYM("clReleaseEvent");
+    finish_fn f = (finish_fn)SYM("clFinish");
 #undef SYM
     if (p == NULL || e == NULL || w == NULL)
         return PyErr_Format(PyExc_OSError, "%s lacks clGetEventProfilingInfo/clGetEventInfo/clWaitForEvents", path);
@@ -70,6 +72,7 @@ stamps_init(PyObject *self, PyObject *args)
     if (r != NULL && u != NULL) { /* the reaper's; without them records keep their Events */
         retain_event = r;
         release_event = u;
+        finish_queue = f;
     }
     Py_RETURN_NONE;
 }
@@ -703,7 +706,7 @@ static PyMethodDef methods[] = {
     {"done", reaper_done, METH_O, "done(tickets): the records are resolved or dropped: free their slots."},
     {"reaper_stats", reaper_stats, METH_NOARGS, "reaper_stats(): counters of the reaper thread."},
     {"pause_reaper", reaper_pause, METH_O, "pause_reaper(on): while on, track() declines (records keep their Events); returns the previous setting."},
-    {"reaper_config", reaper_config, METH_VARARGS, "reaper_config(min_ns, max_ns): the reaper's polling pace while commands complete / while none does."},
+    {"reaper_config", reaper_config, METH_VARARGS, "reaper_config(min_ns, max_ns[, harvest_every, quiet_ns, stale_ns]): the reaper's polling pace while commands complete / while none does; the launching thread's harvest every so many commands tracked (0: none); the quiet time after which, and the age past which, others read (-1: unchanged)."},
     {"stop_reaper", reaper_stop, METH_NOARGS, "stop_reaper(): stop the reaper thread (at exit); later events stay in their records."},
     {"init", stamps_init, METH_VARARGS, "init(path): resolve the OpenCL entry points in the library at path."},
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},

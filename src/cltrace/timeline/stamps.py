@@ -322,7 +322,8 @@ def _load_native() -> Impl:
 REAPER: Any = None  # the capsule of the reaper's hot-path entry (record/_region.c), None without one
 _reaper: Any = None
 _CHOICE = choose("reading event stamps", _load_native)
-REAPER_DETAIL: str = ("native thread (events released as their commands complete)" if REAPER is not None else
+REAPER_DETAIL: str = ("launching thread harvests once its queue catches up; native thread reads the rest"
+                      if REAPER is not None else
                       "off (CLTRACE_REAPER=0: records keep their events)" if _reaper_off() else
                       "off (records keep their events until resolved)")
 NATIVE: Impl | None = _CHOICE.native
