@@ -439,7 +439,9 @@ def main() -> None:
             row(f"torch.profiler, {args.launches} add_", f"{t[1] * 1e3:.1f} ms", f"{t[0] * 1e3:.1f} ms",
                 t[1] / t[0], "(comparison)")
         if want("stall"):
+            before = stamps.reaper_stats()
             off, off_same, on = stall(s, args.stall_s, tmp)
+            print(f"  ({harvest_note(before)})")
             row("longest stall, 2 threads", f"{on * 1e3:.2f} ms",
                 f"{off_same * 1e3:.2f} ms (same interval; {off * 1e3:.2f} ms as is)", None, "traced - untraced <= 1 ms")
         if want("region"):
@@ -456,7 +458,9 @@ def main() -> None:
             b = pftrace_bytes(s, 20_000, tmp)
             row(".pftrace bytes per kernel span", f"{b:.1f} B", "60 B", b / 60, "<= 1")
         if want("first"):
+            before = stamps.reaper_stats()
             fb = first_bytes(s, tmp)
+            print(f"  ({harvest_note(before)})")
             row("first span bytes on disk after start()", f"{fb * 1e3:.0f} ms", "1000 ms", fb, "<= 1")
     w = [max(len(r[i]) for r in rows + [("figure", "cltrace", "baseline", "ratio", "target")]) for i in range(5)]
     print()

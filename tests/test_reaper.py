@@ -175,3 +175,70 @@ def test_a_traced_program_exits_cleanly_with_the_reaper_running(tmp_path: Any) -
     ks = [s for s in spans if s.name == "k"]
     assert len(ks) == 3000 and meta["dropped_spans"] == 0
     assert all(s.dev_end is not None and s.dev_end >= s.dev_start for s in ks)  # every one timed by the device
+
+
+DEFAULT_PACE = (250_000, 2_000_000, 1024, 2_000_000, 50_000_000)  # _reaper.c's defaults
+
+
+def harvests() -> dict[str, int]:
+    st = stamps.reaper_stats()
+    return {k: st[k] for k in ("harvests", "harvested", "harvests_declined")}
+
+
+@pytest.fixture
+def only_harvests() -> Any:
+    """The reaper's thread and the resolver leave every ticket to the launching thread's harvests (the
+    program never counts as quiet, no ticket grows stale); the harvest count starts from zero."""
+    from cltrace.timeline import _stamps
+
+    _stamps.reaper_config(250_000, 2_000_000, 1024, 10**9, 10**11)
+    try:
+        yield
+    finally:
+        _stamps.reaper_config(*DEFAULT_PACE)
+
+
+def test_the_launching_thread_harvests_its_own_commands(queue: Any, kernels: Any, only_harvests: Any) -> None:
+    """Every 1024 commands, where the device keeps up, the launching thread finishes its queue and reads
+    and releases what it launched there; the spans are whole."""
+    before = harvests()
+    cltrace.start()
+    n = 0
+    while n < 20_000 and (n < 2560 or harvests()["harvests"] - before["harvests"] < 2):
+        for _ in range(16):
+            kernels.launch_add(queue)
+        n += 16
+        queue.finish()  # the device has caught up: a harvest's probe finds its command done
+    after = harvests()
+    cltrace.stop()
+    assert after["harvests"] - before["harvests"] >= 2
+    assert after["harvested"] - before["harvested"] >= 1024  # all 1024 between two harvests, at least
+    ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
+    assert len(ks) == n
+    assert all(s.dev_start is not None and s.dev_end - s.dev_start == s.raw_end - s.raw_start for s in ks)
+
+
+def test_a_harvest_never_waits_on_a_command_held_back(cl_ctx: Any, kernels: Any, only_harvests: Any) -> None:
+    """A command waiting on a user event the program sets later: the harvest is declined (no finish that
+    would hang), both where its probe finds the device behind and where only the newest command waits."""
+    q = cltrace.profiling_queue(cl_ctx)
+    add = kernels.kernel("add")
+    gate = cl.UserEvent(cl_ctx)
+    before = harvests()
+    cltrace.start()
+    try:
+        for _ in range(1000):
+            cltrace.launch(add, q, (kernels.n,), None, kernels.a, kernels.b)
+        q.finish()
+        cltrace.launch(add, q, (kernels.n,), None, kernels.a, kernels.b, wait_for=[gate])
+        for _ in range(1100):  # the 1024th command asks: 64 back is done, the newest waits for the gate
+            cltrace.launch(add, q, (kernels.n,), None, kernels.a, kernels.b)
+        mid = harvests()
+        assert mid["harvests_declined"] - before["harvests_declined"] >= 2
+        assert mid["harvested"] == before["harvested"]
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    q.finish()
+    cltrace.stop()
+    ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
+    assert len(ks) == 2101 and all(s.dev_start is not None for s in ks)

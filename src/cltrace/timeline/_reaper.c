@@ -13,8 +13,9 @@
  * lock), and a read costs 4-8 us; right after the launching thread's own clFinish a read costs ~1 us.
  * So the launching thread harvests: every ``harvest_k`` commands tracked, if the command tracked
  * PROBE_BACK launches ago on its queue is complete (the device keeps up: the loop is launch-bound and
- * the finish costs nothing), it finishes its queue and reads + releases what it tracked there, with
- * the GIL released (1.04x a raw loop, against 1.2-1.6x for any other thread reading). Otherwise the
+ * the finish costs nothing), it finishes its queue and reads + releases what it tracked there (GIL
+ * released; held for the reads while other threads launch too, so none enqueues meanwhile) (1.04x a
+ * raw loop, against 1.2-1.6x for any other thread reading). Otherwise the
  * device is behind and the host has time to spare: the harvest is declined, and this thread reads
  * those commands once they are ``stale_ns`` old. It also reads whatever waits once the program has
  * been quiet (no command tracked) for ``quiet_ns``; the resolver's ``peek`` reads a ticket itself
@@ -44,6 +45,7 @@
 #define MAX_BUSY 32 /* in-order queues skipped past their first running command, per round */
 #define DIR_SIZE (1u << 16) /* blocks addressable at once: 268M tickets in flight, far past any cap */
 #define PROBE_BACK 64 /* the harvest asks the status of the command this many launches back on the queue */
+#define SPIN_NS 2000000 /* and then polls the newest's for at most this long */
 
 enum { HOLDS = 1, HAS_DATA = 2, DONE = 4, FAILED = 8 };
 
@@ -86,8 +88,11 @@ static int running, idle, stopping;
 static int paused; /* ``pause(True)``: track() declines, records keep their Events */
 static long poll_min_ns = 250000, poll_max_ns = 2000000; /* the reaper's pace (``reaper_config``) */
 static int64_t quiet_ns = 2000000, stale_ns = 50000000;   /* see the top of this file */
-static size_t harvest_k = 1024, harvest_next = 1024;      /* harvest_k 0: no harvest */
+static size_t harvest_k = 1024, harvest_gap = 1024;       /* harvest_k 0: no harvest */
+static size_t since_harvest;                              /* commands tracked since the last harvest */
 static int64_t last_track_ns;                             /* the last command tracked from the hot path */
+static pthread_t last_tracker;                            /* the thread that tracked it */
+static int64_t tracker_switch_ns = INT64_MIN / 2;         /* when the tracking thread last changed */
 static pthread_t thread;
 /* Counters (under mu): for tests, ``cltrace devices`` and the benchmarks. */
 static uint64_t n_tracked, n_reaped, n_inline, n_live, n_rounds, n_harvests, n_harvested, n_declined;
@@ -313,7 +318,9 @@ after_fork_child(void)
     running = idle = stopping = 0;
     n_tracked = n_reaped = n_inline = n_live = n_rounds = n_harvests = n_harvested = n_declined = 0;
     harvest_total_ns = last_track_ns = 0;
-    harvest_next = harvest_k;
+    tracker_switch_ns = INT64_MIN / 2;
+    harvest_gap = harvest_k;
+    since_harvest = 0;
 }
 
 /* Whether ``queue`` (a pyopencl CommandQueue) executes in order, and its cl_command_queue (NULL if
@@ -356,37 +363,68 @@ queue_info(PyObject *queue, cl_command_queue *qh)
     return last_answer;
 }
 
+static int
+is_complete(cl_event ev)
+{
+    cl_int exec = 1;
+    return get_event_info(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(cl_int), &exec, NULL) == CL_SUCCESS &&
+           exec == CL_COMPLETE;
+}
+
 /* The launching thread's harvest (see the top of this file), called by ``reaper_track`` with the GIL
  * held for ``qh``, the queue the caller holds (so the handle is alive). */
 static void
 harvest(cl_command_queue qh)
 {
     pthread_mutex_lock(&mu);
-    cl_event probe = NULL;
+    cl_event probe = NULL, newest = NULL;
     size_t seen = 0;
     for (size_t i = n_in; i-- > 0;)
-        if (incoming[i].qh == qh && ++seen == PROBE_BACK) {
-            probe = incoming[i].ev;
-            retain_event(probe); /* valid: only a harvest or the reaper releases, after taking it out of the list */
-            break;
+        if (incoming[i].qh == qh) {
+            if (newest == NULL)
+                newest = incoming[i].ev;
+            if (++seen == PROBE_BACK) {
+                probe = incoming[i].ev;
+                break;
+            }
         }
+    if (probe == NULL)
+        newest = NULL;
+    else { /* valid: only a harvest or the reaper releases, after taking the entry out of the list */
+        retain_event(probe);
+        retain_event(newest);
+    }
     const uint64_t upto = next_ticket;
     const size_t most = n_in;
+    const int others = now_ns() - tracker_switch_ns < stale_ns; /* another thread launched lately */
     pthread_mutex_unlock(&mu);
     size_t k = 0;
     int ok = 0;
-    int64_t spent;
-    Py_BEGIN_ALLOW_THREADS
     const int64_t t0 = now_ns();
+    held_t *mine = NULL;
+    result_t *res = NULL;
+    /* The wait for the device without the GIL; the reads too, unless other threads launch: then with it,
+     * so that none enqueues meanwhile (a read beside an enqueue costs both several us: 8 ms a harvest
+     * of 1024 against 2.6 ms, measured on an H200). Alone, the resolver runs beside the reads. */
+    PyThreadState *ts = PyEval_SaveThread();
     if (probe != NULL) {
-        cl_int exec = 1;
-        ok = get_event_info(probe, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(cl_int), &exec, NULL) == CL_SUCCESS &&
-             exec == CL_COMPLETE;
+        /* The device keeps up if the command PROBE_BACK launches ago is done. The finish then waits for
+         * the newest only once that is done too (a command held back by a user event the program sets
+         * later must not hang it): a few us of polling in a launch-bound loop, else declined. */
+        ok = is_complete(probe);
+        for (int64_t until = now_ns() + SPIN_NS; ok && !is_complete(newest);)
+            if (now_ns() >= until)
+                ok = 0;
         release_event(probe);
+        release_event(newest);
     }
-    held_t *mine = ok ? malloc(2 * most * sizeof(held_t)) : NULL; /* [0, most): taken; [most, ..): handed back */
-    result_t *res = mine != NULL ? malloc(most * sizeof(result_t)) : NULL;
+    mine = ok ? malloc(2 * most * sizeof(held_t)) : NULL; /* [0, most): taken; [most, ..): handed back */
+    res = mine != NULL ? malloc(most * sizeof(result_t)) : NULL;
     ok = res != NULL && finish_queue(qh) == CL_SUCCESS;
+    if (others) {
+        PyEval_RestoreThread(ts);
+        ts = NULL;
+    }
     size_t m = 0;
     if (ok) {
         /* Everything tracked on this queue before the finish is done: take it out of the reaper's way. */
@@ -429,8 +467,9 @@ harvest(cl_command_queue qh)
     }
     free(mine);
     free(res);
-    spent = now_ns() - t0;
-    Py_END_ALLOW_THREADS
+    if (ts != NULL)
+        PyEval_RestoreThread(ts);
+    const int64_t spent = now_ns() - t0;
     pthread_mutex_lock(&mu);
     if (ok) {
         n_harvests++;
@@ -439,7 +478,7 @@ harvest(cl_command_queue qh)
         n_declined++;
     }
     harvest_total_ns += spent;
-    harvest_next = n_in + (ok ? harvest_k : harvest_k / 4 + 1);
+    harvest_gap = ok ? harvest_k : harvest_k / 4 + 1;
     pthread_mutex_unlock(&mu);
 }
 
@@ -491,11 +530,18 @@ reaper_track(PyObject *ev, PyObject *queue, uint64_t *ticket)
     incoming[n_in].qh = qh;
     incoming[n_in].at = now;
     n_in++;
-    if (known)
+    if (known) {
         last_track_ns = now;
-    const int due = qh != NULL && harvest_k && finish_queue != NULL && n_in >= harvest_next;
-    if (due)
-        harvest_next = (size_t)-1; /* one harvest at a time; it sets the next mark */
+        if (!pthread_equal(last_tracker, pthread_self())) {
+            last_tracker = pthread_self();
+            tracker_switch_ns = now;
+        }
+    }
+    const int due = qh != NULL && harvest_k && finish_queue != NULL && ++since_harvest >= harvest_gap;
+    if (due) {
+        since_harvest = 0;
+        harvest_gap = (size_t)-1; /* one harvest at a time; it sets the next gap */
+    }
     n_tracked++;
     n_live++;
     if (!running) {
@@ -785,8 +831,10 @@ reaper_config(PyObject *self, PyObject *args)
     pthread_mutex_lock(&mu);
     poll_min_ns = lo;
     poll_max_ns = hi;
-    if (every >= 0)
-        harvest_next = n_in + (harvest_k = (size_t)every);
+    if (every >= 0) {
+        harvest_gap = harvest_k = (size_t)every;
+        since_harvest = 0;
+    }
     if (quiet >= 0)
         quiet_ns = quiet;
     if (stale >= 0)
