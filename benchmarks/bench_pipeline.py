@@ -131,13 +131,14 @@ def previous_design() -> Iterator[None]:
     if stamps.REAPER is None:
         yield
         return
-    _stamps.reaper_config(250_000, 2_000_000, 0, 0, 0)
+    was = _stamps.reaper_config(250_000, 2_000_000, 0, 0, 0)
+    above = RECORDER.tickets_above
     RECORDER.configure(tickets_above=16_384)
     try:
         yield
     finally:
-        _stamps.reaper_config(250_000, 2_000_000, 1024, 2_000_000, 50_000_000)
-        RECORDER.configure(tickets_above=0)
+        _stamps.reaper_config(*was)
+        RECORDER.configure(tickets_above=above)
 
 
 def harvest_note(before: dict | None) -> str:

@@ -177,9 +177,6 @@ def test_a_traced_program_exits_cleanly_with_the_reaper_running(tmp_path: Any) -
     assert all(s.dev_end is not None and s.dev_end >= s.dev_start for s in ks)  # every one timed by the device
 
 
-DEFAULT_PACE = (250_000, 2_000_000, 1024, 2_000_000, 50_000_000)  # _reaper.c's defaults
-
-
 def harvests() -> dict[str, int]:
     st = stamps.reaper_stats()
     return {k: st[k] for k in ("harvests", "harvested", "harvests_declined")}
@@ -191,11 +188,11 @@ def only_harvests() -> Any:
     program never counts as quiet, no ticket grows stale); the harvest count starts from zero."""
     from cltrace.timeline import _stamps
 
-    _stamps.reaper_config(250_000, 2_000_000, 1024, 10**9, 10**11)
+    was = _stamps.reaper_config(250_000, 2_000_000, 1024, 10**9, 10**11)
     try:
         yield
     finally:
-        _stamps.reaper_config(*DEFAULT_PACE)
+        _stamps.reaper_config(*was)
 
 
 def test_the_launching_thread_harvests_its_own_commands(queue: Any, kernels: Any, only_harvests: Any) -> None:

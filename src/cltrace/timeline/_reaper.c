@@ -175,6 +175,18 @@ reap_one(cl_event ev, result_t *r)
     return s;
 }
 
+/* Under mu: a done command's result into its slot, unless one is there already; 1 if it was put. */
+static int
+keep_result(slot_t *sl, const result_t *r)
+{
+    if (sl->state & HAS_DATA)
+        return 0;
+    memcpy(sl->st, r->st, sizeof(sl->st));
+    sl->status = r->status;
+    sl->state |= HAS_DATA | (r->failed ? FAILED : 0);
+    return 1;
+}
+
 /* Done commands' results into their slots, then their events released (the reaper's and the harvest's). */
 static void
 settle_done(const held_t *done, const result_t *res, size_t k)
@@ -184,11 +196,7 @@ settle_done(const held_t *done, const result_t *res, size_t k)
     pthread_mutex_lock(&mu);
     for (size_t j = 0; j < k; j++) {
         slot_t *sl = slot_of(done[j].t);
-        if (!(sl->state & HAS_DATA)) {
-            memcpy(sl->st, res[j].st, sizeof(sl->st));
-            sl->status = res[j].status;
-            sl->state |= HAS_DATA | (res[j].failed ? FAILED : 0);
-        }
+        keep_result(sl, &res[j]);
         sl->state &= ~HOLDS;
         if (sl->state & DONE)
             free_slot(done[j].t);
@@ -287,10 +295,7 @@ reap_loop(void *arg)
             }
             done_list[k++] = held[i];
         }
-        /* Entries harvested meanwhile are not in this list: only this thread moves entries into it. */
-        pthread_mutex_lock(&mu);
-        n_held = kept;
-        pthread_mutex_unlock(&mu);
+        n_held = kept; /* only this thread moves entries into its list or out of it */
         settle_done(done_list, res, k);
         /* Poll often while commands complete, less while the device is busy with long ones or none come. */
         empty_rounds = n == 0 ? empty_rounds + 1 : 0;
@@ -626,12 +631,8 @@ read_into_slots(const uint64_t *ts, const cl_event *evs, const size_t *rows, siz
         pthread_mutex_lock(&mu);
         for (size_t j = j0; j < j1; j++) {
             slot_t *s = slot_of(ts[rows[j]]);
-            if (res[j].status <= 0 && s != NULL && !(s->state & HAS_DATA)) {
-                memcpy(s->st, res[j].st, sizeof(s->st));
-                s->status = res[j].status;
-                s->state |= HAS_DATA | (res[j].failed ? FAILED : 0);
-                n_inline++;
-            }
+            if (res[j].status <= 0 && s != NULL)
+                n_inline += keep_result(s, &res[j]);
         }
         pthread_mutex_unlock(&mu);
     }
@@ -829,6 +830,8 @@ reaper_config(PyObject *self, PyObject *args)
         return NULL;
     }
     pthread_mutex_lock(&mu);
+    PyObject *was = Py_BuildValue("(llnLL)", poll_min_ns, poll_max_ns, (Py_ssize_t)harvest_k, (long long)quiet_ns,
+                                  (long long)stale_ns);
     poll_min_ns = lo;
     poll_max_ns = hi;
     if (every >= 0) {
@@ -840,7 +843,7 @@ reaper_config(PyObject *self, PyObject *args)
     if (stale >= 0)
         stale_ns = stale;
     pthread_mutex_unlock(&mu);
-    Py_RETURN_NONE;
+    return was;
 }
 
 PyObject *
