@@ -154,14 +154,17 @@ def harvest_note(before: dict | None) -> str:
 def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0) -> tuple[float, float]:
     off, on = [], []
     for r in range(rounds):
-        t0 = time.perf_counter()
-        s.loop(n, sync_every)
-        off.append(time.perf_counter() - t0)
-        RECORDER.clear()
-        t0 = time.perf_counter()
-        with switched(), cltrace.trace(os.path.join(tmp, f"e{r}.json"), os.path.join(tmp, f"e{r}.pftrace")):
+        with GcPauses() as g_off:
+            t0 = time.perf_counter()
             s.loop(n, sync_every)
-        on.append(time.perf_counter() - t0)
+            off.append(time.perf_counter() - t0)
+        RECORDER.clear()
+        with GcPauses() as g_on:
+            t0 = time.perf_counter()
+            with switched(), cltrace.trace(os.path.join(tmp, f"e{r}.json"), os.path.join(tmp, f"e{r}.pftrace")):
+                s.loop(n, sync_every)
+            on.append(time.perf_counter() - t0)
+        print(f"  round {r}: {off[-1] * 1e3:.1f} ms untraced (GC: {g_off}), {on[-1] * 1e3:.1f} ms traced (GC: {g_on})")
     return statistics.median(off), statistics.median(on)
 
 
@@ -201,6 +204,7 @@ class GcPauses:
     def __init__(self) -> None:
         self.longest = [0.0, 0.0, 0.0]
         self.count = [0, 0, 0]
+        self.where = ["", "", ""]  # the thread and what it freed, for the longest pause of each
         self._t0 = 0.0
 
     def __enter__(self) -> "GcPauses":
@@ -216,10 +220,14 @@ class GcPauses:
         else:
             g = info["generation"]
             self.count[g] += 1
-            self.longest[g] = max(self.longest[g], time.perf_counter() - self._t0)
+            took = time.perf_counter() - self._t0
+            if took > self.longest[g]:
+                self.longest[g] = took
+                self.where[g] = f"{threading.current_thread().name}, {info['collected']} collected"
 
     def __str__(self) -> str:
-        return ", ".join(f"gen{g} {c}x max {m * 1e3:.1f} ms" for g, (c, m) in enumerate(zip(self.count, self.longest)))
+        return ", ".join(f"gen{g} {c}x max {m * 1e3:.1f} ms" + (f" ({self.where[g]})" if m > 0.01 else "")
+                         for g, (c, m) in enumerate(zip(self.count, self.longest)))
 
 
 def stall(s: Setup, seconds: float, tmp: str) -> tuple[float, float, float]:
