@@ -398,6 +398,8 @@ def main() -> None:
     ap.add_argument("--stall-s", type=float, default=3.0)
     ap.add_argument("--switch-ms", type=float, default=None,
                     help="sys.setswitchinterval while the end-to-end and stall rows trace (default: unchanged)")
+    ap.add_argument("--harvest-every", type=int, default=None,
+                    help="commands between two harvests of a launching thread (default: the reaper's own)")
     ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,e2e_sync,e2e_prev,torch,stall,region,launch,memory,pftrace,first")
     args = ap.parse_args()
     global SWITCH_S
@@ -407,6 +409,11 @@ def main() -> None:
     def want(name: str) -> bool:
         return not only or name in only
 
+    if args.harvest_every is not None and stamps.REAPER is not None:
+        from cltrace.timeline import _stamps
+
+        was = _stamps.reaper_config(250_000, 2_000_000)
+        _stamps.reaper_config(*was[:2], args.harvest_every, *was[3:])
     s = Setup()
     print(f"device: {s.q.device.name.strip()} ({s.q.device.platform.name.strip()}); stamps path: {stamps.PATH}; "
           f"resolver passes: {passes.PATH}; event reaper: {stamps.REAPER_DETAIL}; "

@@ -64,7 +64,8 @@ new_id: Callable[[], int] = _ids.__next__  # atomic under the GIL
 
 perf_ns = time.perf_counter_ns
 
-CHUNK = 4096  # records resolved per step at least (more when behind: the whole backlog up to max_pending)
+CHUNK = 4096  # headroom past the hard cap
+STEP_ROWS = 8192  # records the worker resolves per step at most (each pass over them holds the GIL)
 FIRST_FLUSH_S = 0.25  # first bytes on disk this soon after the first sink is attached
 FIRST_CHUNK = 256  # records a step until the first device's clock has been flushed
 MERGE_ROWS = 1 << 18  # rows of a merged block of the in-memory store
@@ -222,10 +223,12 @@ class Recorder:
                     if self.pending:
                         # Small first steps: the first spans and the clock reach the files at once,
                         # however slowly a chunk resolves (the pure-Python fallback on a busy core).
-                        # Behind, take the whole backlog at once: each time the worker gives up the GIL
-                        # (a lock, a numpy loop, a write) it waits up to a switch interval (5 ms) to get
-                        # it back from a launching thread, so fewer, larger steps resolve far more.
-                        n = max(CHUNK, min(len(self.pending), self.max_pending)) if self._clocks_flushed else FIRST_CHUNK
+                        # Then steps of at most STEP_ROWS: each pass over a step is one C call that holds
+                        # the GIL, and a launching thread waits for the whole of it (65 536 records a
+                        # step held it 1-3 ms a pass on an H200 host). Each step costs some Python
+                        # glue and a wait of up to a switch interval (cltrace lowers it to 0.5 ms)
+                        # for the GIL after each write: small against a step's work.
+                        n = STEP_ROWS if self._clocks_flushed else FIRST_CHUNK
                         with self._lock:
                             self._step(block=False, limit_records=n)
                     if self.sinks and (time.monotonic() >= self._next_flush
@@ -293,12 +296,13 @@ class Recorder:
         self._stored += batch.n
         # Small batches are merged into blocks of ~MERGE_ROWS rows, never the whole store again:
         # each span is copied at most once, and no merge holds the GIL for long.
-        small = 0
+        small = rows = 0
         for b in reversed(store):
             if b.n >= MERGE_ROWS:
                 break
             small += 1
-        if small >= 64:
+            rows += b.n
+        if small >= 64 or rows >= MERGE_ROWS:
             merged = SpanBatch.concat(self.tables, [store.pop() for _ in range(small)][::-1])
             store.append(merged)
 

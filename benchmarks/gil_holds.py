@@ -1,0 +1,93 @@
+"""Which C calls run long on cltrace's threads while two threads launch: the candidates for GIL holds.
+
+    python benchmarks/gil_holds.py [--seconds 3] [--over-ms 0.5]
+
+A thread waiting for the GIL waits while another runs one C call that does not release it (the
+switch interval only applies between bytecodes). This runs bench_pipeline's stall loop (two threads,
+50 launches + finish + an empty region each iteration) traced, with a profile hook on every thread
+that times each C call (``c_call`` to ``c_return``) on the thread's CPU clock and keeps those over
+``--over-ms``, with their Python caller. CPU time, not wall: the hook's own Python code may wait for
+the GIL, which costs no CPU, while a C call that computes with the GIL held costs as much CPU as it
+holds the GIL. (A call that computes with the GIL released shows too: the native harvest does.)
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import pyopencl as cl
+
+import cltrace
+
+sys.path.insert(0, os.path.dirname(__file__))
+from stall_probe import SRC  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--over-ms", type=float, default=0.5)
+    a = ap.parse_args()
+    over = a.over_ms / 1e3
+    q = cltrace.profiling_queue()
+    prg = cl.Program(q.context, SRC).build()
+    buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+    long_calls: list[tuple[float, str, str, str]] = []
+    starts: dict[int, list[float]] = collections.defaultdict(list)
+    perf = time.perf_counter
+    cpu = time.thread_time
+
+    def hook(frame, event, arg):  # type: ignore[no-untyped-def]
+        if event == "c_call":
+            starts[threading.get_ident()].append(cpu())
+        elif event in ("c_return", "c_exception"):
+            st = starts[threading.get_ident()]
+            if st:
+                took = cpu() - st.pop()
+                if took > over:
+                    where = f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} {frame.f_code.co_name}"
+                    long_calls.append((took, threading.current_thread().name, getattr(arg, "__qualname__", str(arg)), where))
+
+    worst = [0.0]
+
+    def body() -> None:
+        k = cl.Kernel(prg, "k")
+        end = perf() + a.seconds
+        last = perf()
+        while perf() < end:
+            for _ in range(50):
+                cltrace.launch(k, q, (1024,), None, buf)
+            q.finish()
+            with cltrace.region("empty"):
+                pass
+            now = perf()
+            worst[0] = max(worst[0], now - last)
+            last = now
+
+    with tempfile.TemporaryDirectory() as tmp:
+        threading.setprofile(hook)
+        cltrace.start(os.path.join(tmp, "a.json"), os.path.join(tmp, "a.pftrace"))
+        ts = [threading.Thread(target=body, name=f"launcher-{i}") for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        cltrace.stop()
+        threading.setprofile(None)
+    by = collections.defaultdict(list)
+    for took, th, fn, where in long_calls:
+        by[(th if th.startswith("cltrace") else "launcher", fn, where)].append(took)
+    print(f"longest pause of a launching thread: {worst[0] * 1e3:.1f} ms (profiled: slower than bench_pipeline's)")
+    print(f"C calls over {a.over_ms:g} ms of CPU:")
+    print(f"{'thread':18} {'calls':>5} {'max ms':>7} {'sum ms':>7}  C call (caller)")
+    for (th, fn, where), v in sorted(by.items(), key=lambda kv: -max(kv[1]))[:25]:
+        print(f"{th:18} {len(v):5} {max(v) * 1e3:7.2f} {sum(v) * 1e3:7.1f}  {fn} ({where})")
+
+
+if __name__ == "__main__":
+    main()
