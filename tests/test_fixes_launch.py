@@ -107,3 +107,34 @@ def test_pyopencls_own_detail_is_kept_in_the_named_error(cl_ctx: Any, queue: Any
         knl(queue, (N,), None, buf, 3.5)  # a float where the kernel takes an int: pyopencl says which
     msg = str(info.value)
     assert "arg#2" in msg and "kernel 'addn'" in msg
+
+
+def test_a_kernel_seen_before_launches_fails_and_renames_as_the_first_launch_did(cl_ctx: Any, queue: Any,
+                                                                                  buf: Any) -> None:
+    """A kernel ``cltrace.launch`` has seen takes the C path (no Python frame of its own where the extension is
+    built): the same spans, names, call site, failed span and error as the first, Python, launch."""
+    knl = cl.Kernel(cl.Program(cl_ctx, ADD).build(), "add1")
+    knl.set_arg(0, buf)
+    with cltrace.trace():
+        cltrace.launch(knl, queue, (N,), None, buf)  # learns the kernel's name
+        ev = cltrace.launch(knl, queue, (N,), None, buf)  # the kernel is known now
+        cltrace.launch(knl, queue, (N,), None, buf, wait_for=[ev], name="renamed")
+        with pytest.raises(cl.LogicError) as info:
+            cltrace.launch(knl, queue, (N,), (3,), buf)
+        with pytest.raises(TypeError):
+            cltrace.launch(knl, queue, (N,), None, buf, bogus=1)
+        with pytest.raises(TypeError):
+            cltrace.launch(knl, queue)
+        line = info.traceback[0].lineno + 1  # the failing launch's line (pytest's are 0-based)
+    queue.finish()
+    assert np.all(read(queue, buf) == 3)
+    err = info.value
+    assert err.code == cl.status_code.INVALID_WORK_GROUP_SIZE and "'add1'" in str(err) and "local_size (3,)" in str(err)
+    assert err.__suppress_context__ and err.__cause__ is None  # raised "from None", as the Python path does
+    spans = [s for s in RECORDER.spans() if s.cat == "kernel"]
+    assert [(s.name, s.status) for s in spans] == [("add1", "ok"), ("add1", "ok"), ("renamed", "ok"), ("add1", "error")]
+    assert all(s.dev_start is not None for s in spans[:3])
+    assert spans[3].attrs["local_size"] == [3]
+    fn = "test_a_kernel_seen_before_launches_fails_and_renames_as_the_first_launch_did"
+    assert [(s.site.file, s.site.function) for s in spans] == [(__file__, fn)] * 4  # the user's line
+    assert spans[0].site.line + 1 == spans[1].site.line and spans[3].site.line == line

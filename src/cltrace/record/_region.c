@@ -456,6 +456,21 @@ mod_push(PyObject *self, PyObject *rec)
         PyErr_SetString(PyExc_RuntimeError, "cltrace._region: init() was not called");
         return NULL;
     }
+#if QUIET_TUPLES
+    if (PyTuple_CheckExact(rec)) { /* a record built in Python (a Kernel's launcher): kept as a quiet copy */
+        Py_ssize_t n = PyTuple_GET_SIZE(rec);
+        PyObject *q = quiet_tuple(n);
+        if (q == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyTuple_SET_ITEM(q, i, Py_NewRef(PyTuple_GET_ITEM(rec, i)));
+        int rc = push_record(q);
+        Py_DECREF(q);
+        if (rc < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
+#endif
     untrack_record(rec);
     if (push_record(rec) < 0)
         return NULL;
@@ -1028,14 +1043,8 @@ mod_init(PyObject *mod, PyObject *args)
 /* record_launch(name, queue, event, host_begin, host_end, cat, attrs, site): ``regions._record_py`` in C,
  * one enqueued command's record under the thread's innermost region; returns its span id. */
 static PyObject *
-mod_record_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+record_command(PyObject *const *args)
 {
-    if (nargs != 8) {
-        PyErr_Format(PyExc_TypeError, "record_launch() takes 8 arguments (%zd given)", nargs);
-        return NULL;
-    }
-    if (!ready())
-        return NULL;
     PyObject *st = thread_stack();
     if (st == NULL)
         return NULL;
@@ -1086,6 +1095,207 @@ mod_record_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 }
 
 static PyObject *
+mod_record_launch(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_Format(PyExc_TypeError, "record_launch() takes 8 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    if (!ready())
+        return NULL;
+    return record_command(args);
+}
+
+/* ---- launch(kernel, queue, global_size, local_size, *args, wait_for=None, name=None) ------------
+ * ``regions.launch`` in C for a kernel it has seen: one flag read and the kernel's own call when off;
+ * on, two clock reads around the call and the record, without a Python frame of its own. A kernel
+ * not in ``regions._KERNELS`` yet, a keyword it does not know and the error path go to Python. */
+static PyObject *g_state, *g_kernels, *g_attrs_cache, *g_launch_py, *g_attrs_py, *g_failed_launch, *g_cl_error,
+    *g_kernel_cat, *g_kw_wait_for;
+static PyObject *s_enabled, *s_instrumented, *s_wait_for, *s_name_kw;
+
+/* kernel(queue, global_size, local_size, *args, wait_for=wait_for): a new reference, or NULL. */
+static PyObject *
+call_kernel(PyObject *kernel, PyObject *const *args, Py_ssize_t n, PyObject *wait_for)
+{
+    PyObject *small[16], **argv = small;
+    if (n + 1 > 16 && (argv = PyMem_Malloc((size_t)(n + 1) * sizeof(PyObject *))) == NULL)
+        return PyErr_NoMemory();
+    memcpy(argv, args, (size_t)n * sizeof(PyObject *));
+    argv[n] = wait_for;
+    PyObject *ev = PyObject_Vectorcall(kernel, argv, (size_t)n, g_kw_wait_for);
+    if (argv != small)
+        PyMem_Free(argv);
+    return ev;
+}
+
+static int
+state_flag(PyObject *name)
+{
+    PyObject *v = PyObject_GetAttr(g_state, name);
+    if (v == NULL)
+        return -1;
+    int on = v == Py_True ? 1 : v == Py_False ? 0 : PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return on;
+}
+
+/* The shared attrs dict of a launch shape (regions._launch_attrs), a new reference. */
+static PyObject *
+launch_attrs(PyObject *gs, PyObject *ls)
+{
+    PyObject *key = PyTuple_Pack(2, gs, ls);
+    if (key == NULL)
+        return NULL;
+    PyObject *attrs = PyDict_GetItemWithError(g_attrs_cache, key);
+    Py_DECREF(key);
+    if (attrs != NULL)
+        return Py_NewRef(attrs);
+    PyErr_Clear(); /* not there, or unhashable sizes (lists): Python makes them */
+    PyObject *pair[2] = {gs, ls};
+    return PyObject_Vectorcall(g_attrs_py, pair, 2, NULL);
+}
+
+/* The pyopencl error in flight, replaced by failed_launch's (its span recorded), raised "from None". */
+static void
+launch_failed(PyObject *name, PyObject *const *args, int64_t hb, PyObject *kernel)
+{
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyErr_NormalizeException(&t, &v, &tb);
+    if (tb != NULL && v != NULL)
+        PyException_SetTraceback(v, tb);
+    PyObject *hb_o = PyLong_FromLongLong(hb);
+    PyObject *err = NULL;
+    if (hb_o != NULL && v != NULL) {
+        PyObject *fargs[7] = {v, name, args[2], args[3], hb_o, kernel, args[1]};
+        err = PyObject_Vectorcall(g_failed_launch, fargs, 7, NULL);
+    }
+    Py_XDECREF(hb_o);
+    Py_XDECREF(t);
+    Py_XDECREF(tb);
+    if (err == NULL) {
+        Py_XDECREF(v);
+        return;
+    }
+    PyException_SetCause(err, NULL); /* __suppress_context__ = True */
+    PyException_SetContext(err, v);  /* steals v */
+    PyErr_Restore(Py_NewRef((PyObject *)Py_TYPE(err)), err, NULL);
+}
+
+static PyObject *
+mod_launch(PyObject *mod, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (g_launch_py == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cltrace.record._region: launch_init() was not called");
+        return NULL;
+    }
+    PyObject *wait_for = Py_None, *name = Py_None;
+    const Py_ssize_t nkw = kwnames == NULL ? 0 : PyTuple_GET_SIZE(kwnames);
+    int unusual = nargs < 4;
+    for (Py_ssize_t i = 0; i < nkw && !unusual; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i);
+        if (k == s_wait_for || PyUnicode_Compare(k, s_wait_for) == 0)
+            wait_for = args[nargs + i];
+        else if (k == s_name_kw || PyUnicode_Compare(k, s_name_kw) == 0)
+            name = args[nargs + i];
+        else
+            unusual = 1;
+    }
+    if (unusual) /* Python raises the TypeError a wrong call deserves */
+        return PyObject_Vectorcall(g_launch_py, args, nargsf, kwnames);
+    PyObject *kernel = args[0];
+    int on = state_flag(s_enabled);
+    if (on > 0)
+        on = !state_flag(s_instrumented);
+    if (on < 0)
+        return NULL;
+    if (!on)
+        return call_kernel(kernel, args + 1, nargs - 1, wait_for);
+    PyObject *key = PyLong_FromVoidPtr(kernel);
+    if (key == NULL)
+        return NULL;
+    PyObject *known = PyDict_GetItemWithError(g_kernels, key);
+    Py_DECREF(key);
+    if (known == NULL && PyErr_Occurred())
+        return NULL;
+    if (known == NULL || !PyTuple_Check(known) || PyTuple_GET_SIZE(known) != 2 || PyTuple_GET_ITEM(known, 0) != kernel)
+        return PyObject_Vectorcall(g_launch_py, args, nargsf, kwnames); /* learns the kernel's name */
+    PyObject *own = PyTuple_GET_ITEM(known, 1);
+    if (own == Py_None) /* a cltrace.Kernel: it records its own launches */
+        return call_kernel(kernel, args + 1, nargs - 1, wait_for);
+    int named = name == Py_None ? 0 : PyObject_IsTrue(name);
+    if (named < 0)
+        return NULL;
+    name = Py_NewRef(named ? name : own); /* held: the call may clear the cache */
+    int64_t hb, he;
+    if (host_now(&hb) < 0) {
+        Py_DECREF(name);
+        return NULL;
+    }
+    PyObject *ev = call_kernel(kernel, args + 1, nargs - 1, wait_for);
+    if (ev == NULL) {
+        if (PyErr_ExceptionMatches(g_cl_error))
+            launch_failed(name, args, hb, kernel);
+        Py_DECREF(name);
+        return NULL;
+    }
+    PyObject *hb_o = NULL, *he_o = NULL, *attrs = NULL, *site = NULL, *sid = NULL;
+    if (host_now(&he) < 0 || (hb_o = PyLong_FromLongLong(hb)) == NULL || (he_o = PyLong_FromLongLong(he)) == NULL ||
+        (attrs = launch_attrs(args[2], args[3])) == NULL)
+        goto done;
+    if (g_site_depth > 0) {
+        PyFrameObject *f = PyEval_GetFrame();
+        Py_XINCREF(f);
+        site = f == NULL ? Py_NewRef(Py_None) : capture_from(f);
+        Py_XDECREF(f);
+    } else {
+        site = Py_NewRef(Py_None);
+    }
+    if (site == NULL || !ready())
+        goto done;
+    PyObject *rargs[8] = {name, args[1], ev, hb_o, he_o, g_kernel_cat, attrs, site};
+    sid = record_command(rargs);
+done:
+    Py_XDECREF(hb_o);
+    Py_XDECREF(he_o);
+    Py_XDECREF(attrs);
+    Py_XDECREF(site);
+    Py_DECREF(name);
+    if (sid == NULL) {
+        Py_DECREF(ev);
+        return NULL;
+    }
+    Py_DECREF(sid);
+    return ev;
+}
+
+static PyObject *
+mod_launch_init(PyObject *mod, PyObject *args)
+{
+    PyObject *state, *kernels, *attrs_cache, *launch_py, *attrs_py, *failed, *cl_error, *kernel_cat;
+    if (!PyArg_ParseTuple(args, "OO!O!OOOOU:launch_init", &state, &PyDict_Type, &kernels, &PyDict_Type, &attrs_cache,
+                          &launch_py, &attrs_py, &failed, &cl_error, &kernel_cat))
+        return NULL;
+    PyObject *kw = PyTuple_Pack(1, s_wait_for);
+    if (kw == NULL)
+        return NULL;
+    Py_XSETREF(g_kw_wait_for, kw);
+#define KEEP(g, o) do { Py_INCREF(o); Py_XSETREF(g, o); } while (0)
+    KEEP(g_state, state);
+    KEEP(g_kernels, kernels);
+    KEEP(g_attrs_cache, attrs_cache);
+    KEEP(g_attrs_py, attrs_py);
+    KEEP(g_failed_launch, failed);
+    KEEP(g_cl_error, cl_error);
+    KEEP(g_kernel_cat, kernel_cat);
+    KEEP(g_launch_py, launch_py);
+#undef KEEP
+    Py_RETURN_NONE;
+}
+
+static PyObject *
 mod_now(PyObject *mod, PyObject *unused)
 {
     int64_t t;
@@ -1102,6 +1312,16 @@ static PyMethodDef methods[] = {
     {"push", mod_push, METH_O, "push(rec): append a raw record (untracked by the cyclic GC) to the pending deque, with back-pressure."},
     {"record_launch", (PyCFunction)(void (*)(void))mod_record_launch, METH_FASTCALL,
      "record_launch(name, queue, event, host_begin, host_end, cat, attrs, site): one enqueued command's record; its span id."},
+    {"launch", (PyCFunction)(void (*)(void))mod_launch, METH_FASTCALL | METH_KEYWORDS,
+     "launch(kernel, queue, global_size, local_size, *args, wait_for=None, name=None)\n--\n\n"
+     "Enqueue a pyopencl kernel and record it (when tracing is on). Returns the event.\n\n"
+     "Under ``cltrace.instrument()`` pyopencl's own launch is recorded, and a ``cltrace.Kernel`` records its\n"
+     "own launches, so then this records nothing more (``name`` is not used). A failed enqueue leaves a\n"
+     "failed span and raises the same pyopencl error, naming the kernel and its sizes.\n"
+     "(regions.launch in C: a kernel seen before is launched and recorded without a Python frame.)"},
+    {"launch_init", mod_launch_init, METH_VARARGS,
+     "launch_init(state, kernels, attrs_cache, launch_py, launch_attrs, failed_launch, cl_error, kernel_cat): "
+     "share regions' state with launch."},
     {"now", mod_now, METH_NOARGS, "The host clock in ns, read as time.perf_counter_ns() reads it."},
     {"site", (PyCFunction)(void (*)(void))mod_site, METH_FASTCALL,
      "site(skip=1): the raw call site (code, offset, ...) of the first user frames above the caller's skip - 1."},
@@ -1142,6 +1362,10 @@ PyInit__region(void)
     STR(s_name, "__name__");
     STR(s_empty, "");
     STR(s_colon, ": ");
+    STR(s_enabled, "ENABLED");
+    STR(s_instrumented, "INSTRUMENTED");
+    STR(s_wait_for, "wait_for");
+    STR(s_name_kw, "name");
 #undef STR
     if ((g_zero = PyLong_FromLong(0)) == NULL || (g_empty_tuple = PyTuple_New(0)) == NULL)
         return NULL;

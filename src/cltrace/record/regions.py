@@ -309,8 +309,8 @@ def failed_launch(exc: Exception, name: str, global_size: Any, local_size: Any, 
     return named_error(exc, name, gs, ls, kernel, queue)
 
 
-def launch(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: Any,
-           wait_for: Any = None, name: str | None = None) -> Any:
+def _launch_py(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args: Any,
+               wait_for: Any = None, name: str | None = None) -> Any:
     """Enqueue a pyopencl kernel and record it (when tracing is on). Returns the event.
 
     Under ``cltrace.instrument()`` pyopencl's own launch is recorded, and a ``cltrace.Kernel``
@@ -385,6 +385,15 @@ def _launch_attrs(global_size: Any, local_size: Any) -> dict[str, Any]:
     if len(_ATTRS) < 4096:
         _ATTRS[(global_size, local_size)] = attrs
     return attrs
+
+
+# ``launch``: the C one (``_region.launch``, the same behaviour without a Python frame of its own for a
+# kernel seen before) where the extension is built, else ``_launch_py``.
+launch: Callable[..., Any] = _launch_py
+if _NativeRegion is not None:
+    _native_mod = sys.modules[_NativeRegion.__module__]
+    _native_mod.launch_init(_state, _KERNELS, _ATTRS, _launch_py, _launch_attrs, failed_launch, cl.Error, KERNEL)
+    launch = _native_mod.launch
 
 
 def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any) -> Any:
