@@ -25,7 +25,7 @@ import pyopencl as cl
 import cltrace
 
 sys.path.insert(0, os.path.dirname(__file__))
-from stall_probe import SRC  # noqa: E402
+from stall_probe import iteration, setup  # noqa: E402
 
 
 def main() -> None:
@@ -34,9 +34,7 @@ def main() -> None:
     ap.add_argument("--over-ms", type=float, default=0.5)
     a = ap.parse_args()
     over = a.over_ms / 1e3
-    q = cltrace.profiling_queue()
-    prg = cl.Program(q.context, SRC).build()
-    buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+    q, prg, buf = setup()
     long_calls: list[tuple[float, str, str, str]] = []
     starts: dict[int, list[float]] = collections.defaultdict(list)
     perf = time.perf_counter
@@ -60,11 +58,7 @@ def main() -> None:
         end = perf() + a.seconds
         last = perf()
         while perf() < end:
-            for _ in range(50):
-                cltrace.launch(k, q, (1024,), None, buf)
-            q.finish()
-            with cltrace.region("empty"):
-                pass
+            iteration(k, q, buf)
             now = perf()
             worst[0] = max(worst[0], now - last)
             last = now

@@ -22,6 +22,21 @@ from cltrace.record.recorder import RECORDER
 SRC = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
 
 
+def setup() -> tuple[cl.CommandQueue, cl.Program, cl.Buffer]:
+    """The stall loop's profiling queue, its program (``SRC``) and the kernel's buffer."""
+    q = cltrace.profiling_queue()
+    return q, cl.Program(q.context, SRC).build(), cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+
+
+def iteration(k: cl.Kernel, q: cl.CommandQueue, buf: cl.Buffer) -> None:
+    """One iteration of the stall loop: 50 launches, a finish, an empty region."""
+    for _ in range(50):
+        cltrace.launch(k, q, (1024,), None, buf)
+    q.finish()
+    with cltrace.region("empty"):
+        pass
+
+
 def loop(q: cl.CommandQueue, prg: cl.Program, buf: cl.Buffer, seconds: float) -> tuple[float, float]:
     worst = [0.0, 0.0]
     t0 = time.perf_counter()
@@ -31,11 +46,7 @@ def loop(q: cl.CommandQueue, prg: cl.Program, buf: cl.Buffer, seconds: float) ->
         end = time.perf_counter() + seconds
         last = time.perf_counter()
         while time.perf_counter() < end:
-            for _ in range(50):
-                cltrace.launch(k, q, (1024,), None, buf)
-            q.finish()
-            with cltrace.region("empty"):
-                pass
+            iteration(k, q, buf)
             now = time.perf_counter()
             if now - last > worst[0]:
                 worst[0], worst[1] = now - last, last - t0
@@ -54,9 +65,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--heap", type=int, default=0, help="GC-tracked objects the program holds (e.g. 3000000)")
     a = ap.parse_args()
-    q = cltrace.profiling_queue()
-    prg = cl.Program(q.context, SRC).build()
-    buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+    q, prg, buf = setup()
     heap = [[i] for i in range(a.heap)]  # a program's own long-lived objects, which a full GC walks
     print(f"heap: {len(heap)} objects the collector tracks")
     print("untraced: longest %.2f ms at %.2f s" % tuple(x * f for x, f in zip(loop(q, prg, buf, 1.0), (1e3, 1))))

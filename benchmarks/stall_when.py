@@ -21,7 +21,7 @@ import cltrace
 from cltrace.record.recorder import RECORDER
 
 sys.path.insert(0, os.path.dirname(__file__))
-from stall_probe import SRC  # noqa: E402
+from stall_probe import iteration, setup  # noqa: E402
 
 
 def main() -> None:
@@ -30,9 +30,7 @@ def main() -> None:
     ap.add_argument("--over-ms", type=float, default=6.0)
     a = ap.parse_args()
     perf = time.perf_counter
-    q = cltrace.profiling_queue()
-    prg = cl.Program(q.context, SRC).build()
-    buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+    q, prg, buf = setup()
     spans: list[tuple[str, float, float]] = []
 
     def wrap(obj: object, attr: str, label: str) -> None:
@@ -57,11 +55,7 @@ def main() -> None:
         last = perf()
         me = threading.current_thread().name
         while perf() < end:
-            for _ in range(50):
-                cltrace.launch(k, q, (1024,), None, buf)
-            q.finish()
-            with cltrace.region("empty"):
-                pass
+            iteration(k, q, buf)
             now = perf()
             if now - last > a.over_ms / 1e3:
                 pauses.append((me, last, now))

@@ -25,7 +25,7 @@ import cltrace
 from cltrace.record.recorder import RECORDER
 
 sys.path.insert(0, os.path.dirname(__file__))
-from stall_probe import SRC  # noqa: E402
+from stall_probe import iteration, setup  # noqa: E402
 
 
 def main() -> None:
@@ -42,9 +42,7 @@ def main() -> None:
         sys.setswitchinterval(a.switch_ms / 1e3)
     if a.max_pending:
         RECORDER.configure(max_pending=a.max_pending)
-    q = cltrace.profiling_queue()
-    prg = cl.Program(q.context, SRC).build()
-    buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)
+    q, prg, buf = setup()
     worst = [0.0]
     progress: dict[int, float] = {}
     done = threading.Event()
@@ -82,11 +80,7 @@ def main() -> None:
         me = threading.get_ident()
         progress[me] = last
         while time.perf_counter() < end:
-            for _ in range(50):
-                cltrace.launch(k, q, (1024,), None, buf)
-            q.finish()
-            with cltrace.region("empty"):
-                pass
+            iteration(k, q, buf)
             if not a.quiet:
                 faulthandler.dump_traceback_later(a.after_ms / 1e3, repeat=False, exit=False)
             now = time.perf_counter()
