@@ -1207,8 +1207,10 @@ mod_launch(PyObject *mod, PyObject *const *args, size_t nargsf, PyObject *kwname
         return PyObject_Vectorcall(g_launch_py, args, nargsf, kwnames);
     PyObject *kernel = args[0];
     int on = state_flag(s_enabled);
-    if (on > 0)
-        on = !state_flag(s_instrumented);
+    if (on > 0) {
+        int instrumented = state_flag(s_instrumented);
+        on = instrumented < 0 ? -1 : !instrumented;
+    }
     if (on < 0)
         return NULL;
     if (!on)
