@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from typing import Any
 
