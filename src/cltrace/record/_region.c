@@ -299,6 +299,18 @@ quiet_tuple(Py_ssize_t n)
 #endif
 }
 
+/* A quiet tuple holding t's items (a tuple's). */
+static PyObject *
+quiet_copy(PyObject *t)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(t);
+    PyObject *q = quiet_tuple(n);
+    if (q != NULL)
+        for (Py_ssize_t i = 0; i < n; i++)
+            PyTuple_SET_ITEM(q, i, Py_NewRef(PyTuple_GET_ITEM(t, i)));
+    return q;
+}
+
 static PyObject *
 quiet_pair(PyObject *a, PyObject *b)
 {
@@ -373,15 +385,12 @@ with_tickets(PyObject *rec)
     if (Py_REFCNT(rec) == 1) {
         Py_INCREF(out);
     } else {
-        Py_ssize_t n = PyTuple_GET_SIZE(rec);
-        out = quiet_tuple(n);
+        out = quiet_copy(rec);
         if (out == NULL) {
             Py_DECREF(o0);
             Py_XDECREF(o1);
             return NULL;
         }
-        for (Py_ssize_t i = 0; i < n; i++)
-            PyTuple_SET_ITEM(out, i, Py_NewRef(PyTuple_GET_ITEM(rec, i)));
         untrack_record(out);
     }
     PyObject *old0 = PyTuple_GET_ITEM(out, 9);
@@ -456,23 +465,14 @@ mod_push(PyObject *self, PyObject *rec)
         PyErr_SetString(PyExc_RuntimeError, "cltrace._region: init() was not called");
         return NULL;
     }
-#if QUIET_TUPLES
-    if (PyTuple_CheckExact(rec)) { /* a record built in Python (a Kernel's launcher): kept as a quiet copy */
-        Py_ssize_t n = PyTuple_GET_SIZE(rec);
-        PyObject *q = quiet_tuple(n);
-        if (q == NULL)
-            return NULL;
-        for (Py_ssize_t i = 0; i < n; i++)
-            PyTuple_SET_ITEM(q, i, Py_NewRef(PyTuple_GET_ITEM(rec, i)));
-        int rc = push_record(q);
-        Py_DECREF(q);
-        if (rc < 0)
-            return NULL;
-        Py_RETURN_NONE;
-    }
-#endif
+    /* A record built in Python (a Kernel's launcher) is kept as a quiet copy. */
+    PyObject *copy = NULL; /* not a new reference to rec: with_tickets swaps in place only where it holds the last */
+    if (QUIET_TUPLES && PyTuple_CheckExact(rec) && (rec = copy = quiet_copy(rec)) == NULL)
+        return NULL;
     untrack_record(rec);
-    if (push_record(rec) < 0)
+    int rc = push_record(rec);
+    Py_XDECREF(copy);
+    if (rc < 0)
         return NULL;
     Py_RETURN_NONE;
 }
