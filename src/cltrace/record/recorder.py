@@ -9,8 +9,9 @@ Data path, in one direction:
 
 Events (native path): the hot path trades each command's event for a ticket of the reaper
 (timeline/_reaper.c) and the launching thread itself reads stamps in batches: every so many commands,
-when its queue has caught up, it finishes the queue and reads and releases what it launched there,
-without the GIL. On NVIDIA's driver a read costs ~1 us there and 4-8 us at any other moment, and any
+when its queue has caught up, it waits on its newest command there (done already; never a finish,
+which could wait on another thread's command held back by a user event) and reads and releases what
+it launched there, without the GIL. On NVIDIA's driver a read costs ~1 us there and 4-8 us at any other moment, and any
 other thread's driver calls slow each enqueue by as much; so while the program launches, no other
 thread reads a ticket younger than the reaper's ``stale_ns``. The reaper thread reads the rest: once
 the program has been quiet for a moment, or the device was behind (the harvest declined).

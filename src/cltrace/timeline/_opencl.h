@@ -30,13 +30,11 @@ typedef cl_int(CL_API_CALL *profiling_info_fn)(cl_event, cl_uint, size_t, void *
 typedef cl_int(CL_API_CALL *event_info_fn)(cl_event, cl_uint, size_t, void *, size_t *);
 typedef cl_int(CL_API_CALL *wait_fn)(cl_uint, const cl_event *);
 typedef cl_int(CL_API_CALL *refcount_fn)(cl_event);
-typedef cl_int(CL_API_CALL *finish_fn)(cl_command_queue);
 
 extern profiling_info_fn get_profiling_info;
 extern event_info_fn get_event_info;
 extern wait_fn wait_for_events;
 extern refcount_fn retain_event, release_event;
-extern finish_fn finish_queue; /* the launching thread's harvest (_reaper.c); NULL: none */
 
 /* One event's status (0 complete, > 0 not yet, < 0 failed or unreadable) and, when 0, its four stamps. */
 cl_int read_one(cl_event ev, int64_t *st);

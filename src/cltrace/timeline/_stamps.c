@@ -38,7 +38,6 @@ profiling_info_fn get_profiling_info = NULL;
 event_info_fn get_event_info = NULL;
 wait_fn wait_for_events = NULL;
 refcount_fn retain_event = NULL, release_event = NULL;
-finish_fn finish_queue = NULL;
 
 static PyObject *
 stamps_init(PyObject *self, PyObject *args)
@@ -62,7 +61,6 @@ stamps_init(PyObject *self, PyObject *args)
     event_info_fn e = (event_info_fn)SYM("clGetEventInfo");
     wait_fn w = (wait_fn)SYM("clWaitForEvents");
     refcount_fn r = (refcount_fn)SYM("clRetainEvent"), u = (refcount_fn)SYM("clReleaseEvent");
-    finish_fn f = (finish_fn)SYM("clFinish");
 #undef SYM
     if (p == NULL || e == NULL || w == NULL)
         return PyErr_Format(PyExc_OSError, "%s lacks clGetEventProfilingInfo/clGetEventInfo/clWaitForEvents", path);
@@ -72,7 +70,6 @@ stamps_init(PyObject *self, PyObject *args)
     if (r != NULL && u != NULL) { /* the reaper's; without them records keep their Events */
         retain_event = r;
         release_event = u;
-        finish_queue = f;
     }
     Py_RETURN_NONE;
 }
