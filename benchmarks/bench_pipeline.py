@@ -13,7 +13,8 @@ Rows (each against its baseline or target; ratios printed as a table):
                  1024 floats, under ``torch.profiler`` (CPU+CUDA, trace exported) against untraced
   stall          longest pause between iterations of a loop (50 launches + finish) on two threads,
                  traced against untraced at the same switch interval (cltrace lowers it while tracing;
-                 the untraced figure at the program's own interval is printed beside it)
+                 the untraced figure at the program's own interval is printed beside it): the median
+                 of ``--stall-trials`` alternating pairs, each ``--stall-s`` long, and their range
   region         an enabled host region (hot path) against one OpenTelemetry SDK span
   launch         a traced ``Kernel`` launch against a raw ``enqueue_nd_range_kernel`` (profiling queue)
   memory         bytes per retained kernel span: the batch columns, and the process RSS growth
@@ -230,10 +231,12 @@ class GcPauses:
                          for g, (c, m) in enumerate(zip(self.count, self.longest)))
 
 
-def stall(s: Setup, seconds: float, tmp: str) -> tuple[float, float, float]:
-    """Longest pause: untraced at the program's switch interval, untraced at the one cltrace sets
-    while tracing (the fair baseline: two launching threads starve each other for the GIL for
-    hundreds of ms at 5 ms on an H200), and traced."""
+def stall(s: Setup, seconds: float, tmp: str, trials: int) -> tuple[float, list[float], list[float]]:
+    """Longest pause of two launching threads: untraced at the program's switch interval (once), then
+    ``trials`` pairs alternating untraced at the interval cltrace sets while tracing (the fair baseline:
+    two launching threads starve each other for the GIL for hundreds of ms at 5 ms on an H200) and
+    traced. One run's longest pause is a single extreme sample (untraced runs on an H200 ranged 2.5-16 ms),
+    so the row compares medians over the trials."""
     def run() -> float:
         worst = [0.0]
 
@@ -263,17 +266,21 @@ def stall(s: Setup, seconds: float, tmp: str) -> tuple[float, float, float]:
     print(f"  GC during the untraced stall run: {g}")
     old = sys.getswitchinterval()
     during = min(SWITCH_S or old, RECORDER.switch_interval_s or old)  # what the traced run will have
-    sys.setswitchinterval(during)
-    try:
-        off_same = run()
-    finally:
-        sys.setswitchinterval(old)
-    RECORDER.clear()
-    with switched(), GcPauses() as g, cltrace.trace(os.path.join(tmp, "stall.json"), os.path.join(tmp, "stall.pftrace")):
-        on = run()
-    print(f"  GC during the traced stall run: {g}")
-    print(f"  untraced: {off * 1e3:.2f} ms at a {old * 1e3:g} ms switch interval, {off_same * 1e3:.2f} ms at "
-          f"{during * 1e3:g} ms (the traced run's)")
+    off_same: list[float] = []
+    on: list[float] = []
+    for i in range(trials):
+        sys.setswitchinterval(during)
+        try:
+            off_same.append(run())
+        finally:
+            sys.setswitchinterval(old)
+        RECORDER.clear()
+        with switched(), GcPauses() as g, cltrace.trace(os.path.join(tmp, "stall.json"),
+                                                        os.path.join(tmp, "stall.pftrace")):
+            on.append(run())
+        print(f"  trial {i}: untraced {off_same[-1] * 1e3:.2f} ms, traced {on[-1] * 1e3:.2f} ms (GC: {g})")
+    print(f"  untraced: {off * 1e3:.2f} ms at a {old * 1e3:g} ms switch interval; at {during * 1e3:g} ms "
+          f"(the traced runs'): the trials above")
     return off, off_same, on
 
 
@@ -395,7 +402,8 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=50_000, help="launches per end-to-end round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--capacity-spans", type=int, default=100_000)
-    ap.add_argument("--stall-s", type=float, default=3.0)
+    ap.add_argument("--stall-s", type=float, default=1.0, help="seconds of each stall trial")
+    ap.add_argument("--stall-trials", type=int, default=5, help="untraced/traced pairs in the stall row")
     ap.add_argument("--switch-ms", type=float, default=None,
                     help="sys.setswitchinterval while the end-to-end and stall rows trace (default: unchanged)")
     ap.add_argument("--harvest-every", type=int, default=None,
@@ -456,10 +464,13 @@ def main() -> None:
                 t[1] / t[0], "(comparison)")
         if want("stall"):
             before = stamps.reaper_stats()
-            off, off_same, on = stall(s, args.stall_s, tmp)
+            off, off_same, on = stall(s, args.stall_s, tmp, args.stall_trials)
             print(f"  ({harvest_note(before)})")
-            row("longest stall, 2 threads", f"{on * 1e3:.2f} ms",
-                f"{off_same * 1e3:.2f} ms (same interval; {off * 1e3:.2f} ms as is)", None, "traced - untraced <= 1 ms")
+            m_on, m_off = statistics.median(on), statistics.median(off_same)
+            row(f"longest stall, 2 threads (median of {len(on)})",
+                f"{m_on * 1e3:.2f} ms ({min(on) * 1e3:.1f}-{max(on) * 1e3:.1f})",
+                f"{m_off * 1e3:.2f} ms ({min(off_same) * 1e3:.1f}-{max(off_same) * 1e3:.1f}; {off * 1e3:.2f} as is)",
+                None, f"traced - untraced <= 1 ms: {(m_on - m_off) * 1e3:+.2f} ms")
         if want("region"):
             r, o = region_vs_otel()
             row("enabled host region vs OTel SDK span", f"{r * 1e9:.0f} ns", f"{o * 1e9:.0f} ns", r / o, "<= 0.02")

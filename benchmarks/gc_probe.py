@@ -57,7 +57,7 @@ def main() -> None:
             prep()
             long.clear()
             cltrace.start(os.path.join(tmp, "a.json"), os.path.join(tmp, "a.pftrace"))
-            worst, at = loop(q, prg, buf, a.seconds)
+            worst, at, _ = loop(q, prg, buf, a.seconds)
             cltrace.stop()
             gc.unfreeze()
             gc.set_threshold(700, 10, 10)

@@ -37,8 +37,10 @@ def iteration(k: cl.Kernel, q: cl.CommandQueue, buf: cl.Buffer) -> None:
         pass
 
 
-def loop(q: cl.CommandQueue, prg: cl.Program, buf: cl.Buffer, seconds: float) -> tuple[float, float]:
+def loop(q: cl.CommandQueue, prg: cl.Program, buf: cl.Buffer, seconds: float) -> tuple[float, float, int]:
+    """The longest pause between two threads' iterations, when it began (s), and the iterations done."""
     worst = [0.0, 0.0]
+    done = [0]
     t0 = time.perf_counter()
 
     def body() -> None:
@@ -51,13 +53,14 @@ def loop(q: cl.CommandQueue, prg: cl.Program, buf: cl.Buffer, seconds: float) ->
             if now - last > worst[0]:
                 worst[0], worst[1] = now - last, last - t0
             last = now
+            done[0] += 1
 
     ts = [threading.Thread(target=body) for _ in range(2)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    return worst[0], worst[1]
+    return worst[0], worst[1], done[0]
 
 
 def main() -> None:
@@ -68,7 +71,7 @@ def main() -> None:
     q, prg, buf = setup()
     heap = [[i] for i in range(a.heap)]  # a program's own long-lived objects, which a full GC walks
     print(f"heap: {len(heap)} objects the collector tracks")
-    print("untraced: longest %.2f ms at %.2f s" % tuple(x * f for x, f in zip(loop(q, prg, buf, 1.0), (1e3, 1))))
+    print("untraced: longest %.2f ms at %.2f s" % tuple(x * f for x, f in zip(loop(q, prg, buf, 1.0)[:2], (1e3, 1))))
     with tempfile.TemporaryDirectory() as tmp:
         variants = {
             "no outputs": lambda: cltrace.start(),
@@ -85,7 +88,7 @@ def main() -> None:
             t = time.perf_counter()
             begin()
             started = time.perf_counter() - t
-            worst, at = loop(q, prg, buf, a.seconds)
+            worst, at, _ = loop(q, prg, buf, a.seconds)
             cltrace.stop()
             gc.enable()
             print(f"{name}: start() {started * 1e3:.1f} ms; longest {worst * 1e3:.2f} ms at {at:.2f} s; "
