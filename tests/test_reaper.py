@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Any
 
@@ -196,8 +197,8 @@ def only_harvests() -> Any:
 
 
 def test_the_launching_thread_harvests_its_own_commands(queue: Any, kernels: Any, only_harvests: Any) -> None:
-    """Every 1024 commands, where the device keeps up, the launching thread finishes its queue and reads
-    and releases what it launched there; the spans are whole."""
+    """Every 1024 commands, where the device keeps up, the launching thread waits for its newest command
+    (done already) and reads and releases what it launched there; the spans are whole."""
     before = harvests()
     cltrace.start()
     n = 0
@@ -216,7 +217,7 @@ def test_the_launching_thread_harvests_its_own_commands(queue: Any, kernels: Any
 
 
 def test_a_harvest_never_waits_on_a_command_held_back(cl_ctx: Any, kernels: Any, only_harvests: Any) -> None:
-    """A command waiting on a user event the program sets later: the harvest is declined (no finish that
+    """A command waiting on a user event the program sets later: the harvest is declined (no wait that
     would hang), both where its probe finds the device behind and where only the newest command waits."""
     q = cltrace.profiling_queue(cl_ctx)
     add = kernels.kernel("add")
@@ -239,3 +240,33 @@ def test_a_harvest_never_waits_on_a_command_held_back(cl_ctx: Any, kernels: Any,
     cltrace.stop()
     ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
     assert len(ks) == 2101 and all(s.dev_start is not None for s in ks)
+
+
+def test_harvests_are_short_while_other_threads_launch(queue: Any, kernels: Any, only_harvests: Any) -> None:
+    """Two threads launching on one queue: a harvest then reads with the GIL held and the other thread waits
+    for it, so harvests come every ~128 commands instead of every 1024; every span is still whole."""
+    add = [cl.Kernel(kernels.add.program, "add") for _ in range(2)]  # a kernel object each: no shared args
+    before = harvests()
+    cltrace.start()
+    counts = [0, 0]
+
+    def body(i: int) -> None:
+        while counts[i] < 6000:
+            for _ in range(16):
+                kernels.launch_add(queue, add[i])
+            counts[i] += 16
+            queue.finish()
+
+    ts = [threading.Thread(target=body, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    after = harvests()
+    cltrace.stop()
+    made = after["harvests"] - before["harvests"]
+    read = after["harvested"] - before["harvested"]
+    assert made >= 8, after
+    assert read / made < 400, (read, made)
+    ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
+    assert len(ks) == sum(counts) and all(s.dev_start is not None for s in ks)
