@@ -46,10 +46,11 @@ class Setup:
         self.host = np.zeros(N, np.float32)
 
 
-def _traced(path: Path, body: Callable[[Setup], None], s: Setup, instrument: bool = False) -> Path:
+def _traced(path: Path, body: Callable[[Setup], None], s: Setup, instrument: bool = False,
+            schedule: Any = None) -> Path:
     if instrument:
         cltrace.instrument()
-    cltrace.start(str(path))
+    cltrace.start(str(path), schedule=schedule)
     try:
         body(s)
         s.q.finish()
@@ -99,6 +100,13 @@ def idle_steps(s: Setup) -> None:
             time.sleep(0.03)  # host work inside the region while the device waits
 
 
+def scheduled(s: Setup) -> None:
+    """A scheduled loop whose untraced steps (0 and 3) are long host work: not device idle time."""
+    for i in cltrace.steps(range(6), s.q):
+        cltrace.launch(s.spin, s.q, (N,), None, s.buf, np.int32(50))
+        time.sleep(0.15 if i in (0, 3) else 0.005)
+
+
 def kernels_run(iters: int) -> Callable[[Setup], None]:
     def body(s: Setup) -> None:
         for _ in range(6):
@@ -119,6 +127,8 @@ def traces(tmp_path_factory: Any) -> dict[str, Path]:
         "sleepy": _traced(d / "sleepy.json", sleepy, s),
         "small_copies": _traced(d / "small_copies.pftrace", small_copies, s),
         "idle_steps": _traced(d / "idle_steps.json", idle_steps, s),
+        "scheduled": _traced(d / "scheduled.pftrace", scheduled, s,
+                             schedule=cltrace.schedule(wait=1, warmup=0, active=2, repeat=2)),
         "fast": _traced(d / "fast.pftrace", kernels_run(50), s),
         "slow": _traced(d / "slow.pftrace", kernels_run(30000), s),  # slowed far past idle noise on a loaded host
     }
@@ -159,6 +169,15 @@ def test_each_rule_fires_on_its_program(analyses: dict[str, Analysis], program: 
 
 def test_no_rule_fires_on_the_clean_demo(analyses: dict[str, Analysis]) -> None:
     assert fired(analyses["demo"]) == set(), [f["summary"] for f in analyses["demo"].findings]
+
+
+def test_a_schedules_untraced_steps_are_not_idle_gaps(traces: dict[str, Path],
+                                                      analyses: dict[str, Analysis]) -> None:
+    """The 150 ms between two traced cycles (a waited step of host work, the cycle's closing flush) was
+    not traced: no gap there counts as device idle time."""
+    spans, _ = load(traces["scheduled"])
+    assert {s.name for s in spans if s.cat == "step"} == {"step 1", "step 2", "step 4", "step 5"}
+    assert "long-idle-gaps" not in fired(analyses["scheduled"]), analyses["scheduled"].finding("long-idle-gaps")
 
 
 def test_rules_do_not_fire_on_the_clean_kernel_loop(analyses: dict[str, Analysis]) -> None:

@@ -8,6 +8,8 @@ import numpy as np
 from ..intervals import Coverage, union
 from ..text import fmt_ns
 from ...timeline.arrays import sorted_distinct as distinct
+from ...timeline.spans import STEP
+from ..model import TraceData
 from .base import WORST, Context, Finding, instance
 
 # A gap this long at least (Nsight Systems' gpu_gaps rule uses 500 ms; shorter here, but well above
@@ -21,18 +23,34 @@ REGION_RUNS = 3  # that ran at least this often
 REGION_WALL_SHARE = 0.10  # and covers this share of the run
 
 
+def untraced(td: TraceData) -> Coverage:
+    """Where a scheduled session did not trace: from the end of a step to the start of the next traced
+    one when steps between them were not traced (waited, warm-up, or the cycle's closing flush)."""
+    rows = np.flatnonzero(td.cat_mask(STEP))
+    steps = []
+    for i in rows.tolist():
+        words = td.names[td.name[i]].split()
+        if len(words) == 2 and words[0] == STEP and words[1].isdigit():
+            steps.append((int(words[1]), int(td.host_begin[i]), int(td.host_end[i])))
+    steps.sort()
+    cut = [(a[2], b[1]) for a, b in zip(steps, steps[1:]) if b[0] > a[0] + 1 and b[1] > a[2]]
+    return Coverage(np.array([c[0] for c in cut], np.int64), np.array([c[1] for c in cut], np.int64))
+
+
 def long_idle_gaps(ctx: Context) -> Finding | None:
     td = ctx.td
+    off = untraced(td)
     rows = []
     for q in ctx.queues:
         on = td.work & (td.track == q.track)
         median = float(np.median(td.dev_end[on] - td.dev_start[on])) if on.any() else 0.0
-        length = q.gap_end - q.gap_start
+        length = q.gap_end - q.gap_start - off.within(q.gap_start, q.gap_end)
         long_ = length >= max(GAP_MIN_NS, GAP_MEDIAN_FACTOR * median)
-        for s, e in zip(q.gap_start[long_].tolist(), q.gap_end[long_].tolist()):
-            rows.append((e - s, s, q.name))
+        for d, s in zip(length[long_].tolist(), q.gap_start[long_].tolist()):
+            rows.append((d, s, q.name))
     total = sum(r[0] for r in rows)
-    if not rows or total < GAP_WALL_SHARE * td.wall_ns:
+    traced_ns = td.wall_ns - int(off.within(np.array([td.t0]), np.array([td.t1]))[0])
+    if not rows or total < GAP_WALL_SHARE * traced_ns:
         return None
     rows.sort(key=lambda r: -r[0])
     inst = [{"name": f"idle {name}", "path": "", "at_s": round(td.at(s), 6), "ts_ns": s, "dur_ns": d}
@@ -40,11 +58,11 @@ def long_idle_gaps(ctx: Context) -> Finding | None:
     return Finding(
         "long-idle-gaps", "Long device idle gaps", total,
         f"{len(rows)} gaps of {fmt_ns(min(r[0] for r in rows))} or more between commands, "
-        f"{fmt_ns(total)} in all ({100 * total / td.wall_ns:.0f}% of the run); the longest {fmt_ns(rows[0][0])}",
+        f"{fmt_ns(total)} in all ({100 * total / traced_ns:.0f}% of the traced run); the longest {fmt_ns(rows[0][0])}",
         "Find what the host did in each gap (the host track above it in Perfetto): move that work "
         "off the critical path, overlap it with device work, or enqueue the next work before it.",
         f"gaps >= max({fmt_ns(GAP_MIN_NS)}, {GAP_MEDIAN_FACTOR}x the queue's median command), "
-        f">= {GAP_WALL_SHARE:.0%} of the run in all",
+        f">= {GAP_WALL_SHARE:.0%} of the run in all (a schedule's untraced steps not counted)",
         {"gaps": len(rows), "total_ns": total, "longest_ns": rows[0][0]}, inst)
 
 
