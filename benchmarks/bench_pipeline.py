@@ -48,6 +48,8 @@ from cltrace.export.perfetto import PerfettoTraceSink
 from cltrace.record.recorder import RECORDER
 from cltrace.timeline import passes, stamps
 
+import stall_probe  # noqa: E402  (benchmarks/, the script's own directory)
+
 SRC = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
 
 
@@ -238,28 +240,7 @@ def stall(s: Setup, seconds: float, tmp: str, trials: int) -> tuple[float, list[
     traced. One run's longest pause is a single extreme sample (untraced runs on an H200 ranged 2.5-16 ms),
     so the row compares medians over the trials."""
     def run() -> float:
-        worst = [0.0]
-
-        def loop() -> None:
-            k = cl.Kernel(s.prg, "k")
-            end = time.perf_counter() + seconds
-            last = time.perf_counter()
-            while time.perf_counter() < end:
-                for _ in range(50):
-                    cltrace.launch(k, s.q, (1024,), None, s.buf)
-                s.q.finish()
-                with cltrace.region("empty"):
-                    pass
-                now = time.perf_counter()
-                worst[0] = max(worst[0], now - last)
-                last = now
-
-        ts = [threading.Thread(target=loop) for _ in range(2)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        return worst[0]
+        return stall_probe.loop(s.q, s.prg, s.buf, seconds)[0]
 
     with GcPauses() as g:
         off = run()

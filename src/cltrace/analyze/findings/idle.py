@@ -26,13 +26,8 @@ REGION_WALL_SHARE = 0.10  # and covers this share of the run
 def untraced(td: TraceData) -> Coverage:
     """Where a scheduled session did not trace: from the end of a step to the start of the next traced
     one when steps between them were not traced (waited, warm-up, or the cycle's closing flush)."""
-    rows = np.flatnonzero(td.cat_mask(STEP))
-    steps = []
-    for i in rows.tolist():
-        words = td.names[td.name[i]].split()
-        if len(words) == 2 and words[0] == STEP and words[1].isdigit():
-            steps.append((int(words[1]), int(td.host_begin[i]), int(td.host_end[i])))
-    steps.sort()
+    steps = sorted((n, int(td.host_begin[i]), int(td.host_end[i])) for i in np.flatnonzero(td.cat_mask(STEP)).tolist()
+                   if isinstance(n := td.attr(i, "step"), int))
     cut = [(a[2], b[1]) for a, b in zip(steps, steps[1:]) if b[0] > a[0] + 1 and b[1] > a[2]]
     return Coverage(np.array([c[0] for c in cut], np.int64), np.array([c[1] for c in cut], np.int64))
 
