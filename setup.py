@@ -1,7 +1,8 @@
 """The native parts, each a small C extension with a pure-Python fallback that writes the same bytes:
 ``timeline._stamps`` (event stamps in bulk), ``timeline._resolve`` (the resolver's passes over columns),
 ``record._region`` (region enter/exit), ``export._chrome`` (Chrome JSON lines), ``export.perfetto._packets`` (Perfetto packets),
-``export.perfetto._writer`` (the .pftrace writer's whole batch pass).
+``export.perfetto._writer`` (the .pftrace writer's whole batch pass), ``export.perfetto._deflate``
+(compressing its packets).
 Project metadata lives in pyproject.toml.
 
 ``optional=True``: where no C compiler exists the install still succeeds and cltrace runs its
@@ -31,6 +32,7 @@ setup(
              depends=["src/cltrace/export/perfetto/_wire.h"]),
         _ext("cltrace.export.perfetto._writer", "src/cltrace/export/perfetto/_writer.c",
              depends=["src/cltrace/export/perfetto/_wire.h"]),
+        _ext("cltrace.export.perfetto._deflate", "src/cltrace/export/perfetto/_deflate.c"),
         _ext("cltrace.read._scan", "src/cltrace/read/_scan.c"),
     ],
 )

@@ -1,10 +1,11 @@
-"""Perfetto exporter: spans/s written and bytes per span, native row encoder vs numpy fallback vs
-the Chrome JSON exporter.
+"""Perfetto exporter: spans/s written and bytes per span, native row encoder and compressor vs the
+numpy and zlib fallbacks vs plain (uncompressed) packets vs the Chrome JSON exporter.
 
 Every writer gets the same resolved spans in the same SpanBatches (as the recorder hands them
 over), alternating runs and keeping each one's best, so machine load hits all alike. Tracks are
 named from a real PoCL queue; the spans themselves are generated, so only the writers are timed
-(start to close, file included). A last row traces real launches on PoCL into both formats.
+(start to close, file included). A last row traces real launches on PoCL into both formats, and a
+table compares the two compressors on the same plain packets.
 
 Targets (issue 11): .pftrace at least as fast as .json on either path; <= 60 bytes per plain
 kernel span (host and device slices and the flow between them, no attributes).
@@ -28,14 +29,14 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
 from cltrace.export.chrome import ChromeTraceSink
-from cltrace.export.perfetto import PerfettoTraceSink, encoder
+from cltrace.export.perfetto import PerfettoTraceSink, compress, encoder
 from cltrace.read.perfetto import iter_packets
 from cltrace.record.recorder import Recorder
 from cltrace.timeline.batch import SpanBatch
 from cltrace.timeline.spans import Span
 
 TARGET_BYTES_PER_KERNEL = 60
-WRITERS = ("pftrace native", "pftrace python", "json")
+WRITERS = ("pftrace native", "pftrace plain", "pftrace python", "json")  # plain: native, compress=False
 
 
 def workload(n: int, queue: Any, region_every: int = 0, attrs: bool = False) -> tuple[Recorder, list[Span]]:
@@ -80,9 +81,10 @@ def workload(n: int, queue: Any, region_every: int = 0, attrs: bool = False) -> 
     return rec, out
 
 
-def write(sink_cls: Callable[[str], Any], rec: Recorder, batches: list[SpanBatch], path: str) -> tuple[float, int]:
+def write(sink_cls: Callable[..., Any], rec: Recorder, batches: list[SpanBatch], path: str,
+          **kw: Any) -> tuple[float, int]:
     """Seconds to write ``batches`` through a sink (start to close) and the file size."""
-    sink = sink_cls(path)
+    sink = sink_cls(path, **kw)
     t0 = time.perf_counter()
     sink.start(rec)
     for b in batches:
@@ -94,15 +96,18 @@ def write(sink_cls: Callable[[str], Any], rec: Recorder, batches: list[SpanBatch
 
 
 def write_as(writer: str, rec: Recorder, batches: list[SpanBatch], tmp: str) -> tuple[float, int]:
-    """One run of a writer: the Perfetto sink with the given row encoder, or the Chrome sink."""
+    """One run of a writer: the Perfetto sink with the given row encoder and compressor, or the Chrome sink."""
     if writer == "json":
         return write(ChromeTraceSink, rec, batches, os.path.join(tmp, "bench.json"))
-    active = encoder.encode_rows
-    encoder.encode_rows = encoder.NATIVE if writer == "pftrace native" else encoder.PYTHON  # type: ignore[assignment]
+    active, squeeze = encoder.encode_rows, compress.zlib_stream
+    python = writer == "pftrace python"
+    encoder.encode_rows = encoder.PYTHON if python else encoder.NATIVE  # type: ignore[assignment]
+    compress.zlib_stream = compress.python_zlib if python else compress.zlib_stream
     try:
-        return write(PerfettoTraceSink, rec, batches, os.path.join(tmp, writer.replace(" ", "-") + ".pftrace"))
+        return write(PerfettoTraceSink, rec, batches, os.path.join(tmp, writer.replace(" ", "-") + ".pftrace"),
+                     compress=writer != "pftrace plain")
     finally:
-        encoder.encode_rows = active
+        encoder.encode_rows, compress.zlib_stream = active, squeeze
 
 
 def best_of(repeat: int, rec: Recorder, batches: list[SpanBatch], tmp: str,
@@ -134,6 +139,27 @@ def packet_sizes(path: str) -> dict[str, float]:
     return {k: float(np.mean(v)) for k, v in sorted(sizes.items())}
 
 
+def compressors(path: str, spans: int, repeat: int) -> dict[str, tuple[float, float]]:
+    """ns and bytes per span of each compressor on a file's packets (expanded), in chunks as the sink packs them."""
+    from cltrace.read.inflate import expand
+
+    data = expand(open(path, "rb").read())
+    chunk = PerfettoTraceSink.CHUNK
+    pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)]
+    runs = {"zlib level 1 (python path)": compress.python_zlib}
+    if compress.NATIVE is not None:
+        runs = {"_deflate (native path)": compress.NATIVE, **runs}
+    out = {}
+    for name, f in runs.items():
+        best = float("inf")
+        for _ in range(repeat + 1):
+            t0 = time.perf_counter()
+            size = sum(len(f(p)) for p in pieces)
+            best = min(best, time.perf_counter() - t0)
+        out[name] = (best / spans * 1e9, size / spans)
+    return out
+
+
 def real_run(queue: Any, launches: int, tmp: str) -> dict[str, float]:
     """Bytes per span of each format for real launches on PoCL, traced in one session."""
     prg = cl.Program(queue.context, "__kernel void inc(__global float *a) { a[get_global_id(0)] += 1.0f; }").build()
@@ -157,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--launches", type=int, default=4000, help="real PoCL launches for the last row")
     args = ap.parse_args(argv)
     queue = cltrace.profiling_queue()
-    writers = WRITERS if encoder.NATIVE is not None else WRITERS[1:]
+    writers = WRITERS if encoder.NATIVE is not None else WRITERS[2:]
     print(f"device: {queue.device.name.strip()}; {args.spans} spans per run, batches of {args.batch}, "
           f"best of {args.repeat}; python {sys.version.split()[0]}")
-    print(f".pftrace row encoder: {encoder.DETAIL}")
+    print(f".pftrace row encoder: {encoder.DETAIL}; compressor: {compress.DETAIL}")
     with tempfile.TemporaryDirectory() as tmp:
         empty_rec, _ = workload(1, queue)
         _, empty_pf = write(PerfettoTraceSink, empty_rec, [], os.path.join(tmp, "empty.pftrace"))
@@ -174,26 +200,35 @@ def main(argv: list[str] | None = None) -> int:
             best = best_of(args.repeat, rec, batches, tmp, writers)
             rate = {w: len(spans) / best[w][0] for w in writers}
             pf_b = (best[writers[0]][1] - empty_pf) / len(spans)
+            plain_b = (best["pftrace plain"][1] - empty_pf) / len(spans) if "pftrace plain" in best else float("nan")
             js_b = (best["json"][1] - empty_js) / len(spans)
-            rows.append((label, rate, pf_b, js_b))
+            rows.append((label, rate, pf_b, plain_b, js_b))
             if not kw:
-                breakdown = packet_sizes(os.path.join(tmp, writers[0].replace(" ", "-") + ".pftrace"))
+                plain_path = os.path.join(tmp, writers[0].replace(" ", "-") + ".pftrace")
+                breakdown = packet_sizes(plain_path)
+                squeezed = compressors(plain_path, len(spans), args.repeat)
         real = real_run(queue, args.launches, tmp)
 
     print()
     print(f"{'workload':28s}" + "".join(f" {w + ' spans/s':>22s}" for w in writers) +
-          f" {'native/json':>12s} {'python/json':>12s} {'pftrace B/span':>15s} {'json B/span':>12s}")
-    for label, rate, pf_b, js_b in rows:
+          f" {'native/json':>12s} {'python/json':>12s} {'pftrace B/span':>15s} {'plain B/span':>13s} {'json B/span':>12s}")
+    for label, rate, pf_b, plain_b, js_b in rows:
         nat = rate.get("pftrace native", float("nan"))
         print(f"{label:28s}" + "".join(f" {rate[w]:22,.0f}" for w in writers) +
-              f" {nat / rate['json']:11.2f}x {rate['pftrace python'] / rate['json']:11.2f}x {pf_b:15.1f} {js_b:12.1f}")
+              f" {nat / rate['json']:11.2f}x {rate['pftrace python'] / rate['json']:11.2f}x {pf_b:15.1f} {plain_b:13.1f}"
+              f" {js_b:12.1f}")
     print(f"{'real PoCL launches':28s}" + " " * (23 * len(writers) + 26) +
-          f" {real['pftrace']:15.1f} {real['json']:12.1f}   ({real['spans']:.0f} spans)")
+          f" {real['pftrace']:15.1f} {'':13s} {real['json']:12.1f}   ({real['spans']:.0f} spans)")
     print()
-    print("plain kernel span, mean bytes per packet (framing included):")
+    print("plain kernel span, mean bytes per packet before compression (framing included):")
     for kind, size in breakdown.items():
         print(f"  {kind:14s} {size:5.1f}")
     print(f"  {'total':14s} {sum(breakdown.values()):5.1f}")
+    print()
+    print("compressing the plain kernel spans' packets, chunks of 1 MiB (best of runs; CPU without the GIL):")
+    print(f"  {'compressor':28s} {'ns/span':>8s} {'B/span':>7s}")
+    for name, (ns, b) in squeezed.items():
+        print(f"  {name:28s} {ns:8.0f} {b:7.1f}")
     plain = rows[0]
     slowest = min(min(r[1][w] / r[1]["json"] for w in writers if w != "json") for r in rows)
     print()

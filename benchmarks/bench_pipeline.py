@@ -350,13 +350,14 @@ def memory(s: Setup, n: int) -> tuple[float, float]:
     return per, grown / n
 
 
-def pftrace_bytes(s: Setup, n: int, tmp: str) -> float:
+def pftrace_bytes(s: Setup, n: int, tmp: str, compress: bool = True) -> float:
+    """Bytes per launch (host slice, kernel slice, flow) of a .pftrace, packed (the default) or plain."""
     RECORDER.clear()
     path = os.path.join(tmp, "size.pftrace")
     empty = os.path.join(tmp, "empty.pftrace")
-    with cltrace.trace(empty):
+    with cltrace.trace(PerfettoTraceSink(empty, compress=compress)):
         pass
-    with cltrace.trace(path):
+    with cltrace.trace(PerfettoTraceSink(path, compress=compress)):
         s.loop(n)
     return (os.path.getsize(path) - os.path.getsize(empty)) / n
 
@@ -464,7 +465,8 @@ def main() -> None:
                 "<= 128 B")
         if want("pftrace"):
             b = pftrace_bytes(s, 20_000, tmp)
-            row(".pftrace bytes per kernel span", f"{b:.1f} B", "60 B", b / 60, "<= 1")
+            plain = pftrace_bytes(s, 20_000, tmp, compress=False)
+            row(".pftrace bytes per kernel span", f"{b:.1f} B (plain {plain:.1f})", "60 B", b / 60, "<= 1")
         if want("first"):
             before = stamps.reaper_stats()
             fb = first_bytes(s, tmp)

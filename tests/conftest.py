@@ -228,3 +228,33 @@ class ChromeTrace:
 def chrome() -> type[ChromeTrace]:
     """``chrome.read(path)`` -> ChromeTrace with nesting checks."""
     return ChromeTrace
+
+
+def file_packets(data: bytes) -> list[tuple[int, list[bytes]]]:
+    """A .pftrace's own top-level packets, as (end offset in the file, the packets it holds): one for a plain
+    packet, the inflated ones for a ``compressed_packets`` packet (read with zlib, as trace processor reads it)."""
+    import zlib
+
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    out = []
+    pos = 0
+    while pos < len(data):
+        size = shift = 0
+        start = pos + 1
+        while True:
+            b = data[start]
+            start += 1
+            size |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                break
+        end = start + size
+        if end > len(data):
+            break
+        p = pb.TracePacket.FromString(data[start:end])
+        inner = [q.SerializeToString() for q in pb.Trace.FromString(zlib.decompress(p.compressed_packets)).packet] \
+            if p.HasField("compressed_packets") else [data[start:end]]
+        out.append((end, inner))
+        pos = end
+    return out

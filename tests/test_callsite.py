@@ -247,10 +247,15 @@ def test_pftrace_interns_source_locations(queue: Any, prg: Any, buf: Any, tmp_pa
     with cltrace.trace(pf):
         for _ in range(4):
             prg.inc[(1024,), None, queue](buf); L = line()  # noqa: E702
+    import zlib
+
     trace = pb.Trace.FromString(open(pf, "rb").read())
+    packets = []  # compressed packets expanded as trace processor expands them
+    for p in trace.packet:
+        packets.extend(pb.Trace.FromString(zlib.decompress(p.compressed_packets)).packet if p.compressed_packets else [p])
     interned: dict[tuple[int, int], Any] = {}
     used = []
-    for p in trace.packet:
+    for p in packets:
         seq = p.trusted_packet_sequence_id
         for loc in p.interned_data.source_locations:
             assert (seq, loc.iid) not in interned

@@ -26,7 +26,7 @@ import cltrace
 from cltrace.errors import TraceFileError
 from cltrace.export.processes import program_name
 from cltrace.export.perfetto import PerfettoTraceSink
-from cltrace.read.perfetto import iter_packets, load_pftrace
+from cltrace.read.perfetto import _varint, iter_packets, load_pftrace
 from cltrace.record.recorder import RECORDER, Recorder
 from cltrace.export.formats import format_for
 from cltrace.timeline.spans import Span
@@ -419,15 +419,21 @@ def test_reader_matches_chrome(traced: Traced) -> None:
 def test_truncated_file_reads_up_to_last_complete_packet(traced: Traced, tmp_path: Any) -> None:
     data = open(traced.pftrace, "rb").read()
     full = {s.id: s for s in load_pftrace(traced.pftrace)[0]}
-    packets = iter_packets(data)
-    bounds = [off for off, _ in packets] + [len(data)]
-    meta_end = next(bounds[i + 1] for i, (_, raw) in enumerate(packets) if b"cltrace.metadata" in raw)
+    frames = []  # the file's own packets, compressed ones as one: (end, packets it holds)
+    pos = 0
+    while pos < len(data):
+        size, start = _varint(data, pos + 1)
+        frames.append((start + size, len(iter_packets(data[pos:start + size]))))
+        pos = start + size
+    assert any(n > 1 for _, n in frames), "the spans are written compressed"
+    bounds = [0] + [end for end, _ in frames]
+    meta_end = next(end for end, _ in frames if b"cltrace.metadata" in data[:end])
     rng = random.Random(7)
     cuts = sorted(rng.sample(range(1, len(data)), 25) + [bounds[1] - 1, bounds[1], bounds[len(bounds) // 2] + 1])
     cut_path = tmp_path / "cut.pftrace"
     for cut in cuts:
         cut_path.write_bytes(data[:cut])
-        complete = sum(1 for b in bounds[1:] if b <= cut)
+        complete = sum(n for end, n in frames if end <= cut)
         if complete == 0:
             with pytest.raises(TraceFileError, match="first complete packet"):
                 load_pftrace(cut_path)

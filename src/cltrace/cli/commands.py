@@ -69,13 +69,14 @@ def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
 def _native_parts() -> dict[str, str]:
     """Which implementation each native part of the pipeline runs: "native (C extension)" or "python (...)"."""
     from ..export import chrome_lines
-    from ..export.perfetto import encoder
+    from ..export.perfetto import compress, encoder
     from ..read import scan
     from ..record import callsite, regions
     from ..timeline import passes, stamps
 
     return {"event stamps": stamps.DETAIL, "event reaper": stamps.REAPER_DETAIL, "resolver passes": passes.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
-            "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL, "trace scanner": scan.DETAIL}
+            "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL,
+            "perfetto compressor": compress.DETAIL, "trace scanner": scan.DETAIL}
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

@@ -46,15 +46,6 @@ def format_for(path: str) -> str:
     raise ValueError(f"cannot tell the trace format of {path!r}: use one of {suffixes}")
 
 
-def suffix(fmt: str) -> str:
-    """The file suffix of a format name (``.speedscope.json`` for "speedscope")."""
-    if fmt in _EXTRA:
-        return _EXTRA[fmt][0]
-    if fmt not in _BUILTIN:
-        raise ValueError(f"unknown trace format {fmt!r}: choose from {names()}")
-    return _BUILTIN[fmt][0]
-
-
 def factory(fmt: str) -> Callable[[str], Any]:
     """The sink class (or factory) of a format name."""
     if fmt in _EXTRA:

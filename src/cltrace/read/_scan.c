@@ -9,7 +9,8 @@
  *                    offset) applied in file order, as columns, and the COUNTER packets as columns; the
  *                    interned names, the distinct source locations and the distinct extra annotations by
  *                    (offset, length); the packets left to Python (descriptors, instants).
- * Either returns None where the file is not in the layout it knows (a foreign or damaged file): the
+ *   compressed(data) -> bytes: where the packets holding compressed packets are (``inflate.py`` expands them).
+ * chrome and pftrace return None where the file is not in the layout they know (a foreign or damaged file): the
  * general readers (``chrome.py``, ``perfetto.py``) then read it, and say what is wrong with it.
  * Semantics follow those readers exactly; ``chrome_columns.py`` and ``perfetto_columns.py`` say what the
  * columns mean.
@@ -1272,9 +1273,48 @@ done:
     return res;
 }
 
+/* compressed(data) -> bytes: int64 triples (packet offset, zlib start, zlib end) of the packets whose one
+ * field is compressed_packets (field 50), for ``inflate.py`` to expand in place; the walk stops where
+ * the packets do (a cut-off or zero-filled tail, a foreign byte). */
+static PyObject *
+compressed(PyObject *self, PyObject *args)
+{
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:compressed", &b))
+        return NULL;
+    col out = {0};
+    int nomem = 0;
+    const uint8_t *base = b.buf, *end = base + b.len, *p = base;
+    Py_BEGIN_ALLOW_THREADS
+    while (p < end && *p == 0x0a) {
+        buf hb = {p + 1, end};
+        uint64_t size;
+        if (!varint(&hb, &size) || size > (uint64_t)(end - hb.p))
+            break;
+        const uint8_t *s = hb.p, *e = s + size;
+        if (size > 2 && s[0] == 0x92 && s[1] == 0x03) { /* tag of field 50, length-delimited */
+            buf fb = {s + 2, e};
+            uint64_t n;
+            if (varint(&fb, &n) && n == (uint64_t)(e - fb.p)) {
+                if (put(&out, p - base) || put(&out, fb.p - base) || put(&out, e - base)) {
+                    nomem = 1;
+                    break;
+                }
+            }
+        }
+        p = e;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    PyObject *res = nomem ? PyErr_NoMemory() : col_bytes(&out);
+    col_free(&out);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"chrome", chrome, METH_VARARGS, "Columns of a cltrace Chrome JSON trace, or None (not its layout)."},
     {"pftrace", pftrace, METH_VARARGS, "Columns of a cltrace .pftrace, or None (not its layout)."},
+    {"compressed", compressed, METH_VARARGS, "Offsets of the packets that hold compressed packets."},
     {"field_numbers", field_numbers, METH_NOARGS, "The protobuf field numbers this scanner reads."},
     {NULL, NULL, 0, NULL},
 };

@@ -24,6 +24,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ..errors import TraceFileError
 from ..record.memory import COUNTER_PREFIX
 from . import checks
+from .inflate import expand
 from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
                                     DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET, uv)
 from ..timeline import sites
@@ -49,7 +50,12 @@ def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
 
 
 def iter_packets(data: bytes) -> list[tuple[int, bytes]]:
-    """(offset, bytes) of each complete ``Trace.packet``; a cut-off last packet is left out."""
+    """(offset, bytes) of each complete ``Trace.packet``, compressed packets expanded in place (offsets
+    count in the expanded data); a cut-off last packet is left out."""
+    return _frames(expand(data))
+
+
+def _frames(data: bytes) -> list[tuple[int, bytes]]:
     out: list[tuple[int, bytes]] = []
     pos = 0
     n = len(data)
@@ -298,7 +304,9 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
         raise TraceFileError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
     if not data:
         raise TraceFileError("file is empty")
-    packets = iter_packets(data)
+    file_bytes = len(data)
+    data = expand(data)
+    packets = _frames(data)
     if not packets:
         raise TraceFileError("not a Perfetto trace: the file ends before its first complete packet")
     reader = _Reader()
@@ -321,7 +329,7 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
                                for u, (n, parent) in names.items()})
     offset, raw = packets[-1]
     end = offset + 1 + len(uv(len(raw))) + len(raw)
-    if end < len(data) or not reader.closed:
-        checks.cut_off(meta, end, len(data), len(packets), 0, "packets")
+    if end < len(data) or not reader.closed:  # the tail after the last complete packet is the file's own
+        checks.cut_off(meta, end - (len(data) - file_bytes), file_bytes, len(packets), 0, "packets")
     return spans, meta
 

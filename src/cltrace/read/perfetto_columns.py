@@ -27,6 +27,7 @@ from ..timeline import sites
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.spans import STATUS_ERROR
 from . import checks
+from .inflate import expand
 from .perfetto import metadata_of, _annotation_value, _site, _str, note_track, with_callers
 from .scan import C_COLS, P_COLS
 from .tree import path_ids
@@ -136,11 +137,13 @@ def load_pftrace_columns(path: str, scanner: Any) -> tuple[SpanBatch, dict[str, 
         data = fh.read()
     if not data:
         return None
+    file_bytes = len(data)
+    data = expand(data)
     got = scanner.pftrace(data)
     if got is None or not got["packets"] or not got["first_snapshot"]:
         return None
     try:
-        return _build(data, got)
+        return _build(data, got, file_bytes)
     except (TraceFileError, DecodeError, ValueError, RecursionError):
         return None  # the general reader says what is wrong
 
@@ -211,7 +214,7 @@ def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interne
     return attrs, failed, errors, stacks
 
 
-def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]] | None:
+def _build(data: bytes, got: dict[str, Any], file_bytes: int) -> tuple[SpanBatch, dict[str, Any]] | None:
     rest = _Rest()
     for o, n, index in zip(*(np.frombuffer(b, np.int64).tolist() for b in got["python"])):
         rest.packet(pb.TracePacket.FromString(data[o:o + n]), index)
@@ -287,6 +290,6 @@ def _build(data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]]
     tn = rest.track_names
     meta.setdefault("tracks", {str(u): {"name": nm, "process": tn.get(parent, ("", 0))[0]}
                                for u, (nm, parent) in tn.items()})
-    if got["end"] < len(data) or not rest.closed:
-        checks.cut_off(meta, int(got["end"]), len(data), int(got["packets"]), 0, "packets")
+    if got["end"] < len(data) or not rest.closed:  # the tail after the last complete packet is the file's own
+        checks.cut_off(meta, int(got["end"]) - (len(data) - file_bytes), file_bytes, int(got["packets"]), 0, "packets")
     return batch, meta

@@ -24,6 +24,7 @@ P_SEQ = tag(10, VARINT)  # TracePacket.trusted_packet_sequence_id
 P_FLAGS = tag(13, VARINT)  # TracePacket.sequence_flags
 P_TE = tag(11, LEN)  # TracePacket.track_event
 P_INTERNED = tag(12, LEN)  # TracePacket.interned_data
+P_COMPRESSED = tag(50, LEN)  # TracePacket.compressed_packets: a zlib stream of Trace.packet entries
 TE_TYPE = tag(9, VARINT)  # TrackEvent.type
 TE_CAT = tag(3, VARINT)  # TrackEvent.category_iids
 TE_NAME = tag(10, VARINT)  # TrackEvent.name_iid
