@@ -92,8 +92,9 @@ class Setup:
         q.finish()
 
 
-def capacity(s: Setup, n: int, tmp: str) -> float:
-    """Spans/s of the worker's whole job on records of n real launches (9 kernels per region)."""
+def capacity(s: Setup, n: int, tmp: str, compress: bool = True) -> float:
+    """Spans/s of the worker's whole job on records of n real launches (9 kernels per region); ``compress``:
+    the .pftrace packed (the default) or plain."""
     RECORDER.clear()
     RECORDER.configure(max_pending=10 * n, resolve_interval_s=3600)
     cltrace.set_queue(None)
@@ -108,7 +109,8 @@ def capacity(s: Setup, n: int, tmp: str) -> float:
     s.q.finish()
     recs = list(RECORDER.pending)
     RECORDER.pending.clear()
-    js, pf = ChromeTraceSink(os.path.join(tmp, "cap.json")), PerfettoTraceSink(os.path.join(tmp, "cap.pftrace"))
+    js, pf = ChromeTraceSink(os.path.join(tmp, "cap.json")), PerfettoTraceSink(os.path.join(tmp, "cap.pftrace"),
+                                                                                        compress=compress)
     js.start(RECORDER)
     pf.start(RECORDER)
     t0 = time.perf_counter()
@@ -418,9 +420,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         s.loop(2000)
         if want("capacity"):
+            plain = capacity(s, args.capacity_spans, tmp, compress=False)
             cap = capacity(s, args.capacity_spans, tmp)
             row(f"capacity, spans/s ({stamps.PATH})", f"{cap:,.0f}/s", "1,000,000/s (150,000/s fallback)",
                 cap / 1e6, ">= 1 (native) / >= 0.15")
+            row("same, .pftrace plain", f"{plain:,.0f}/s", "(comparison)", cap / plain, "(packed / plain)")
         if want("e2e"):
             before = stamps.reaper_stats()
             off, on = end_to_end(s, args.launches, args.rounds, tmp)

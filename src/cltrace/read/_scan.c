@@ -23,6 +23,7 @@
 #define LIMIT ((int64_t)1 << 62) /* stamps and ids beyond this are errors the general reader names */
 
 /* ---- growable int64 columns --------------------------------------------------------------------- */
+/* Memory here is PyMem_Raw*: the scans fill it without the GIL, where Python 3.12's PyMem_* crash. */
 typedef struct {
     int64_t *v;
     Py_ssize_t n, cap;
@@ -33,7 +34,7 @@ put(col *c, int64_t x)
 {
     if (c->n == c->cap) {
         Py_ssize_t cap = c->cap ? 2 * c->cap : 1024;
-        int64_t *v = PyMem_Realloc(c->v, (size_t)cap * sizeof(int64_t));
+        int64_t *v = PyMem_RawRealloc(c->v, (size_t)cap * sizeof(int64_t));
         if (!v)
             return -1;
         c->v = v;
@@ -46,7 +47,7 @@ put(col *c, int64_t x)
 static void
 col_free(col *c)
 {
-    PyMem_Free(c->v);
+    PyMem_RawFree(c->v);
     c->v = NULL;
     c->n = c->cap = 0;
 }
@@ -82,7 +83,7 @@ intern_init(interner *t, const uint8_t *base)
     memset(t, 0, sizeof(*t));
     t->base = base;
     t->mask = 1023;
-    t->slot = PyMem_Calloc(1024, sizeof(Py_ssize_t));
+    t->slot = PyMem_RawCalloc(1024, sizeof(Py_ssize_t));
     return t->slot ? 0 : -1;
 }
 
@@ -92,7 +93,7 @@ intern_free(interner *t)
     col_free(&t->off);
     col_free(&t->len);
     col_free(&t->key);
-    PyMem_Free(t->slot);
+    PyMem_RawFree(t->slot);
     t->slot = NULL;
 }
 
@@ -100,7 +101,7 @@ static int
 intern_grow(interner *t)
 {
     Py_ssize_t size = 2 * (t->mask + 1);
-    Py_ssize_t *slot = PyMem_Calloc((size_t)size, sizeof(Py_ssize_t));
+    Py_ssize_t *slot = PyMem_RawCalloc((size_t)size, sizeof(Py_ssize_t));
     if (!slot)
         return -1;
     for (Py_ssize_t id = 0; id < t->off.n; id++) {
@@ -110,7 +111,7 @@ intern_grow(interner *t)
             i = (i + 1) & (size - 1);
         slot[i] = id + 1;
     }
-    PyMem_Free(t->slot);
+    PyMem_RawFree(t->slot);
     t->slot = slot;
     t->mask = size - 1;
     return 0;
@@ -607,7 +608,7 @@ get_seq(pf *o, uint64_t id)
             return &o->seqs[i];
     if (o->nseqs == o->cap) {
         Py_ssize_t cap = o->cap ? 2 * o->cap : 16;
-        seqstate *s = PyMem_Realloc(o->seqs, (size_t)cap * sizeof(seqstate));
+        seqstate *s = PyMem_RawRealloc(o->seqs, (size_t)cap * sizeof(seqstate));
         if (!s)
             return NULL;
         o->seqs = s;
@@ -1253,7 +1254,7 @@ done:
             col_free(&o.seqs[i].iid[t]);
         col_free(&o.seqs[i].dn_code);
     }
-    PyMem_Free(o.seqs);
+    PyMem_RawFree(o.seqs);
     for (int k = 0; k < P_NCOLS; k++)
         col_free(&o.p[k]);
     for (int k = 0; k < C_NCOLS; k++)

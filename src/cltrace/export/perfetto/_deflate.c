@@ -127,14 +127,21 @@ static inline int low_zero_bytes(uint64_t x, const uint8_t *a, const uint8_t *c)
 
 static inline uint32_t hash4(uint32_t v) { return (v * 2654435761u) >> (32 - HASH_BITS); }
 
+/* Adler-32 sixteen bytes at a time: s2 += 16 * s1 + sum((16 - k) * p[k]), s1 += sum(p[k]), the same sums as
+ * the byte-serial loop without its chain of dependent additions (the compiler vectorizes the block). */
 static uint32_t adler32(const uint8_t *p, size_t n) {
     uint32_t a = 1, b = 0;
     while (n) {
-        size_t k = n < 5552 ? n : 5552;
+        size_t k = n < 5552 ? n : 5552; /* the most bytes before b can overflow 32 bits */
         n -= k;
-        for (; k >= 8; k -= 8, p += 8) {
-            a += p[0]; b += a; a += p[1]; b += a; a += p[2]; b += a; a += p[3]; b += a;
-            a += p[4]; b += a; a += p[5]; b += a; a += p[6]; b += a; a += p[7]; b += a;
+        for (; k >= 16; k -= 16, p += 16) {
+            uint32_t s = 0, w = 0;
+            for (int j = 0; j < 16; j++) {
+                s += p[j];
+                w += (uint32_t)(16 - j) * p[j];
+            }
+            b += 16 * a + w;
+            a += s;
         }
         while (k--) { a += *p++; b += a; }
         a %= 65521;
@@ -176,11 +183,9 @@ static size_t zlib_fixed(const uint8_t *in, size_t n, uint8_t *out, uint32_t *he
             int d = dist_index(dist);
             put(&b, dist_code[d], 5);
             if (dist_extra_bits[d]) put(&b, dist - dist_base[d], dist_extra_bits[d]);
-            size_t end = i + len;
-            /* The match's last positions only: the next packet's repeat starts at or after its end. */
-            for (i = end > i + 4 ? end - 3 : i + 1; i < end && i + MIN_MATCH <= n; i++)
-                head[hash4(load32(in + i))] = (uint32_t)(i + 1);
-            i = end;
+            /* Positions inside a match are not hashed: the packets' next repeat starts after it (and
+             * hashing them found fewer of those). */
+            i += len;
         } else {
             literal(&b, in[i++]);
         }
