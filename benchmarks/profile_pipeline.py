@@ -28,12 +28,13 @@ from cltrace.timeline import passes, stamps
 
 
 STAGES = ("resolve", "stats", "json", "pftrace")
+PLAIN = False  # --plain
 
 
 def run(recs: list, tmp: str, tag: str, pr: cProfile.Profile | None = None, step: int = 4096) -> dict[str, tuple[float, float]]:
     """The worker's job on ``recs``: (wall, CPU) seconds per stage, and of closing both files."""
     js = ChromeTraceSink(os.path.join(tmp, f"{tag}.json"))
-    pf = PerfettoTraceSink(os.path.join(tmp, f"{tag}.pftrace"))
+    pf = PerfettoTraceSink(os.path.join(tmp, f"{tag}.pftrace"), compress=not PLAIN)
     js.start(RECORDER)
     pf.start(RECORDER)
     wall = dict.fromkeys(STAGES + ("close",), 0.0)
@@ -68,9 +69,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spans", type=int, default=100_000)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--plain", action="store_true", help="the .pftrace written plain (compress=False)")
     ap.add_argument("--batch", type=int, default=4096, help="records resolved per step")
     ap.add_argument("--tickets", action="store_true", help="records hold the reaper's tickets (default: their events)")
     a = ap.parse_args()
+    global PLAIN
+    PLAIN = a.plain
     q = cltrace.profiling_queue()
     k = cl.Program(q.context, "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }").build().k
     buf = cl.Buffer(q.context, cl.mem_flags.READ_WRITE, 4 * 1024)

@@ -59,6 +59,18 @@ class RotelCollector:
         return f"http://127.0.0.1:{self.http_port}/v1/traces"
 
     def start(self) -> "RotelCollector":
+        """Starts rotel; where a port it was given is taken by then (free_port's race with the rest of the
+        machine), again on two new ones, up to three times."""
+        for attempt in range(3):
+            try:
+                return self._start()
+            except RuntimeError:
+                if attempt == 2 or "Address already in use" not in self.output():
+                    raise
+                self.grpc_port, self.http_port = free_port(), free_port()
+        raise AssertionError("unreachable")
+
+    def _start(self) -> "RotelCollector":
         cmd = [rotel_binary(), "start",
                "--otlp-grpc-endpoint", self.grpc_endpoint,
                "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",

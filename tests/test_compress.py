@@ -120,3 +120,63 @@ def test_a_damaged_compressed_packet_is_named(plain_trace: bytes, tmp_path: Path
         with pytest.raises(TraceFileError, match="compressed packets at byte 0 do not inflate") as err:
             read(path)
         assert "\n" not in str(err.value)
+
+
+# ---- the packer thread -------------------------------------------------------------------------
+def test_the_packer_writes_chunks_in_order_and_wait_means_written() -> None:
+    import io
+    import time
+
+    from cltrace.export.perfetto.packer import Packer
+
+    rng = random.Random(5)
+    fh, sizes = io.BytesIO(), []
+
+    def slow(raw: bytes) -> bytes:
+        time.sleep(rng.random() / 500)
+        return raw[::-1]
+
+    p = Packer(fh, slow, sizes.append)
+    chunks = [bytes([i]) * rng.randint(1, 50) for i in range(60)]
+    for c in chunks[:30]:
+        p.submit(c)
+    p.wait()
+    assert fh.getvalue() == b"".join(c[::-1] for c in chunks[:30])
+    for c in chunks[30:]:
+        p.submit(c)
+    p.close()
+    assert fh.getvalue() == b"".join(c[::-1] for c in chunks) and sum(sizes) == len(fh.getvalue())
+
+
+def test_the_packer_holds_at_most_depth_chunks_and_hands_errors_over() -> None:
+    import io
+    import threading
+
+    from cltrace.export.perfetto import packer as packer_mod
+
+    gate = threading.Event()
+
+    def gated(raw: bytes) -> bytes:
+        gate.wait(10)
+        if raw == b"bad":
+            raise OSError(28, "No space left on device")
+        return raw
+
+    fh = io.BytesIO()
+    p = packer_mod.Packer(fh, gated, lambda n: None)
+    for i in range(packer_mod.DEPTH + 1):  # one being packed, DEPTH waiting
+        p.submit(b"%d" % i)
+    late = threading.Thread(target=p.submit, args=(b"late",))
+    late.start()
+    late.join(0.3)
+    assert late.is_alive(), "a full packer makes the sink's thread wait"
+    gate.set()
+    late.join(5)
+    p.wait()
+    assert fh.getvalue() == b"".join(b"%d" % i for i in range(packer_mod.DEPTH + 1)) + b"late"
+    p.submit(b"bad")
+    with pytest.raises(OSError, match="No space"):
+        p.wait()
+    p.submit(b"next")  # the error was handed over once; the packer goes on
+    p.close()
+    assert fh.getvalue().endswith(b"latenext")

@@ -8,8 +8,9 @@ with absolute MONOTONIC timestamps.
 
 By default the packets of each flush are written compressed (``compress``: one
 ``TracePacket.compressed_packets`` a ``CHUNK`` of packets, as Perfetto's service writes with DEFLATE),
-~21 B a launch's host slice, device slice and flow against ~71 B plain; the first packets (clock
-snapshot, descriptors, metadata) stay plain, and a killed run still reads up to its last flush.
+~21 B a launch's host slice, device slice and flow against ~71 B plain, by a ``Packer`` thread so the
+worker goes on meanwhile; the first packets (clock snapshot, descriptors, metadata) stay plain, and a
+killed run still reads up to its last flush.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ..base import abandon_file, open_trace_file, start_writeback
 from ..processes import program_name
 from . import encoder, messages
 from .compress import packed
+from .packer import Packer
 from .fused import FusedWriter
 from .order import HoldBack
 from .packets import encode
@@ -46,6 +48,7 @@ class PerfettoTraceSink:
         self.compress = compress
         self._raw: list[bytes] = []  # packets waiting to be packed (compress)
         self._raw_n = 0
+        self._packer: Packer | None = None
         self._fh: IO[bytes] | None = None
         self._tracks = Tracks(None, 0)  # replaced at start, when the recorder's tracks are known
         self._hold = HoldBack()
@@ -75,6 +78,8 @@ class PerfettoTraceSink:
         native = getattr(encoder.encode_rows, "writer", None)
         self._fused = FusedWriter(native, tracks) if native is not None else None
         self._fh = open_trace_file(self.path)
+        if self.compress:
+            self._packer = Packer(self._fh, packed, self._count)
         boot = getattr(time, "CLOCK_BOOTTIME", None)
         if boot is not None:  # lets the trace line up with system traces (BOOTTIME)
             m0 = time.monotonic_ns()
@@ -143,6 +148,9 @@ class PerfettoTraceSink:
         self._emit(self._dropped(int(meta.get("dropped_spans", 0))) + self._memory_packets()
                    + self._metadata_packet(meta))
         self._pack()
+        if self._packer is not None:
+            self._packer, packer = None, self._packer
+            packer.close()
         fh.flush()
         try:
             os.fsync(fh.fileno())
@@ -154,6 +162,8 @@ class PerfettoTraceSink:
     def _flush_os(self) -> None:
         self._since_flush = 0
         self._pack()
+        if self._packer is not None:
+            self._packer.wait()
         self._fh.flush()  # type: ignore[union-attr]
         self._synced = start_writeback(self._fh, self._synced)  # type: ignore[arg-type]
 
@@ -163,6 +173,9 @@ class PerfettoTraceSink:
         self._fh = None
         self._fused = None
         self._raw, self._raw_n = [], 0
+        if self._packer is not None:
+            self._packer.abandon()
+            self._packer = None
 
     def _encode(self, rows: np.ndarray, extras: list[bytes], select: np.ndarray | None = None) -> bytes:
         data, packets = encode(self._tracks, rows, extras, select)
@@ -215,15 +228,18 @@ class PerfettoTraceSink:
             self._pack()
 
     def _pack(self) -> None:
-        """The packets waiting for compression, written as one compressed packet."""
+        """The packets waiting for compression, handed to the packer as one compressed packet."""
         if self._raw:
             raw = self._raw[0] if len(self._raw) == 1 else b"".join(self._raw)
             self._raw, self._raw_n = [], 0
-            self._write(packed(raw))
+            self._packer.submit(raw)  # type: ignore[union-attr]
 
     def _write(self, data: bytes) -> None:
         self._fh.write(data)  # type: ignore[union-attr]
-        self.bytes_written += len(data)
+        self._count(len(data))
+
+    def _count(self, n: int) -> None:
+        self.bytes_written += n
 
 
 def _mono_offset() -> int:
