@@ -17,15 +17,18 @@ from ..export.perfetto.wire import PACKET, P_COMPRESSED
 from .scan import NATIVE
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
+def varint_at(data: bytes, pos: int) -> tuple[int, int] | None:
+    """(value, next position), or None where the data ends inside the varint."""
     result = shift = 0
-    while pos < len(data) and shift < 64:
+    while pos < len(data):
         b = data[pos]
         pos += 1
         result |= (b & 0x7F) << shift
         if not b & 0x80:
             return result, pos
         shift += 7
+        if shift > 63:
+            raise TraceFileError(f"not a Perfetto trace: bad packet length before byte {pos}")
     return None
 
 
@@ -37,13 +40,13 @@ def compressed_packets(data: bytes) -> list[tuple[int, int, int]]:
     out = []
     pos, n = 0, len(data)
     while pos < n and data[pos] == PACKET:
-        got = _varint(data, pos + 1)
+        got = varint_at(data, pos + 1)
         if got is None or got[1] + got[0] > n:
             break
         size, start = got
         end = start + size
         if data.startswith(P_COMPRESSED, start):
-            inner = _varint(data, start + len(P_COMPRESSED))
+            inner = varint_at(data, start + len(P_COMPRESSED))
             if inner is not None and inner[1] + inner[0] == end:
                 out.append((pos, inner[1], end))
         pos = end

@@ -24,7 +24,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ..errors import TraceFileError
 from ..record.memory import COUNTER_PREFIX
 from . import checks
-from .inflate import expand
+from .inflate import expand, varint_at as _varint
 from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
                                     DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET, uv)
 from ..timeline import sites
@@ -32,21 +32,6 @@ from ..timeline.spans import STATUS_ERROR, STATUS_OK, Span
 from .tree import fill_paths
 
 _RESERVED = {A_SPAN, A_PARENT, A_STATUS, A_ERROR, A_DEV_START, A_DEV_END, sites.STACK}
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
-    """(value, next position), or None where the data ends inside the varint."""
-    result = shift = 0
-    while pos < len(data):
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise TraceFileError(f"not a Perfetto trace: bad packet length before byte {pos}")
-    return None
 
 
 def iter_packets(data: bytes) -> list[tuple[int, bytes]]:
