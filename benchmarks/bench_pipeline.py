@@ -29,6 +29,7 @@ for the fallback's figures.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import gc
 import os
@@ -211,6 +212,7 @@ class GcPauses:
         self.count = [0, 0, 0]
         self.where = ["", "", ""]  # the thread and what it freed, for the longest pause of each
         self._t0 = 0.0
+        self._young: list = []
 
     def __enter__(self) -> "GcPauses":
         gc.callbacks.append(self._cb)
@@ -221,6 +223,8 @@ class GcPauses:
 
     def _cb(self, phase: str, info: dict) -> None:
         if phase == "start":
+            # what a young collection looks at, named where it pauses long (a few hundred objects)
+            self._young = gc.get_objects(0) if info["generation"] == 0 else []
             self._t0 = time.perf_counter()
         else:
             g = info["generation"]
@@ -229,6 +233,10 @@ class GcPauses:
             if took > self.longest[g]:
                 self.longest[g] = took
                 self.where[g] = f"{threading.current_thread().name}, {info['collected']} collected"
+                if took > 0.05 and self._young:
+                    kinds = collections.Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in self._young)
+                    self.where[g] += "; young: " + ", ".join(f"{n} {k}" for k, n in kinds.most_common(6))
+            self._young = []
 
     def __str__(self) -> str:
         return ", ".join(f"gen{g} {c}x max {m * 1e3:.1f} ms" + (f" ({self.where[g]})" if m > 0.01 else "")

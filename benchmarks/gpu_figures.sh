@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU figures of the closing notes, in one go, on a machine with NVIDIA GPUs and Python but no
 # pyopencl (the lent H200 hosts): wheels carried in .whl/, the C extensions built there.
-#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup harvest diag sweep breakdown fprofile devices pipeline reaper noreaper probes fallback stamps profile clock multi tune
+#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup harvest diag sweep breakdown fprofile devices pipeline reaper noreaper probes fallback stamps profile clock multi tune perfetto read
 set -uo pipefail
 out=${1:?OUTDIR}; shift
-steps=${*:-setup devices pipeline fallback clock multi tune}
+steps=${*:-setup devices pipeline perfetto read fallback clock multi tune}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 CLTRACE_DEVICE=${CLTRACE_DEVICE:-gpu} PYTHONPATH=$PWD/src:/tmp/site
 [ -d /tmp/site/pyopencl ] || [[ " $steps " == *" setup "* ]] || steps="setup $steps"  # a fresh machine
@@ -47,5 +47,12 @@ for step in $steps; do
         CLTRACE_SWITCH_MS=$sw python3 benchmarks/bench_pipeline.py --only e2e,stall --launches 200000 --rounds 2 --stall-s 1 2>&1 | tail -2
       done 2>&1 | tee "$out/sweep.txt" ;;
     tune) python3 benchmarks/tune_stability.py --size 2048 --hogs 0 2>&1 | tail -40 | tee "$out/tune.txt" ;;
+    perfetto) python3 benchmarks/bench_perfetto.py --spans 200000 --repeat 3 2>&1 | tail -22 | tee "$out/perfetto.txt" ;;
+    read)  # the readers (native scanner and general reader) on this machine's Python: a demo run read back both ways
+      python3 -m cltrace demo --out "$out/demo" >/dev/null 2>&1
+      for f in "$out"/demo/demo.json "$out"/demo/demo.pftrace; do
+        python3 -X faulthandler -m cltrace summary "$f" 2>&1 | tail -2
+        CLTRACE_NATIVE=0 python3 -X faulthandler -m cltrace summary "$f" 2>&1 | tail -1
+      done | tee "$out/read.txt" ;;
   esac
 done
