@@ -102,7 +102,8 @@ def write_as(writer: str, rec: Recorder, batches: list[SpanBatch], tmp: str) -> 
     active, squeeze = encoder.encode_rows, compress.zlib_stream
     python = writer == "pftrace python"
     encoder.encode_rows = encoder.PYTHON if python else encoder.NATIVE  # type: ignore[assignment]
-    compress.zlib_stream = compress.python_zlib if python else compress.zlib_stream
+    if python:
+        compress.zlib_stream = compress.python_zlib
     try:
         return write(PerfettoTraceSink, rec, batches, os.path.join(tmp, writer.replace(" ", "-") + ".pftrace"),
                      compress=writer != "pftrace plain")

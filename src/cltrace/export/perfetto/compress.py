@@ -5,8 +5,8 @@ Perfetto's tracing service writes the same field with ``compression_type: COMPRE
 trace processor and ui.perfetto.dev inflate it in place, and cltrace's readers do (``read.inflate``).
 Both compressors give a zlib stream of the same packets, and both run without the GIL, so a program's
 threads go on while the sink's worker compresses. ``_deflate`` is a greedy one-probe LZ77 with fixed
-Huffman codes: ~21 B a launch's spans against zlib's ~16 B, at about half zlib's CPU time
-(``benchmarks/bench_perfetto.py`` prints both). ``PATH`` says which runs ("native" or "python").
+Huffman codes: ~21 B a launch's spans against zlib's ~17 B, at a third to a quarter of zlib's CPU
+time (``benchmarks/bench_perfetto.py`` prints both). ``PATH`` says which runs ("native" or "python").
 """
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ DETAIL: str = _CHOICE.detail
 zlib_stream: Compress = NATIVE or python_zlib
 
 
-def packed(raw: bytes | bytearray | memoryview, compress: Compress | None = None) -> bytes:
+def packed(raw: bytes) -> bytes:
     """Whole ``Trace.packet`` entries as one packet that holds them compressed (``raw`` itself where it is
     too small to gain)."""
     if len(raw) < SMALLEST:
-        return bytes(raw)
-    z = (compress or zlib_stream)(raw)
+        return raw
+    z = zlib_stream(raw)
     return frame(P_COMPRESSED + uv(len(z)) + z)
 
 

@@ -97,8 +97,7 @@ class PerfettoTraceSink:
                                        unit=messages.UNIT_COUNT))
         early = {k: v for k, v in recorder.metadata().items() if k not in ("dropped_spans", "recorded_spans")}
         out.append(self._metadata_packet(early))
-        self._fh.write(b"".join(out))  # plain: a reader without inflate still finds the clocks and tracks
-        self.bytes_written += sum(map(len, out))
+        self._write(b"".join(out))  # plain: a reader without inflate still finds the clocks and tracks
         self._fh.flush()
 
     def write(self, spans: Sequence[Span]) -> None:
