@@ -101,8 +101,13 @@ class PythonExtents:
             p, tr, ds, de = p[order], tr[order], ds[order], de[order]
             first = np.flatnonzero(np.r_[True, (p[1:] != p[:-1]) | (tr[1:] != tr[:-1])])
             lo, hi = np.minimum.reduceat(ds, first), np.maximum.reduceat(de, first)
-            for args in zip(p[first].tolist(), tr[first].tolist(), lo.tolist(), hi.tolist()):
-                self._merge(*args)
+            ext = self._ext
+            for pp, t, a, b in zip(p[first].tolist(), tr[first].tolist(), lo.tolist(), hi.tolist()):
+                mine = ext.get(pp)
+                if mine is None:  # ``_merge`` inlined: a region's first children (one per region and track)
+                    ext[pp] = {t: [a, b]}
+                else:
+                    self._merge(pp, t, a, b)
         regs = np.flatnonzero((kind == REGION) | (kind == REGION_UNPLACED))
         if not len(regs):
             return
