@@ -3,7 +3,8 @@
 Rows (each against its baseline or target; ratios printed as a table):
 
   capacity       resolve + statistics + .json + .pftrace of real completed launches, spans/s on one
-                 thread (the worker's work, timed from raw records to both files closed)
+                 thread (the worker's work, timed from raw records to both files closed): the median
+                 and range of ``--capacity-rounds`` runs, packed and plain .pftrace alternating
   end to end     a launch-bound loop of tiny kernels: ``cltrace.trace(a.json, a.pftrace)`` around it
                  (start -> loop -> files closed) against the same loop untraced (+ queue.finish),
                  rounds alternating, median of rounds
@@ -394,6 +395,8 @@ def main() -> None:
     ap.add_argument("--launches", type=int, default=50_000, help="launches per end-to-end round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--capacity-spans", type=int, default=100_000)
+    ap.add_argument("--capacity-rounds", type=int, default=3,
+                    help="alternating plain/packed capacity runs (median and range printed)")
     ap.add_argument("--stall-s", type=float, default=1.0, help="seconds of each stall trial")
     ap.add_argument("--stall-trials", type=int, default=5, help="untraced/traced pairs in the stall row")
     ap.add_argument("--switch-ms", type=float, default=None,
@@ -428,11 +431,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         s.loop(2000)
         if want("capacity"):
-            plain = capacity(s, args.capacity_spans, tmp, compress=False)
-            cap = capacity(s, args.capacity_spans, tmp)
-            row(f"capacity, spans/s ({stamps.PATH})", f"{cap:,.0f}/s", "1,000,000/s (150,000/s fallback)",
-                cap / 1e6, ">= 1 (native) / >= 0.15")
-            row("same, .pftrace plain", f"{plain:,.0f}/s", "(comparison)", cap / plain, "(packed / plain)")
+            plains, caps = [], []
+            for _ in range(max(1, args.capacity_rounds)):
+                plains.append(capacity(s, args.capacity_spans, tmp, compress=False))
+                caps.append(capacity(s, args.capacity_spans, tmp))
+            plain, cap = statistics.median(plains), statistics.median(caps)
+            spread = lambda v: f" ({min(v):,.0f}-{max(v):,.0f})" if len(v) > 1 else ""
+            row(f"capacity, spans/s ({stamps.PATH}), median of {len(caps)}", f"{cap:,.0f}/s{spread(caps)}",
+                "1,000,000/s (150,000/s fallback)", cap / 1e6, ">= 1 (native) / >= 0.15")
+            row("same, .pftrace plain", f"{plain:,.0f}/s{spread(plains)}", "(comparison)", cap / plain,
+                "(packed / plain)")
         if want("e2e"):
             before = stamps.reaper_stats()
             off, on = end_to_end(s, args.launches, args.rounds, tmp)
