@@ -14,6 +14,10 @@ the median iterations a second of both threads together (what the variant costs 
   no harvest   the reaper on, the harvest off (its native thread reads what is stale)
   worker       the reaper on and the worker resolving into memory (no file)
   files        all of it: ``.json`` + ``.pftrace`` (bench_pipeline's stall row)
+  files-noharvest   the same with the harvest off
+  files-hold / files-release   the same, a harvest while others launch keeping the GIL through all of its wait
+               for the device (2 ms) / only for its reads (the default: through the first 0.2 ms of the wait)
+  files-k512 / files-k2048   the same, a harvest every 512 / 2048 commands alone (64 / 256 while others launch)
 """
 from __future__ import annotations
 
@@ -51,13 +55,13 @@ def worker_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def reaper(paused: bool = False, harvest: bool = True) -> Iterator[None]:
+def reaper(paused: bool = False, harvest: bool = True, hold: int = -1, every: int = -1) -> Iterator[None]:
     if _stamps is None:
         yield
         return
     was_paused = _stamps.pause_reaper(paused)
     was = _stamps.reaper_config(250_000, 2_000_000)
-    _stamps.reaper_config(*was[:2], was[2] if harvest else 0, *was[3:])
+    _stamps.reaper_config(*was[:2], (was[2] if every < 0 else every) if harvest else 0, *was[3:5], hold)
     try:
         yield
     finally:
@@ -113,6 +117,11 @@ def main() -> None:
         "no harvest": traced(worker_held, lambda: reaper(harvest=False)),
         "worker": traced(reaper),
         "files": traced(reaper, files=True),
+        "files-noharvest": traced(lambda: reaper(harvest=False), files=True),
+        "files-hold": traced(lambda: reaper(hold=2_000_000), files=True),
+        "files-release": traced(lambda: reaper(hold=0), files=True),
+        "files-k512": traced(lambda: reaper(every=512), files=True),
+        "files-k2048": traced(lambda: reaper(every=2048), files=True),
     }
     chosen = a.variants.split(",") if a.variants else list(variants)
     variants = {k: variants[k] for k in chosen}
@@ -131,10 +140,10 @@ def main() -> None:
               f"{reads['harvests_declined']:,} declined")
     base = statistics.median(worst[chosen[0]])
     print(f"\n{a.trials} trials of {a.seconds:g} s, switch interval {interval * 1e3:g} ms; reaper: {stamps.REAPER_DETAIL}")
-    print(f"{'variant':<12} {'median':>9} {'range':>15} {'over ' + chosen[0]:>14} {'iterations/s':>13}")
+    print(f"{'variant':<18} {'median':>9} {'range':>15} {'over ' + chosen[0]:>14} {'iterations/s':>13}")
     for name, v in worst.items():
         m = statistics.median(v)
-        print(f"{name:<12} {m * 1e3:7.2f} ms {min(v) * 1e3:6.1f}-{max(v) * 1e3:.1f} ms {(m - base) * 1e3:+11.2f} ms "
+        print(f"{name:<18} {m * 1e3:7.2f} ms {min(v) * 1e3:6.1f}-{max(v) * 1e3:.1f} ms {(m - base) * 1e3:+11.2f} ms "
               f"{statistics.median(rate[name]):13,.0f}")
 
 

@@ -242,9 +242,15 @@ def test_a_harvest_never_waits_on_a_command_held_back(cl_ctx: Any, kernels: Any,
     assert len(ks) == 2101 and all(s.dev_start is not None for s in ks)
 
 
-def test_harvests_are_short_while_other_threads_launch(queue: Any, kernels: Any, only_harvests: Any) -> None:
-    """Two threads launching on one queue: a harvest then reads with the GIL held and the other thread waits
-    for it, so harvests come every ~128 commands instead of every 1024; every span is still whole."""
+@pytest.mark.parametrize("hold_ns", [0, 200_000, 2_000_000])
+def test_harvests_are_short_while_other_threads_launch(queue: Any, kernels: Any, only_harvests: Any,
+                                                       hold_ns: int) -> None:
+    """Two threads launching on one queue: a harvest then reads with the GIL held (and keeps it through the
+    first ``hold_ns`` of its wait) and the other thread waits for it, so harvests come every ~128 commands
+    instead of every 1024; every span is still whole."""
+    from cltrace.timeline import _stamps
+
+    _stamps.reaper_config(250_000, 2_000_000, -1, -1, -1, hold_ns)
     add = [cl.Kernel(kernels.add.program, "add") for _ in range(2)]  # a kernel object each: no shared args
     before = harvests()
     cltrace.start()
@@ -270,3 +276,57 @@ def test_harvests_are_short_while_other_threads_launch(queue: Any, kernels: Any,
     assert read / made < 400, (read, made)
     ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
     assert len(ks) == sum(counts) and all(s.dev_start is not None for s in ks)
+
+
+@pytest.mark.parametrize("hold_ns", [200_000, 2_000_000])
+def test_a_harvest_keeping_the_gil_still_declines_a_held_back_command(cl_ctx: Any, kernels: Any, only_harvests: Any,
+                                                                      hold_ns: int) -> None:
+    """While another thread launches, a harvest keeps the GIL through the start of its wait for the device:
+    a newest command held back by a user event is still declined (within 2 ms), never waited for."""
+    from cltrace.timeline import _stamps
+
+    q, other_q = cltrace.profiling_queue(cl_ctx), cltrace.profiling_queue(cl_ctx)
+    add, other = kernels.kernel("add"), cl.Kernel(kernels.add.program, "add")
+    gate = cl.UserEvent(cl_ctx)
+    cltrace.start()
+    try:
+        t = threading.Thread(target=lambda: [kernels.launch_add(other_q, other) for _ in range(8)])
+        t.start()
+        t.join()  # another thread launched lately: the harvests below count others as launching
+        for _ in range(1000):
+            cltrace.launch(add, q, (kernels.n,), None, kernels.a, kernels.b)
+        q.finish()
+        _stamps.reaper_config(250_000, 2_000_000, 1024, -1, -1, hold_ns)  # the count starts again
+        before = harvests()
+        for _ in range(1023):
+            cltrace.launch(add, q, (kernels.n,), None, kernels.a, kernels.b)
+        q.finish()
+        t0 = time.perf_counter()
+        # The 1024th command: its harvest finds the command 64 back done and the newest waiting for the gate.
+        cltrace.launch(add, q, (kernels.n,), None, kernels.a, kernels.b, wait_for=[gate])
+        spent = time.perf_counter() - t0
+        mid = harvests()
+        assert mid["harvests_declined"] - before["harvests_declined"] == 1, (before, mid)
+        assert mid["harvested"] == before["harvested"]
+        assert spent < 0.5, spent
+    finally:
+        gate.set_status(cl.command_execution_status.COMPLETE)
+    q.finish()
+    other_q.finish()
+    cltrace.stop()
+    ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
+    assert len(ks) == 2032 and all(s.dev_start is not None for s in ks)
+
+
+def test_reaper_config_checks_the_shared_hold() -> None:
+    from cltrace.timeline import _stamps
+
+    was = _stamps.reaper_config(250_000, 2_000_000)
+    try:
+        assert len(was) == 6 and 0 <= was[5] <= 2_000_000
+        with pytest.raises(ValueError):
+            _stamps.reaper_config(250_000, 2_000_000, -1, -1, -1, 2_000_001)
+        _stamps.reaper_config(250_000, 2_000_000, -1, -1, -1, 0)
+        assert _stamps.reaper_config(250_000, 2_000_000)[5] == 0
+    finally:
+        _stamps.reaper_config(*was)

@@ -95,6 +95,10 @@ static int paused; /* ``pause(True)``: track() declines, records keep their Even
 static long poll_min_ns = 250000, poll_max_ns = 2000000; /* the reaper's pace (``reaper_config``) */
 static int64_t quiet_ns = 2000000, stale_ns = 50000000;   /* see the top of this file */
 static size_t harvest_k = 1024, harvest_gap = 1024;       /* harvest_k 0: no harvest */
+/* While other threads launch, a harvest keeps the GIL through its wait for the newest command for up to this
+ * long, so that no other thread enqueues between the wait and the reads (see harvest()); past it, the wait
+ * goes on without the GIL. 0: the wait always without it. */
+static int64_t shared_hold_ns = 200000;
 static size_t since_harvest;                              /* commands tracked since the last harvest */
 static int64_t last_track_ns;                             /* the last command tracked from the hot path */
 static pthread_t last_tracker;                            /* the thread that tracked it */
@@ -414,20 +418,31 @@ harvest(cl_command_queue qh)
     const int64_t t0 = now_ns();
     held_t *mine = NULL;
     result_t *res = NULL;
-    /* The wait for the device without the GIL; the reads too, unless other threads launch: then with it,
-     * so that none enqueues meanwhile (a read beside an enqueue costs both several us: 8 ms a harvest
-     * of 1024 against 2.6 ms, measured on an H200). Alone, the resolver runs beside the reads. */
-    PyThreadState *ts = PyEval_SaveThread();
+    /* Alone, the wait for the device and the reads run without the GIL (the resolver works beside them).
+     * While other threads launch, the reads hold it, so that none enqueues meanwhile (a read beside an
+     * enqueue costs both several us: 8 ms a harvest of 1024 against 2.6 ms, measured on an H200), and so
+     * does the first ``shared_hold_ns`` of the wait: a wait that let the others enqueue left the queue busy
+     * and the reads after it cost 2.5-6 us each (H200, two threads launching on one queue, stall_parts.py:
+     * the longest pause 7.6 -> 5.2 ms, iterations 890 -> 1 009 a second). A longer wait (a CPU device
+     * behind the program, as PoCL's) goes on without the GIL. */
+    PyThreadState *ts = others && shared_hold_ns > 0 ? NULL : PyEval_SaveThread();
     if (probe != NULL) {
         /* The device keeps up if the command PROBE_BACK launches ago is done. The harvest then goes on
          * only once the newest is done too (a command held back by a user event the program sets later
          * must not hang it): a few us of polling in a launch-bound loop, else declined. */
         ok = is_complete(probe);
-        for (int64_t until = now_ns() + SPIN_NS; ok && !is_complete(newest);)
-            if (now_ns() >= until)
+        const int64_t from = now_ns();
+        for (int64_t until = from + SPIN_NS; ok && !is_complete(newest);) {
+            const int64_t now = now_ns();
+            if (now >= until)
                 ok = 0;
+            else if (ts == NULL && now - from >= shared_hold_ns)
+                ts = PyEval_SaveThread();
+        }
         release_event(probe);
     }
+    if (ts == NULL && !ok) /* declined: nothing to read */
+        ts = PyEval_SaveThread();
     mine = ok ? malloc(2 * most * sizeof(held_t)) : NULL; /* [0, most): taken; [most, ..): handed back */
     res = mine != NULL ? malloc(most * sizeof(result_t)) : NULL;
     /* A wait on the newest, already complete, never a clFinish: a finish could wait for a command another
@@ -437,7 +452,7 @@ harvest(cl_command_queue qh)
     ok = res != NULL && wait_for_events(1, &newest) == CL_SUCCESS;
     if (newest != NULL)
         release_event(newest);
-    if (others) {
+    if (others && ts != NULL) {
         PyEval_RestoreThread(ts);
         ts = NULL;
     }
@@ -831,18 +846,19 @@ PyObject *
 reaper_config(PyObject *self, PyObject *args)
 {
     long lo, hi;
-    long long every = -1, quiet = -1, stale = -1;
-    if (!PyArg_ParseTuple(args, "ll|LLL:reaper_config", &lo, &hi, &every, &quiet, &stale))
+    long long every = -1, quiet = -1, stale = -1, hold = -1;
+    if (!PyArg_ParseTuple(args, "ll|LLLL:reaper_config", &lo, &hi, &every, &quiet, &stale, &hold))
         return NULL;
     if (lo < 1000 || hi < lo || hi > 1000000000L || every < -1 || every > (1LL << 30) || quiet < -1 ||
-        quiet > 10000000000LL || stale < -1 || stale > 100000000000LL) {
+        quiet > 10000000000LL || stale < -1 || stale > 100000000000LL || hold < -1 || hold > SPIN_NS) {
         PyErr_SetString(PyExc_ValueError, "reaper_config: need 1000 <= min_ns <= max_ns <= 1e9, 0 <= harvest_every "
-                                          "<= 2**30, 0 <= quiet_ns <= 1e10, 0 <= stale_ns <= 1e11 (-1: unchanged)");
+                                          "<= 2**30, 0 <= quiet_ns <= 1e10, 0 <= stale_ns <= 1e11, 0 <= shared_hold_ns "
+                                          "<= 2e6 (-1: unchanged)");
         return NULL;
     }
     pthread_mutex_lock(&mu);
-    PyObject *was = Py_BuildValue("(llnLL)", poll_min_ns, poll_max_ns, (Py_ssize_t)harvest_k, (long long)quiet_ns,
-                                  (long long)stale_ns);
+    PyObject *was = Py_BuildValue("(llnLLL)", poll_min_ns, poll_max_ns, (Py_ssize_t)harvest_k, (long long)quiet_ns,
+                                  (long long)stale_ns, (long long)shared_hold_ns);
     poll_min_ns = lo;
     poll_max_ns = hi;
     if (every >= 0) {
@@ -853,6 +869,8 @@ reaper_config(PyObject *self, PyObject *args)
         quiet_ns = quiet;
     if (stale >= 0)
         stale_ns = stale;
+    if (hold >= 0)
+        shared_hold_ns = hold;
     pthread_mutex_unlock(&mu);
     return was;
 }

@@ -703,7 +703,7 @@ static PyMethodDef methods[] = {
     {"done", reaper_done, METH_O, "done(tickets): the records are resolved or dropped: free their slots."},
     {"reaper_stats", reaper_stats, METH_NOARGS, "reaper_stats(): counters of the reaper thread."},
     {"pause_reaper", reaper_pause, METH_O, "pause_reaper(on): while on, track() declines (records keep their Events); returns the previous setting."},
-    {"reaper_config", reaper_config, METH_VARARGS, "reaper_config(min_ns, max_ns[, harvest_every, quiet_ns, stale_ns]): the reaper's polling pace while commands complete / while none does; the launching thread's harvest every so many commands tracked (0: none); the quiet time after which, and the age past which, others read (-1: unchanged). Returns the settings it replaced."},
+    {"reaper_config", reaper_config, METH_VARARGS, "reaper_config(min_ns, max_ns[, harvest_every, quiet_ns, stale_ns, shared_hold_ns]): the reaper's polling pace while commands complete / while none does; the launching thread's harvest every so many commands tracked (0: none); the quiet time after which, and the age past which, others read; while other threads launch, how long a harvest's wait for its newest command keeps the GIL (0: never) (-1: unchanged). Returns the settings it replaced."},
     {"stop_reaper", reaper_stop, METH_NOARGS, "stop_reaper(): stop the reaper thread (at exit); later events stay in their records."},
     {"init", stamps_init, METH_VARARGS, "init(path): resolve the OpenCL entry points in the library at path."},
     {"handles", stamps_handles, METH_VARARGS, "handles(events, out): out[i] = events[i].int_ptr."},
