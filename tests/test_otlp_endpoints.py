@@ -169,6 +169,26 @@ def test_close_waits_at_most_the_failing_timeout_once_exports_fail(protocol: str
     assert all(any(c in ln for c in causes) for ln in lines), lines
 
 
+def test_a_worker_left_behind_takes_no_later_sinks_log_records(silent_port: int) -> None:
+    """An HTTP request in flight at close leaves its worker behind; once that worker ends, its sink's
+    log filter holds no thread and hangs on no logger, so a later sink's worker (which may get the ended
+    thread's ident) keeps its own exporter's errors: a later failure still names its cause."""
+    old = OtlpSink(f"http://127.0.0.1:{silent_port}/v1/traces", protocol="http/protobuf", timeout_s=1.0,
+                   failing_close_timeout_s=0.1, close_timeout_s=0.2)
+    fail_then_stop(old)
+    f = old._log_filter
+    t0 = time.monotonic()
+    while any(t.is_alive() for t in old._workers):
+        assert time.monotonic() - t0 < 10, "the left-behind worker never ended"
+        time.sleep(0.05)
+    assert not f.threads and not f._loggers
+    assert all(f not in lg.filters for lg in logging.Logger.manager.loggerDict.values()
+               if isinstance(lg, logging.Logger))
+    dead = OtlpSink(f"http://127.0.0.1:{free_port()}/v1/traces", protocol="http/protobuf")
+    fail_then_stop(dead)
+    assert dead.diagnosis().startswith(("connection refused", "no answer within")), dead.diagnosis()
+
+
 def test_the_failing_timeout_is_configurable(silent_port: int) -> None:
     sink = OtlpSink(f"127.0.0.1:{silent_port}", protocol="grpc", timeout_s=0.5, failing_close_timeout_s=0.2)
     took = fail_then_stop(sink)

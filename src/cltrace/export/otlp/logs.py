@@ -27,9 +27,9 @@ class ExporterLogFilter(logging.Filter):
                 self._loggers.append(lg)
 
     def remove(self) -> None:
-        for lg in self._loggers:
+        loggers, self._loggers = self._loggers, []
+        for lg in loggers:
             lg.removeFilter(self)
-        self._loggers = []
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.thread not in self.threads:

@@ -290,7 +290,19 @@ class OtlpSink:
 
     # -- workers --------------------------------------------------------------------------
     def _run(self, exporter: Any) -> None:
-        self._log_filter.threads.add(threading.get_ident())
+        me = threading.get_ident()
+        self._log_filter.threads.add(me)
+        try:
+            self._send(exporter)
+        finally:
+            # A thread's ident is reused once it ends: a filter still holding it would take the records of
+            # a later sink's worker (and their errors with them). The last worker of a closed sink removes it.
+            f = self._log_filter
+            f.threads.discard(me)
+            if self._closing and not f.threads:
+                f.remove()
+
+    def _send(self, exporter: Any) -> None:
         cv = self._cv
         while True:
             with cv:
