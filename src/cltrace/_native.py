@@ -6,8 +6,10 @@ or "python (fallback: <why>)"), which ``cltrace devices`` prints.
 """
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+from types import ModuleType
 from typing import Any, Callable, NamedTuple
 
 log = logging.getLogger("cltrace")
@@ -24,6 +26,16 @@ class Choice(NamedTuple):
     @property
     def detail(self) -> str:
         return "native (C extension)" if self.native is not None else f"python (fallback: {self.why})"
+
+
+def extension(package: str, name: str) -> ModuleType:
+    """The C extension ``package.name``, imported by name (a leaf module: tests/test_layers.py reads a
+    ``from . import`` as importing the package); ImportError saying it is not built where it is missing."""
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    except ImportError as exc:
+        log.debug("cltrace: %s", exc)
+        raise ImportError("C extension not built (no C compiler at install time?)") from None
 
 
 def choose(what: str, load: Callable[[], Any]) -> Choice:

@@ -17,15 +17,12 @@ text is the same; ``chrome.py`` uses it when the native encoder is active.
 """
 from __future__ import annotations
 
-import importlib
-import logging
 from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .._native import choose
+from .._native import choose, extension
 
-log = logging.getLogger("cltrace")
 
 # Rows of the int64 matrix ``ints`` (shape (len(INTS), n)): times already relative to the trace
 # start where the file shows them so ("ts", "dur", "dev_ts", "dev_dur"); the rest as written.
@@ -105,11 +102,7 @@ def encode_python(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int,
 
 
 def _load_native() -> tuple[Encoder, Batch]:
-    try:  # by name: "from . import _chrome" reads (to tests/test_layers.py) as importing the package
-        _chrome = importlib.import_module(f"{__package__}._chrome")
-    except ImportError as exc:
-        log.debug("cltrace: %s", exc)
-        raise ImportError("C extension not built (no C compiler at install time?)") from None
+    _chrome = extension(__package__, "_chrome")
     native = _chrome.encode
 
     def encode(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int, stop: int) -> bytes:

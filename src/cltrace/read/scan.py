@@ -9,13 +9,10 @@ file, into ``Span`` objects. ``PATH`` says which runs ("native" or "python").
 """
 from __future__ import annotations
 
-import importlib
-import logging
 from typing import Any
 
-from .._native import choose
+from .._native import choose, extension
 
-log = logging.getLogger("cltrace")
 
 # Column names of the scanner's outputs, in its order (_scan.c: X_*, P_* and C_*).
 X_COLS = ("line", "sid", "parent", "name", "cat", "tid", "ts", "dur", "device", "queued", "submit", "raw_start",
@@ -53,11 +50,7 @@ def _expected_fields() -> dict[str, tuple[int, ...]]:
 
 
 def _load_native() -> Any:
-    try:  # by name: the extension is a leaf module, not the package that imports this one
-        _scan = importlib.import_module(f"{__package__}._scan")
-    except ImportError as exc:
-        log.debug("cltrace: %s", exc)
-        raise ImportError("C extension not built (no C compiler at install time?)") from None
+    _scan = extension(__package__, "_scan")
     built = {k: tuple(v) if isinstance(v, tuple) else (v,) for k, v in _scan.field_numbers().items()}
     if built != _expected_fields():
         raise ImportError("C extension built for other protobuf field numbers: reinstall cltrace")

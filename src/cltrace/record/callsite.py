@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import pyopencl
 import pytools
 
-from .._native import choose
+from .._native import choose, extension
 from ..timeline.sites import CallSite, describe
 
 __all__ = ["CallSite", "capture", "configure", "describe", "here", "set_library_modules", "CAPTURE_PATH"]
@@ -93,10 +93,7 @@ def _py_walk(f: Any) -> tuple | None:
 
 
 def _load_native() -> Any:
-    try:
-        from . import _region
-    except ImportError:
-        raise ImportError("C extension not built (no C compiler at install time?)") from None
+    _region = extension(__package__, "_region")
     if not hasattr(_region, "site"):
         raise ImportError("C extension built for another cltrace: reinstall cltrace")
     _region.site_config(_classify, _gen, _depth)

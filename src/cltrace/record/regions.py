@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import os
 import sys
 import threading
@@ -24,7 +23,7 @@ from typing import Any, Callable, TypeVar
 import pyopencl as cl
 
 from .. import _state
-from .._native import choose
+from .._native import choose, extension
 from ..errors import ProfilingNotEnabledError
 from .failures import named_error, sizes
 from . import queues as _queues
@@ -174,11 +173,7 @@ def _decorate(fn: F, name: str, queue: Any, attrs: dict[str, Any] | None, cat: s
 
 def _load_native() -> Any:
     """The C region type, initialised with the state the Python one uses."""
-    try:
-        from . import _region
-    except ImportError as exc:
-        logging.getLogger("cltrace").debug("cltrace: %s", exc)
-        raise ImportError("C extension not built (no C compiler at install time?)") from None
+    _region = extension(__package__, "_region")
     base = type(_tls).__base__  # CPython's own, not a per-greenlet local (gevent patches threading.local)
     per_os_thread = (base.__module__, base.__qualname__) == ("_thread", "_local")
     _region.init(_tls, new_id.__self__, _pending, RECORDER, _marker, _decorate,  # type: ignore[attr-defined]

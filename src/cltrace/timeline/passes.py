@@ -19,7 +19,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from .._native import choose
+from .._native import choose, extension
 
 LEAF, REGION, REGION_UNPLACED = 1, 2, 3  # ``nest``'s row kinds (0: neither)
 
@@ -101,13 +101,8 @@ class PythonExtents:
             p, tr, ds, de = p[order], tr[order], ds[order], de[order]
             first = np.flatnonzero(np.r_[True, (p[1:] != p[:-1]) | (tr[1:] != tr[:-1])])
             lo, hi = np.minimum.reduceat(ds, first), np.maximum.reduceat(de, first)
-            ext = self._ext
-            for pp, t, a, b in zip(p[first].tolist(), tr[first].tolist(), lo.tolist(), hi.tolist()):
-                mine = ext.get(pp)
-                if mine is None:  # ``_merge`` inlined: a region's first children (one per region and track)
-                    ext[pp] = {t: [a, b]}
-                else:
-                    self._merge(pp, t, a, b)
+            for args in zip(p[first].tolist(), tr[first].tolist(), lo.tolist(), hi.tolist()):
+                self._merge(*args)
         regs = np.flatnonzero((kind == REGION) | (kind == REGION_UNPLACED))
         if not len(regs):
             return
@@ -138,10 +133,7 @@ PYTHON = Impl(_python_group, _python_first_fit, PythonExtents)
 # --- native: the C extension -------------------------------------------------------------------
 
 def _load_native() -> Impl:
-    try:
-        from . import _resolve
-    except ImportError:
-        raise ImportError("C extension not built (no C compiler at install time?)") from None
+    _resolve = extension(__package__, "_resolve")
 
     def group(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         keys = _i64(keys)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
 from itertools import compress, repeat
 from operator import attrgetter
@@ -28,9 +27,8 @@ from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
-from .._native import choose
+from .._native import choose, extension
 
-log = logging.getLogger("cltrace")
 
 _COMPLETE = 0
 _PROFILING_INFO_NOT_AVAILABLE = -7
@@ -214,16 +212,15 @@ def _python_columns_read(records: list, names: dict, cats: dict, paths: dict) ->
     flags = ints[C_FLAGS]
     ev = np.flatnonzero((flags & (F_DEV | F_TICKETS)) == F_DEV)
     if len(ev):
-        rows = ev.tolist()
-        st0, s0 = _read_events([records[i][9] for i in rows])
+        st0, s0 = _read_events([records[i][9] for i in ev.tolist()])
         status[ev], raw[ev] = st0, s0
         two = (flags[ev] & F_TWO) != 0
         if two.any():
-            rows2 = ev[two]
-            st1, s1 = _read_events([records[i][10] for i in rows2.tolist()], end_only=True)
-            raw[rows2, 2] = raw[rows2, 3]
-            raw[rows2, 3] = s1[:, 3]
-            status[rows2] = combined(st0[two], st1)
+            rows = ev[two]
+            st1, s1 = _read_events([records[i][10] for i in rows.tolist()], end_only=True)
+            raw[rows, 2] = raw[rows, 3]
+            raw[rows, 3] = s1[:, 3]
+            status[rows] = combined(st0[two], st1)
     return ints, hs, status, raw
 
 
@@ -287,11 +284,7 @@ def _reaper_off() -> bool:
 
 
 def _load_native() -> Impl:
-    try:
-        from . import _stamps
-    except ImportError as exc:
-        log.debug("cltrace: %s", exc)
-        raise ImportError("C extension not built (no C compiler at install time?)") from None
+    _stamps = extension(__package__, "_stamps")
 
     path = opencl_library()
     if path is None:

@@ -10,15 +10,12 @@ time (``benchmarks/bench_perfetto.py`` prints both). ``PATH`` says which runs ("
 """
 from __future__ import annotations
 
-import importlib
-import logging
 import zlib
 from typing import Callable
 
-from ..._native import choose
+from ..._native import choose, extension
 from .wire import P_COMPRESSED, frame, uv
 
-log = logging.getLogger("cltrace")
 
 Compress = Callable[[bytes], bytes]
 SMALLEST = 256  # fewer raw bytes than this are written as they are: a compressed packet would not be smaller
@@ -29,11 +26,7 @@ def python_zlib(data: bytes) -> bytes:
 
 
 def _load_native() -> Compress:
-    try:  # by name: the extension is a leaf module, not the package that imports this one
-        _deflate = importlib.import_module(f"{__package__}._deflate")
-    except ImportError as exc:
-        log.debug("cltrace: %s", exc)
-        raise ImportError("C extension not built (no C compiler at install time?)") from None
+    _deflate = extension(__package__, "_deflate")
     return _deflate.zlib  # type: ignore[no-any-return]
 
 

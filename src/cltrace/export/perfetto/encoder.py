@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..._native import choose
+from ..._native import choose, extension
 
 from .columns import NCOLS
 from .layout import NCONSTS, RUN_COLS, Strings, encode_rows as _python_encode_rows, fill_rows as _python_fill_rows
@@ -27,11 +27,7 @@ FillRows = Callable[..., None]
 
 
 def _load_native() -> EncodeRows:
-    try:  # by name: the extension is a leaf (it imports nothing), not the package that imports this module
-        _packets = importlib.import_module(f"{__package__}._packets")
-    except ImportError as exc:
-        log.debug("cltrace: %s", exc)
-        raise ImportError("C extension not built (no C compiler at install time?)") from None
+    _packets = extension(__package__, "_packets")
     built = (_packets.NCOLS, _packets.RUN_COLS, _packets.NCONSTS)
     if built != (NCOLS, RUN_COLS, NCONSTS):
         raise ImportError(f"C extension built for another row layout {built}: reinstall cltrace")
