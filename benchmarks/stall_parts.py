@@ -18,6 +18,9 @@ the median iterations a second of both threads together (what the variant costs 
   files-hold / files-release   the same, a harvest while others launch keeping the GIL through all of its wait
                for the device (2 ms) / only for its reads (the default: through the first 0.2 ms of the wait)
   files-k512 / files-k2048   the same, a harvest every 512 / 2048 commands alone (64 / 256 while others launch)
+  files-nostats   the same without the statistics pass (its numpy calls each hand the GIL over)
+  files-json / files-pftrace   one file only
+  files-step2k / files-step32k   worker steps of up to 2 048 / 32 768 records (8 192 by default)
 """
 from __future__ import annotations
 
@@ -69,6 +72,29 @@ def reaper(paused: bool = False, harvest: bool = True, hold: int = -1, every: in
         _stamps.pause_reaper(was_paused)
 
 
+@contextlib.contextmanager
+def no_stats() -> Iterator[None]:
+    """Experiment: the worker's statistics pass skipped (its numpy calls each hand the GIL over)."""
+    RECORDER.stats.add = lambda batch: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del RECORDER.stats.add
+
+
+@contextlib.contextmanager
+def step_rows(n: int) -> Iterator[None]:
+    """Experiment: worker steps of up to ``n`` records (half that waits for the next wake)."""
+    from cltrace.record import recorder
+
+    was = recorder.STEP_ROWS, recorder.MIN_STEP_ROWS
+    recorder.STEP_ROWS, recorder.MIN_STEP_ROWS = n, n // 2
+    try:
+        yield
+    finally:
+        recorder.STEP_ROWS, recorder.MIN_STEP_ROWS = was
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=1.0)
@@ -80,7 +106,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp()
 
     def traced(*ctx: Callable[[], contextlib.AbstractContextManager],
-               files: bool = False) -> Callable[[], tuple[float, float, int]]:
+               files: bool | str = False) -> Callable[[], tuple[float, float, int]]:
         def run() -> tuple[float, float, int]:
             RECORDER.clear()
             before = stamps.reaper_stats()
@@ -96,7 +122,8 @@ def main() -> None:
             with contextlib.ExitStack() as stack:
                 for c in ctx:
                     stack.enter_context(c())
-                paths = [os.path.join(tmp, "s.json"), os.path.join(tmp, "s.pftrace")] if files else []
+                kinds = ("json", "pftrace") if files is True else (files,) if files else ()
+                paths = [os.path.join(tmp, f"s.{k}") for k in kinds]
                 with cltrace.trace(*paths):
                     return loop(q, prg, buf, a.seconds)
         return run
@@ -122,6 +149,11 @@ def main() -> None:
         "files-release": traced(lambda: reaper(hold=0), files=True),
         "files-k512": traced(lambda: reaper(every=512), files=True),
         "files-k2048": traced(lambda: reaper(every=2048), files=True),
+        "files-nostats": traced(reaper, no_stats, files=True),
+        "files-json": traced(reaper, files="json"),
+        "files-pftrace": traced(reaper, files="pftrace"),
+        "files-step2k": traced(reaper, lambda: step_rows(2048), files=True),
+        "files-step32k": traced(reaper, lambda: step_rows(32768), files=True),
     }
     chosen = a.variants.split(",") if a.variants else list(variants)
     variants = {k: variants[k] for k in chosen}

@@ -62,5 +62,5 @@ def test_environment_sets_the_target_and_a_bad_value_warns_once() -> None:
         assert p.returncode == 0, p.stderr
         got[value] = (int(p.stdout.split()[-1]), p.stderr)
     assert got["2"][0] == 2000 and got["0"][0] == 5000
-    assert got["fast"][0] == 500 and "CLTRACE_SWITCH_MS='fast'" in got["fast"][1]
+    assert got["fast"][0] == round(switch.DEFAULT_S * 1e6) and "CLTRACE_SWITCH_MS='fast'" in got["fast"][1]
     assert got["fast"][1].count("\n") == 1

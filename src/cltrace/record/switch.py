@@ -4,8 +4,10 @@ CPython hands the GIL to a waiting thread only after the switch interval (5 ms b
 passed without a switch. A launch loop takes and drops the GIL around every driver call, so the
 resolver thread (and the program's other threads) can wait far longer than that: on an H200, two
 launching threads paused up to 250-400 ms and a launch loop ran 1.72x its untraced time; with
-0.5 ms, 27 ms and 1.59x (benchmarks/README.md). While tracing is on, cltrace lowers the interval
-to ``DEFAULT_S`` unless it is already lower, and puts the old one back when tracing stops (unless
+0.5 ms, 27 ms and 1.59x (benchmarks/README.md). With the worker as a third thread taking the GIL,
+two launching threads' longest pause was 6.4-7.3 ms at 0.5 ms and 5.0-5.3 ms at 0.25 ms, the end to end
+of one launching thread the same at both (H200, twelfth session). While tracing is on, cltrace lowers
+the interval to ``DEFAULT_S`` unless it is already lower, and puts the old one back when tracing stops (unless
 the program changed it meanwhile). ``CLTRACE_SWITCH_MS=0`` (or ``RECORDER.configure(switch_interval_s=0)``)
 leaves it alone; any other value sets the target in milliseconds.
 """
@@ -17,7 +19,7 @@ import sys
 
 log = logging.getLogger("cltrace")
 
-DEFAULT_S = 0.0005
+DEFAULT_S = 0.00025
 
 _saved: float | None = None  # the program's interval, while ours is set
 _ours: float | None = None
