@@ -228,7 +228,7 @@ class Recorder:
                         # Then steps of at most STEP_ROWS: each pass over a step is one C call that holds
                         # the GIL, and a launching thread waits for the whole of it (65 536 records a
                         # step held it 1-3 ms a pass on an H200 host). Each step costs some Python
-                        # glue and a wait of up to a switch interval (cltrace lowers it to 0.25 ms)
+                        # glue and a wait of up to a switch interval (``switch.DEFAULT_S`` while tracing)
                         # for the GIL after each write: small against a step's work.
                         n = STEP_ROWS if self._clocks_flushed else FIRST_CHUNK
                         with self._lock:
