@@ -1,5 +1,5 @@
 """The native parts, each a small C extension with a pure-Python fallback that writes the same bytes:
-``timeline._stamps`` (event stamps in bulk), ``timeline._resolve`` (the resolver's passes over columns),
+``timeline._stamps`` (event stamps in bulk), ``timeline._resolve`` (the resolver's passes over columns), ``timeline._stats`` (per-path statistics),
 ``record._region`` (region enter/exit), ``export._chrome`` (Chrome JSON lines), ``export.perfetto._packets`` (Perfetto packets),
 ``export.perfetto._writer`` (the .pftrace writer's whole batch pass), ``export.perfetto._deflate``
 (compressing its packets).
@@ -26,6 +26,7 @@ setup(
              libraries=[] if sys.platform == "win32" else ["dl", "pthread"]),
         _ext("cltrace.timeline._resolve", "src/cltrace/timeline/_resolve.c",
              libraries=[] if sys.platform == "win32" else ["m"]),
+        _ext("cltrace.timeline._stats", "src/cltrace/timeline/_stats.c"),
         _ext("cltrace.record._region", "src/cltrace/record/_region.c"),
         _ext("cltrace.export._chrome", "src/cltrace/export/_chrome.c"),
         _ext("cltrace.export.perfetto._packets", "src/cltrace/export/perfetto/_packets.c",

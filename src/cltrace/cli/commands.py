@@ -72,9 +72,10 @@ def _native_parts() -> dict[str, str]:
     from ..export.perfetto import compress, encoder
     from ..read import scan
     from ..record import callsite, regions
-    from ..timeline import passes, stamps
+    from ..timeline import passes, stamps, stats
 
-    return {"event stamps": stamps.DETAIL, "event reaper": stamps.REAPER_DETAIL, "resolver passes": passes.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
+    return {"event stamps": stamps.DETAIL, "event reaper": stamps.REAPER_DETAIL, "resolver passes": passes.DETAIL,
+            "statistics": stats.DETAIL, "regions": regions.REGION_DETAIL, "call sites": callsite.CAPTURE_DETAIL,
             "chrome encoder": chrome_lines.DETAIL, "perfetto encoder": encoder.DETAIL,
             "perfetto compressor": compress.DETAIL, "trace scanner": scan.DETAIL}
 
