@@ -9,7 +9,10 @@ head cache keeps, a batch with interning tables of its own, and flushes between 
 """
 from __future__ import annotations
 
+import errno
+
 import hashlib
+import os
 import sys
 import threading
 import time
@@ -194,7 +197,7 @@ def test_fill_lets_other_threads_run(tmp_path: Any, monkeypatch: Any) -> None:
     sink.start(rec)
     sink.write(batch(rec.tables, 20_000, 1))
     sink.close({})
-    _, _, _, n, base, cols, luts, ncat, tables = args[0]
+    _, _, _, n, base, cols, luts, ncat, tables, _fd = args[0]
     out = bytearray(1000 * n)
     count = [0]
     stop = threading.Event()
@@ -212,7 +215,7 @@ def test_fill_lets_other_threads_run(tmp_path: Any, monkeypatch: Any) -> None:
         progress = []
         for _ in range(5):
             before = count[0]
-            row, _ = fill(out, 0, 0, n, base, cols, luts, ncat, tables)  # ~2 ms: well inside the interval
+            row, _, _ = fill(out, 0, 0, n, base, cols, luts, ncat, tables)  # ~2 ms: well inside the interval
             progress.append(count[0] - before)
             assert row == n
     finally:
@@ -220,6 +223,38 @@ def test_fill_lets_other_threads_run(tmp_path: Any, monkeypatch: Any) -> None:
         sys.setswitchinterval(old)
         t.join()
     assert max(progress) > 0, progress
+
+
+@pytest.mark.skipif(DISABLED or os.name != "posix", reason="the native path's writes to a descriptor")
+def test_fill_writes_full_buffers_itself_one_call_a_batch(tmp_path: Any, monkeypatch: Any) -> None:
+    """With the file's descriptor, ``fill`` hands each full buffer to the file in its own pass: one call
+    (one hand-over of the GIL) a batch however small the buffer, the same bytes; a write that fails is an
+    OSError naming the cause."""
+    native()
+    monkeypatch.setattr(chrome, "_BUFFER", 8192)
+    calls: list[Any] = []
+    fill = chrome_lines.BATCH.fill  # type: ignore[union-attr]
+    monkeypatch.setattr(chrome_lines, "BATCH", chrome_lines.BATCH._replace(  # type: ignore[union-attr]
+        fill=lambda *a: calls.append(a) or fill(*a)))
+    rec = recorder()
+    b = batch(rec.tables, 3000, 4)
+    sink = ChromeTraceSink(tmp_path / "fd.json")
+    sink.start(rec)
+    sink.write(b)
+    assert len(calls) == 1 and os.path.getsize(tmp_path / "fd.json") > 100 * 8192
+    sink.close({})
+    monkeypatch.setattr(chrome, "_FILL_FD", False)
+    plain = ChromeTraceSink(tmp_path / "plain.json")
+    plain.start(rec)
+    plain.write(b)
+    plain.close({})
+    assert len(calls) > 2
+    assert (tmp_path / "fd.json").read_bytes() == (tmp_path / "plain.json").read_bytes()
+    out, _, _, n, base, cols, luts, ncat, tables, _ = calls[0]
+    with open(tmp_path / "fd.json", "rb") as ro:
+        with pytest.raises(OSError) as err:
+            fill(bytearray(8192), 0, 0, n, base, cols, luts, ncat, tables, ro.fileno())
+    assert err.value.errno == errno.EBADF
 
 
 def test_columns_that_are_strided_views(tmp_path: Any) -> None:

@@ -20,8 +20,16 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef _WIN32
+#include <io.h>
+#define write(fd, buf, n) _write((fd), (buf), (unsigned int)(n))
+typedef Py_ssize_t ssize_t;
+#else
+#include <unistd.h>
+#endif
 
 #define N_INTS 10
 #define N_IDX 6
@@ -641,9 +649,12 @@ done:
     return result;
 }
 
-/* fill(out, at, start, stop, base, cols, luts, ncat, tables) -> (row, at)
+/* fill(out, at, start, stop, base, cols, luts, ncat, tables[, fd]) -> (row, at, flushed)
  * The lines of rows start.. written into the writable buffer ``out`` from offset ``at`` on, as many whole rows
- * as surely fit, without the GIL; returns the first row not written and the new offset. The text is
+ * as surely fit, without the GIL; returns the first row not written, the new offset and the bytes handed to
+ * the file descriptor ``fd`` (where given, >= 0: a full buffer is written to it and filled again, in the same
+ * stretch without the GIL, so a batch of any size costs one hand-over of the GIL, not two per buffer; a
+ * failed write raises OSError, what the buffer held then is lost, ``flushed`` bytes reached the file). The text is
  * exactly ``encode``'s for the same rows (times relative to ``base``; the site's text after the attrs').
  * tables: heads, flow_s, flow_f, hosts, devices, attrs, sites, errors (bytes each); the error column, where
  * given, indexes errors (0: b"", an ok row). A lookup entry or index outside its table is an IndexError,
@@ -657,8 +668,10 @@ chrome_fill(PyObject *self, PyObject *args)
     batch_t b;
     Py_buffer out;
     table t[N_BTABLES];
+    int fd = -1;
     memset(t, 0, sizeof(t));
-    if (!PyArg_ParseTuple(args, "OnnnLOOnO:fill", &out_obj, &at, &start, &stop, &base, &cols, &luts, &ncat, &tabs))
+    if (!PyArg_ParseTuple(args, "OnnnLOOnO|i:fill", &out_obj, &at, &start, &stop, &base, &cols, &luts, &ncat, &tabs,
+                          &fd))
         return NULL;
     if (batch_from(cols, luts, ncat, &b) < 0)
         return NULL;
@@ -694,8 +707,9 @@ chrome_fill(PyObject *self, PyObject *args)
                   *head_lut = LUT(&b, L_HEAD, int32_t), *site_lut = LUT(&b, L_SITE, int32_t);
     const uint8_t *region = LUT(&b, L_REGION, uint8_t);
     char *begin = (char *)out.buf, *p = begin + at, *end = begin + out.len;
-    Py_ssize_t i, bad = -1;
+    Py_ssize_t i, bad = -1, flushed = 0;
     const char *why = NULL;
+    int werr = 0;
     uint64_t ub = (uint64_t)base;
     row_t r;
     Py_BEGIN_ALLOW_THREADS
@@ -727,8 +741,24 @@ chrome_fill(PyObject *self, PyObject *args)
         r.site = t[B_SITE].v[st];
         r.attrs = t[B_ATTRS].v[a];
         r.err = t[B_ERROR].v[e];
-        if (row_bound(&r) > end - p)
-            break;
+        if (row_bound(&r) > end - p) {
+            if (fd < 0 || p == begin)
+                break;
+            for (char *w = begin; w < p;) {
+                ssize_t k = write(fd, w, (size_t)(p - w));
+                if (k < 0) {
+                    if (errno == EINTR)
+                        continue;
+                    werr = errno;
+                    break;
+                }
+                w += k;
+                flushed += k;
+            }
+            p = begin;
+            if (werr || row_bound(&r) > end - p)
+                break;
+        }
         r.id = id[i];
         r.par = par[i];
         r.ts = (int64_t)((uint64_t)hb[i] - ub);
@@ -743,10 +773,13 @@ chrome_fill(PyObject *self, PyObject *args)
         p = put_row(p, &r);
     }
     Py_END_ALLOW_THREADS
-    if (bad >= 0)
+    if (werr) {
+        errno = werr;
+        PyErr_SetFromErrno(PyExc_OSError);
+    } else if (bad >= 0)
         PyErr_Format(PyExc_IndexError, "fill: row %zd: %s", bad, why);
     else
-        result = Py_BuildValue("(nn)", i, (Py_ssize_t)(p - begin));
+        result = Py_BuildValue("(nnn)", i, (Py_ssize_t)(p - begin), flushed);
 done:
     for (int k = 0; k < N_BTABLES; k++) {
         Py_XDECREF(t[k].tuple);
@@ -764,7 +797,8 @@ static PyMethodDef methods[] = {
     {"scan", chrome_scan, METH_VARARGS,
      "scan(cols, luts, ncat, attrs, attrs_out) -> (misses, objects, devices, flows): the keys a batch needs text for."},
     {"fill", chrome_fill, METH_VARARGS,
-     "fill(out, at, start, stop, base, cols, luts, ncat, tables) -> (row, at): rows' lines into a buffer."},
+     "fill(out, at, start, stop, base, cols, luts, ncat, tables[, fd]) -> (row, at, flushed): rows' lines into a "
+     "buffer (and full buffers to fd)."},
     {NULL, NULL, 0, NULL},
 };
 

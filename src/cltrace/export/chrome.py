@@ -39,6 +39,7 @@ _CHUNK = 512
 # The text waiting for the OS: one buffer, reused (cache-warm), handed over by one write() when full or
 # at a flush. The native path writes rows straight into it.
 _BUFFER = 1 << 20
+_FILL_FD = os.name == "posix"  # the C pass writes full buffers to the file's descriptor itself
 _NO_TRACK = 1 << 22  # track ids from here on (not a registry's) take the numpy path: no lookup table that long
 _CACHE = 4096  # entries each text cache holds, so it stays bounded when every span has its own name
 _ERROR = b',"status":"error","error":'
@@ -226,12 +227,22 @@ class ChromeTraceSink:
         cols = tuple(cols)
         tables = (lut.heads, lut.flow_s, lut.flow_f, lut.hosts, lut.devices,
                   [self._attrs_text(o) for o in objects], lut.sites, errors)
+        fh = self._fh
+        fd = fh.fileno() if _FILL_FD else -1  # type: ignore[union-attr]
+        if fd >= 0 and self._reserved >= 0:  # disk for what this batch may write (at its average size)
+            ahead = n * (self.bytes_written // max(1, self.spans_written) + 64)
+            self._reserved = reserve_space(fd, self._offset + self._used + ahead, self._reserved)
         row = 0
         while row < n:
             at = self._used
-            row, self._used = fill(self._out, at, row, n, self._base, cols, lut.luts, lut.ncat, tables)
-            self.bytes_written += self._used - at
-            if row < n:  # the buffer is full: hand it to the OS (a row larger than all of it: a larger one)
+            try:  # full buffers go to the file inside the C pass: one hand-over of the GIL a batch
+                row, self._used, flushed = fill(self._out, at, row, n, self._base, cols, lut.luts, lut.ncat, tables, fd)
+            except OSError:
+                self._offset = fh.tell()  # type: ignore[union-attr]  # what reached the file before the failure
+                raise
+            self._offset += flushed
+            self.bytes_written += flushed + self._used - at
+            if row < n:  # the buffer is full (without fd) or one row is larger than all of it: a larger one
                 if self._used == 0:
                     self._out = bytearray(2 * len(self._out))
                 self._drain()
