@@ -71,6 +71,20 @@ def test_packed_frames_one_compressed_packet(plain_trace: bytes) -> None:
     assert zlib.decompress(out[start:end]) == plain_trace == expand(out)
 
 
+def test_a_list_of_pieces_packs_as_their_concatenation(plain_trace: bytes) -> None:
+    """The sink hands its packets over as a list (the native compressor joins them without the GIL):
+    the same packet as the joined bytes, on either compressor; a small list is returned joined."""
+    cuts = [0, 1, 17, 4096, len(plain_trace) // 2, len(plain_trace)]
+    pieces = [plain_trace[a:b] for a, b in zip(cuts, cuts[1:])] + [b""]
+    assert compress.packed(pieces) == compress.packed(plain_trace)
+    assert compress.packed([plain_trace[:100], plain_trace[100:200]]) == plain_trace[:200]
+    if compress.NATIVE is not None:
+        assert compress.NATIVE(pieces) == compress.NATIVE(plain_trace)
+        assert zlib.decompress(compress.NATIVE([])) == b""
+        with pytest.raises(TypeError):
+            compress.NATIVE([plain_trace, "text"])
+
+
 def test_packed_and_plain_files_read_the_same(plain_trace: bytes, tmp_path: Path, queue: Any, kernels: Any) -> None:
     """One run written twice, packed and plain: both readers give the same spans and metadata, from a file
     several times smaller, whose first packets (clocks, tracks) stay plain."""

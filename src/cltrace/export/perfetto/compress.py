@@ -17,7 +17,7 @@ from ..._native import choose, extension
 from .wire import P_COMPRESSED, frame, uv
 
 
-Compress = Callable[[bytes], bytes]
+Compress = Callable[[bytes], bytes]  # the native one also takes a list of pieces
 SMALLEST = 256  # fewer raw bytes than this are written as they are: a compressed packet would not be smaller
 
 
@@ -37,10 +37,12 @@ DETAIL: str = _CHOICE.detail
 zlib_stream: Compress = NATIVE or python_zlib
 
 
-def packed(raw: bytes) -> bytes:
+def packed(raw: bytes | list[bytes]) -> bytes:
     """Whole ``Trace.packet`` entries as one packet that holds them compressed (``raw`` itself where it is
-    too small to gain)."""
-    if len(raw) < SMALLEST:
+    too small to gain). ``raw`` may be a list of pieces: the native compressor joins them without the GIL."""
+    if isinstance(raw, list) and (zlib_stream is not NATIVE or sum(map(len, raw)) < SMALLEST):
+        raw = b"".join(raw)
+    if isinstance(raw, bytes) and len(raw) < SMALLEST:
         return raw
     z = zlib_stream(raw)
     return frame(P_COMPRESSED + uv(len(z)) + z)

@@ -18,19 +18,19 @@ DEPTH = 4
 
 
 class Packer:
-    def __init__(self, fh: IO[bytes], pack: Callable[[bytes], bytes], written: Callable[[int], None]) -> None:
+    def __init__(self, fh: IO[bytes], pack: Callable[[bytes | list[bytes]], bytes], written: Callable[[int], None]) -> None:
         self._fh = fh
         self._pack = pack
         self._written = written
-        self._todo: deque[bytes] = deque()
+        self._todo: deque[bytes | list[bytes]] = deque()
         self._busy = False
         self._error: BaseException | None = None
         self._cv = threading.Condition()
         self._stop = False
         self._thread: threading.Thread | None = None
 
-    def submit(self, raw: bytes) -> None:
-        """Hands a chunk of whole packets over (in file order)."""
+    def submit(self, raw: bytes | list[bytes]) -> None:
+        """Hands a chunk of whole packets over (in file order; a list of pieces is one chunk, joined by ``pack``)."""
         with self._cv:
             self._raise()
             while len(self._todo) >= DEPTH:

@@ -229,7 +229,7 @@ class PerfettoTraceSink:
     def _pack(self) -> None:
         """The packets waiting for compression, handed to the packer as one compressed packet."""
         if self._raw:
-            raw = self._raw[0] if len(self._raw) == 1 else b"".join(self._raw)
+            raw = self._raw[0] if len(self._raw) == 1 else self._raw  # joined by the packer (compress.packed)
             self._raw, self._raw_n = [], 0
             self._packer.submit(raw)  # type: ignore[union-attr]
 
