@@ -229,9 +229,8 @@ class ChromeTraceSink:
                   [self._attrs_text(o) for o in objects], lut.sites, errors)
         fh = self._fh
         fd = fh.fileno() if _FILL_FD else -1  # type: ignore[union-attr]
-        if fd >= 0 and self._reserved >= 0:  # disk for what this batch may write (at its average size)
-            ahead = n * (self.bytes_written // max(1, self.spans_written) + 64)
-            self._reserved = reserve_space(fd, self._offset + self._used + ahead, self._reserved)
+        if fd >= 0 and self._reserved >= 0:  # disk ahead of the file: at least RESERVE / 2 past its end
+            self._reserved = reserve_space(fd, self._offset + self._used, self._reserved)
         row = 0
         while row < n:
             at = self._used
