@@ -24,17 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-static uint64_t
-mix(uint64_t x)
-{ /* splitmix64's finaliser */
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
+#include "../_mix.h"
 
 static int
 buffers_ok(const char *fn, Py_buffer *b, const Py_ssize_t *len, int k)

@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../_mix.h"
 
 #define RESERVOIR 4096
 #define GOLDEN 0x9E3779B97F4A7C15ULL
@@ -42,17 +43,6 @@ typedef struct {
     Entry *e;
     Py_ssize_t slots;
 } Table;
-
-static uint64_t
-mix(uint64_t x)
-{ /* splitmix64's finaliser */
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    x ^= x >> 31;
-    return x;
-}
 
 /* 0: done; -1: out of memory */
 static int

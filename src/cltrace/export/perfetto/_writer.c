@@ -23,6 +23,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../../_mix.h"
 
 #include "_wire.h"
 
@@ -46,16 +47,6 @@ typedef struct {
     size_t *used, nused, cap_used; /* the slots filled, where ``map_reset`` is to clear only those */
     int per_call;
 } map_t;
-
-static inline uint64_t
-mix(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
 
 static inline size_t
 home(const map_t *m, int64_t a, int64_t b)
