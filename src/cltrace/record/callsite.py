@@ -64,7 +64,15 @@ def _remember(code: CodeType) -> bool:
     return lib
 
 
-def _py_capture(skip: int = 1, _getframe: Any = _getframe, _get: Any = _lib.get, _id: Any = id) -> tuple | None:
+# (id(code) << 16 | offset) -> its one-frame capture, shared as the C capture shares its tuples: the
+# resolver then looks each distinct object up once instead of grouping a new tuple a record. A tuple holds
+# its code object, so an id here is never reused while its entry lives.
+_shared: dict[int, tuple] = {}
+_SHARED_MAX = 4096
+
+
+def _py_capture(skip: int = 1, _getframe: Any = _getframe, _get: Any = _lib.get, _id: Any = id,
+                _one: Any = _shared.get) -> tuple | None:
     """(code, offset[, code, offset ...]) of the first user frames above the caller's ``skip - 1``."""
     if not _depth:
         return None
@@ -74,7 +82,16 @@ def _py_capture(skip: int = 1, _getframe: Any = _getframe, _get: Any = _lib.get,
         return None
     code = f.f_code
     if _get(_id(code)) is False and _depth == 1:  # the usual case: the caller is user code
-        return (code, f.f_lasti)
+        at = f.f_lasti
+        if at >= 65536:
+            return (code, at)
+        key = _id(code) << 16 | at
+        site = _one(key)
+        if site is None:
+            if len(_shared) >= _SHARED_MAX:
+                _shared.clear()
+            site = _shared[key] = (code, at)
+        return site
     return _py_walk(f)
 
 

@@ -73,10 +73,23 @@ def _python_read(handles: np.ndarray, end_only: bool = False) -> tuple[np.ndarra
 
 def _read_events(events: list[Any], end_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``_python_read`` of pyopencl Events themselves: a record's own Event is read without rebuilding it
-    from its handle (0.65 against 1.05-1.5 us an event on PoCL)."""
+    from its handle (0.65 against 1.05-1.5 us an event on PoCL). Each stamp of the whole batch is one
+    ``map`` over pyopencl's unbound method (no bytecode per call: ~0.25 against ~0.45 us an event); a
+    batch where any read fails is read again event by event, which tells each one's status."""
     import pyopencl as cl
 
-    status, stamps = _outputs(len(events))
+    n = len(events)
+    status, stamps = _outputs(n)
+    if not n:
+        return status, stamps
+    get = cl.Event.get_profiling_info
+    try:
+        for j in ((3,) if end_only else range(4)):
+            stamps[:, j] = np.fromiter(map(get, events, repeat(_QUEUED + j)), np.int64, n)
+        return status, stamps
+    except cl.Error:
+        pass
+    stamps[:] = 0
     error = cl.Error
     flat: list[int] = []
     for i, ev in enumerate(events):
