@@ -318,3 +318,18 @@ def test_analyze_by_callsite(queue: Any, prg: Any, buf: Any, tmp_path: Any) -> N
     bad = subprocess.run([sys.executable, "-m", "cltrace", "analyze", pf, "--by", "line"],
                          capture_output=True, text=True, timeout=240)
     assert bad.returncode == 2 and "invalid choice: 'line'" in bad.stderr
+
+
+def test_python_capture_shares_one_tuple_per_line() -> None:
+    """The Python capture hands out one tuple per (code, offset), as the C one does: the resolver then looks
+    each distinct object up once; another line gets another tuple, and each describes its own line."""
+    def two() -> tuple[Any, Any]:
+        return callsite._py_capture(), callsite._py_capture()
+
+    two()  # the first capture classifies ``two``'s code object (the shared path's condition)
+    seen = [two() for _ in range(3)]
+    assert all(a is seen[0][0] for a, _ in seen) and all(b is seen[0][1] for _, b in seen)
+    a, b = seen[0]
+    assert a is not b and a[0] is b[0] and a[1] != b[1]  # one line, two offsets
+    sa, sb = callsite.describe(a), callsite.describe(b)
+    assert sa.file == HERE and sa.function.endswith(".two") and sa.line == sb.line
