@@ -82,14 +82,13 @@ def _read_events(events: list[Any], end_only: bool = False) -> tuple[np.ndarray,
     status, stamps = _outputs(n)
     if not n:
         return status, stamps
-    get = cl.Event.get_profiling_info
+    read = cl.Event.get_profiling_info
     try:
-        for j in ((3,) if end_only else range(4)):
-            stamps[:, j] = np.fromiter(map(get, events, repeat(_QUEUED + j)), np.int64, n)
+        for j, what in ((3, _END),) if end_only else enumerate((_QUEUED, _SUBMIT, _START, _END)):
+            stamps[:, j] = np.fromiter(map(read, events, repeat(what)), np.int64, n)
         return status, stamps
     except cl.Error:
-        pass
-    stamps[:] = 0
+        stamps[:] = 0  # columns read before the failure: the loop below writes every row again
     error = cl.Error
     flat: list[int] = []
     for i, ev in enumerate(events):
