@@ -90,9 +90,12 @@ def test_configure_rejects_bad_values():
 
 def test_launches_never_wait_on_the_hot_path(queue, kernels):
     cltrace.start()
-    for _ in range(50):
-        kernels.launch_add(queue)
-    assert len(RECORDER.pending) == 50  # recorded, not resolved
+    # Holding the recorder's lock keeps the worker from taking a step (it would wake within
+    # resolve_interval_s on a slow machine): launches must go on while the resolver is blocked.
+    with RECORDER._lock:
+        for _ in range(50):
+            kernels.launch_add(queue)
+        assert len(RECORDER.pending) == 50  # recorded, not resolved
     cltrace.stop()
     assert len(RECORDER.pending) == 0 and len(RECORDER.spans()) == 50
 
