@@ -43,8 +43,14 @@ def loop(q: cl.CommandQueue, prg: cl.Program, buf: cl.Buffer, seconds: float) ->
     done = [0]
     t0 = time.perf_counter()
 
+    # Each thread builds its Kernel before the clock starts: pyopencl loads a new Kernel's invoker from
+    # its on-disk cache (SQLite, unpickling, exec) holding the GIL, which paused the other thread for
+    # 3-14 ms on an H200 host, traced or not (benchmarks/carry_probe.py).
+    ready = threading.Barrier(2)
+
     def body() -> None:
         k = cl.Kernel(prg, "k")
+        ready.wait()
         end = time.perf_counter() + seconds
         last = time.perf_counter()
         while time.perf_counter() < end:

@@ -73,8 +73,11 @@ def main() -> None:
                         if th.name.startswith("cltrace") and th.ident in frames:
                             print(f"--- {th.name}:", "".join(traceback.format_stack(frames[th.ident])[-6:]), flush=True)
 
+    ready = threading.Barrier(a.threads)  # every Kernel built before any loop starts (stall_probe.loop)
+
     def body() -> None:
         k = cl.Kernel(prg, "k")
+        ready.wait()
         end = time.perf_counter() + a.seconds
         last = time.perf_counter()
         me = threading.get_ident()
