@@ -15,7 +15,9 @@ Rows (each against its baseline or target; ratios printed as a table):
   stall          longest pause between iterations of a loop (50 launches + finish) on two threads,
                  traced against untraced at the same switch interval (cltrace lowers it while tracing;
                  the untraced figure at the program's own interval is printed beside it): the median
-                 of ``--stall-trials`` alternating pairs, each ``--stall-s`` long, and their range
+                 of ``--stall-trials`` alternating pairs, each ``--stall-s`` long, and their range; printed
+                 beside it, each side's mean iteration and its longest pause over that mean (a loop
+                 slowed evenly keeps the ratio; a pause of cltrace's own raises it)
   region         an enabled host region (hot path) against one OpenTelemetry SDK span
   launch         a traced ``Kernel`` launch against a raw ``enqueue_nd_range_kernel`` (profiling queue)
   memory         bytes per retained kernel span: the batch columns, and the process RSS growth
@@ -244,14 +246,19 @@ class GcPauses:
                          for g, (c, m) in enumerate(zip(self.count, self.longest)))
 
 
-def stall(s: Setup, seconds: float, tmp: str, trials: int) -> tuple[float, list[float], list[float]]:
+def stall(s: Setup, seconds: float, tmp: str, trials: int) -> tuple[float, list[float], list[float], list[float]]:
     """Longest pause of two launching threads: untraced at the program's switch interval (once), then
     ``trials`` pairs alternating untraced at the interval cltrace sets while tracing (the fair baseline:
     two launching threads starve each other for the GIL for hundreds of ms at 5 ms on an H200) and
     traced. One run's longest pause is a single extreme sample (untraced runs on an H200 ranged 2.5-16 ms),
-    so the row compares medians over the trials."""
+    so the row compares medians over the trials. Also returned: each run's mean iteration (both threads'
+    iterations, each thread's share of the run), which tells a slower loop from a pause."""
+    means: list[float] = []
+
     def run() -> float:
-        return stall_probe.loop(s.q, s.prg, s.buf, seconds)[0]
+        worst, _, done = stall_probe.loop(s.q, s.prg, s.buf, seconds)
+        means.append(2 * seconds / max(1, done))
+        return worst
 
     with GcPauses() as g:
         off = run()
@@ -273,7 +280,7 @@ def stall(s: Setup, seconds: float, tmp: str, trials: int) -> tuple[float, list[
         print(f"  trial {i}: untraced {off_same[-1] * 1e3:.2f} ms, traced {on[-1] * 1e3:.2f} ms (GC: {g})")
     print(f"  untraced: {off * 1e3:.2f} ms at a {old * 1e3:g} ms switch interval; at {during * 1e3:g} ms "
           f"(the traced runs'): the trials above")
-    return off, off_same, on
+    return off, off_same, on, means[1:]  # untraced, traced alternating
 
 
 def region_vs_otel(number: int = 100_000) -> tuple[float, float]:
@@ -466,9 +473,13 @@ def main() -> None:
                 t[1] / t[0], "(comparison)")
         if want("stall"):
             before = stamps.reaper_stats()
-            off, off_same, on = stall(s, args.stall_s, tmp, args.stall_trials)
+            off, off_same, on, means = stall(s, args.stall_s, tmp, args.stall_trials)
             print(f"  ({harvest_note(before)})")
             m_on, m_off = statistics.median(on), statistics.median(off_same)
+            it_off, it_on = statistics.median(means[0::2]), statistics.median(means[1::2])
+            print(f"  mean iteration (median of {len(on)}): untraced {it_off * 1e3:.2f} ms, traced {it_on * 1e3:.2f} ms "
+                  f"({it_on / it_off - 1:+.0%}); longest pause / mean iteration: untraced {m_off / it_off:.2f}, "
+                  f"traced {m_on / it_on:.2f} (equal ratios: the excess is a slower loop, not a pause)")
             row(f"longest stall, 2 threads (median of {len(on)})",
                 f"{m_on * 1e3:.2f} ms ({min(on) * 1e3:.1f}-{max(on) * 1e3:.1f})",
                 f"{m_off * 1e3:.2f} ms ({min(off_same) * 1e3:.1f}-{max(off_same) * 1e3:.1f}; {off * 1e3:.2f} as is)",
