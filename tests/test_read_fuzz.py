@@ -251,7 +251,7 @@ def test_cut_json_with_a_corrupt_line_is_read_in_linear_time_keeping_every_reada
     t0 = time.perf_counter()
     spans, meta = load(path)
     took = time.perf_counter() - t0
-    assert took < 3.0, f"repair took {took:.1f}s"  # was 75 s: quadratic
+    assert took < 20.0, f"repair took {took:.1f}s"  # was 75 s: quadratic (under 1 s here)
     readable = sum(1 for ln in lines[:-4] if ln.startswith('{"ph":"X"')) - 1
     assert len(spans) == readable  # everything after the corrupt line is kept
     assert meta["truncated"]["skipped"] == 1

@@ -421,15 +421,17 @@ def test_record_launch_in_c_gives_the_python_record(queue: Any) -> None:
     RECORDER.configure(tickets_above=1 << 30)  # records keep their Events: two pushes would get two tickets
     _state.ENABLED = True
     try:
-        RECORDER.pending.clear()
-        ids = []
-        for make in (lambda: regions._Region("py", None, None), lambda: regions._NativeRegion("c")):
-            for fn in (c_record, regions._record_py):
-                ids.append(fn("k", queue, ev, 10, 20, "kernel", attrs, site))
-            with make():
+        with RECORDER._lock:  # the worker cannot take the records before they are read here
+            RECORDER.pending.clear()
+            ids = []
+            for make in (lambda: regions._Region("py", None, None), lambda: regions._NativeRegion("c")):
                 for fn in (c_record, regions._record_py):
                     ids.append(fn("k", queue, ev, 10, 20, "kernel", attrs, site))
-        recs = [r for r in RECORDER.pending if r[R_NAME] == "k"]
+                with make():
+                    for fn in (c_record, regions._record_py):
+                        ids.append(fn("k", queue, ev, 10, 20, "kernel", attrs, site))
+            recs = [r for r in RECORDER.pending if r[R_NAME] == "k"]
+            RECORDER.pending.clear()
     finally:
         _state.ENABLED = False
         RECORDER.pending.clear()

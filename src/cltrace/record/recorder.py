@@ -330,7 +330,9 @@ class Recorder:
                     sink.flush(meta)
                 except Exception as exc:
                     log.warning("cltrace: sink %r failed to flush: %s", sink, exc)
-            self._next_flush = time.monotonic() + self.flush_interval_s
+            now = time.monotonic()
+            if now >= self._next_flush:  # a flush for a new clock keeps the one due at FIRST_FLUSH_S
+                self._next_flush = now + self.flush_interval_s
             self._clocks_flushed = self.clocks.count
 
     def batch(self) -> SpanBatch:
