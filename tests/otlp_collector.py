@@ -107,7 +107,7 @@ class RotelCollector:
     def spans(self) -> list[dict[str, Any]]:
         return parse_debug_output(self.output())
 
-    def wait_for(self, pred: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 10.0) -> list[dict[str, Any]]:
+    def wait_for(self, pred: Callable[[list[dict[str, Any]]], bool], timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Parsed spans once ``pred(spans)`` holds; raises with what arrived after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while True:

@@ -114,9 +114,17 @@ def test_reading_a_field_waits_for_that_launch_only(cl_ctx: Any, queue: Any, buf
     a, b = bufs
     p = cltrace.LaunchProfile()
     prg.add[N, None, queue](a, b, profile=p)
+    gate = cl.UserEvent(cl_ctx)  # holds what follows on the in-order queue, however fast the device
+    cl.enqueue_marker(queue, wait_for=[gate])
     slow = prg.spin[N, None, queue](a, np.int32(200_000))
-    assert p.kernel_ns > 0
-    assert slow.command_execution_status != cl.command_execution_status.COMPLETE
+    safety = threading.Timer(30, gate.set_status, (cl.command_execution_status.COMPLETE,))
+    safety.start()  # a read that waited for the queue fails the test instead of hanging it
+    try:
+        assert p.kernel_ns > 0
+        assert slow.command_execution_status != cl.command_execution_status.COMPLETE
+    finally:
+        safety.cancel()
+        gate.set_status(cl.command_execution_status.COMPLETE)
     slow.wait()
 
 

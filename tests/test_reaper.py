@@ -38,7 +38,7 @@ def holders(evs: list[Any]) -> set[int]:
     return {sys.getrefcount(evs[i]) - 2 for i in range(len(evs))}  # the list and getrefcount's argument
 
 
-def until(cond: Any, timeout: float = 5.0) -> bool:
+def until(cond: Any, timeout: float = 30.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if cond():
@@ -272,8 +272,11 @@ def test_harvests_are_short_while_other_threads_launch(queue: Any, kernels: Any,
     cltrace.stop()
     made = after["harvests"] - before["harvests"]
     read = after["harvested"] - before["harvested"]
+    # A harvest is declined when the device has not caught up within its 2 ms poll (often, on a loaded
+    # host); the next one then reads what it left. The interval shows in the attempts.
+    tried = made + after["harvests_declined"] - before["harvests_declined"]
     assert made >= 8, after
-    assert read / made < 400, (read, made)
+    assert read / tried < 400, (read, made, tried)
     ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
     assert len(ks) == sum(counts) and all(s.dev_start is not None for s in ks)
 

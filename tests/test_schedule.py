@@ -235,7 +235,7 @@ def test_each_step_is_its_own_otlp_trace(kernels: Any, queue: Any) -> None:
 
     memory = InMemorySpanExporter()
     with RotelCollector() as col:
-        sink = cltrace.OtlpSink(col.grpc_endpoint, protocol="grpc")
+        sink = cltrace.OtlpSink(col.grpc_endpoint, protocol="grpc", close_timeout_s=60)
         readable = cltrace.OtlpSink(exporter=memory)  # the SDK's ReadableSpan path
         with cltrace.trace(sink, readable, schedule=cltrace.schedule(wait=0, warmup=1, active=3, repeat=1)):
             kernels.launch_add(queue)  # outside the steps: the run's trace

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from typing import Any
 
 import numpy as np
@@ -114,6 +115,17 @@ def test_a_queue_without_profiling_reads_as_not_available(impl: stamps.Impl, pla
     assert status.tolist() == [cl.status_code.PROFILING_INFO_NOT_AVAILABLE] and not st.any()
 
 
+def gated_spins(ctx: Any, queue: Any, kernels: Any) -> list[Any]:
+    """Four slow kernels still queued when this returns: the first waits on a user event that a timer
+    completes 0.2 s later, so a wait on them must really wait, however fast or loaded the host."""
+    gate = cl.UserEvent(ctx)
+    slow = [kernels.spin(queue, (kernels.n,), None, kernels.a, np.int32(20_000), wait_for=[gate] if i == 0 else None)
+            for i in range(4)]
+    assert slow[-1].command_execution_status > 0, "precondition: the slow kernels are still queued"
+    threading.Timer(0.2, gate.set_status, (cl.command_execution_status.COMPLETE,)).start()
+    return slow
+
+
 def test_failed_commands_read_negative_and_wait_does_not_stop_at_them(impl: stamps.Impl, cl_ctx: Any,
                                                                       queue: Any, kernels: Any) -> None:
     failing = cl.CommandQueue(cl_ctx, properties=cl.command_queue_properties.PROFILING_ENABLE)
@@ -121,8 +133,7 @@ def test_failed_commands_read_negative_and_wait_does_not_stop_at_them(impl: stam
     doomed = kernels.add(failing, (kernels.n,), None, kernels.a, kernels.b, wait_for=[gate])
     gate.set_status(-5)
     # Slow work on another queue, after the failed event in the batch: wait must still wait for it.
-    slow = [kernels.spin(queue, (kernels.n,), None, kernels.a, np.int32(20_000)) for _ in range(4)]
-    assert slow[-1].command_execution_status > 0, "precondition: the slow kernels are still running"
+    slow = gated_spins(cl_ctx, queue, kernels)
     batch = impl.handles([gate, doomed, *slow])
     impl.wait(batch)
     assert [e.command_execution_status for e in slow] == [0] * len(slow)
@@ -138,8 +149,7 @@ def test_wait_waits_for_events_of_several_contexts(impl: stamps.Impl, cl_ctx: An
     # clWaitForEvents refuses a list that spans contexts (CL_INVALID_CONTEXT) without waiting.
     other = cl.Context(cl_ctx.devices)
     elsewhere = cl.enqueue_marker(cl.CommandQueue(other, properties=cl.command_queue_properties.PROFILING_ENABLE))
-    slow = [kernels.spin(queue, (kernels.n,), None, kernels.a, np.int32(20_000)) for _ in range(4)]
-    assert slow[-1].command_execution_status > 0, "precondition: the slow kernels are still running"
+    slow = gated_spins(cl_ctx, queue, kernels)
     impl.wait(impl.handles([elsewhere, *slow]))
     assert [e.command_execution_status for e in (elsewhere, *slow)] == [0] * 5
 
