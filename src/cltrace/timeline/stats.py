@@ -125,7 +125,7 @@ class PythonTable:
 
 
 def _load_native() -> Any:
-    mod = extension("cltrace.timeline", "_stats")
+    mod = extension(__package__, "_stats")
     if mod.RESERVOIR != RESERVOIR:
         raise ImportError(f"_stats built with RESERVOIR {mod.RESERVOIR}, not {RESERVOIR}")
     return mod.Table

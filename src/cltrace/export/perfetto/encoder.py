@@ -9,8 +9,6 @@ altogether (``fused``): where ``encode_rows`` is the numpy one, the sink runs th
 """
 from __future__ import annotations
 
-import importlib
-import logging
 from typing import Callable
 
 import numpy as np
@@ -19,8 +17,6 @@ from ..._native import choose, extension
 
 from .columns import NCOLS
 from .layout import NCONSTS, RUN_COLS, Strings, encode_rows as _python_encode_rows, fill_rows as _python_fill_rows
-
-log = logging.getLogger("cltrace")
 
 EncodeRows = Callable[[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray, Strings, Strings], bytes]
 FillRows = Callable[..., None]
@@ -31,11 +27,7 @@ def _load_native() -> EncodeRows:
     built = (_packets.NCOLS, _packets.RUN_COLS, _packets.NCONSTS)
     if built != (NCOLS, RUN_COLS, NCONSTS):
         raise ImportError(f"C extension built for another row layout {built}: reinstall cltrace")
-    try:
-        _writer = importlib.import_module(f"{__package__}._writer")
-    except ImportError as exc:
-        log.debug("cltrace: %s", exc)
-        raise ImportError("C extension _writer not built (no C compiler at install time?)") from None
+    _writer = extension(__package__, "_writer")
     if _writer.NCONSTS != NCONSTS:
         raise ImportError("C extension _writer built for another row layout: reinstall cltrace")
 
