@@ -263,3 +263,50 @@ def test_in_order_queue_never_overlaps_under_load_with_frequent_recalibration(qu
     bad = np.flatnonzero(ds[1:] < de[:-1])
     assert not len(bad), ("mapped commands overlap on an in-order queue (overlap, device gap, duration)",
                           [(int(de[i] - ds[i + 1]), int(rs[i + 1] - re_[i]), int(re_[i] - rs[i])) for i in bad[:5]])
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_give_back_returns_freed_heap_pages_to_the_os():
+    """What stop() and clear() free stays with glibc's malloc (below a live chunk a heap cannot shrink);
+    ``heap.give_back`` hands those pages to the OS. Real malloc, real pages: 64 KB arrays come from the
+    heap (under glibc's mmap threshold), every 32nd one kept pins the heap's top."""
+    from cltrace.record import heap
+
+    if not heap.AVAILABLE or not os.path.exists("/proc/self/statm"):
+        pytest.skip("no malloc_trim in this C library (the call does nothing there)")
+    heap.give_back()
+    arrays = [np.ones(8192) for _ in range(2048)]  # 128 MB in 64 KB chunks
+    kept = arrays[::32]
+    del arrays
+    freed = 2048 * 65536 * 31 // 32
+    before = _rss()
+    assert heap.give_back()
+    dropped = before - _rss()
+    assert dropped >= freed // 2, (dropped, freed)
+    assert len(kept) == 64
+
+
+def test_clear_gives_the_store_back(queue, kernels):
+    """clear() drops the retained spans and hands the freed heap back: the process ends up near where
+    it was before the trace (a warm-up round first pays the one-time costs)."""
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("no /proc/self/statm")
+
+    def traced() -> None:
+        with cltrace.trace():
+            for i in range(150_000):
+                cltrace.record_launch("host-only", None, None, 10 * i, 10 * i + 5)
+
+    traced()
+    RECORDER.clear()
+    base = _rss()
+    traced()
+    held = _rss() - base  # the store (~120 B a span) and what the heap kept of the trace
+    assert RECORDER.batch().n == 150_000
+    RECORDER.clear()
+    assert RECORDER.batch().n == 0
+    assert _rss() - base <= held // 2, (_rss() - base, held)

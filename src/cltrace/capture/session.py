@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 from .. import _state
 from ..errors import OutputError
 from ..export.formats import format_for, register_format, sink_for
-from ..record import regions, switch
+from ..record import heap, regions, switch
 from ..record.recorder import RECORDER
 from . import stepper
 from .schedule import Schedule
@@ -143,6 +143,7 @@ def stop() -> None:
     _uninstall_sigterm()
     switch.restore()
     regions.forget_kernels()
+    heap.give_back()  # what the session freed (waiting records, step columns, file buffers) back to the OS
     if wrote:
         print(f"cltrace: wrote {', '.join(shown(p) for p in wrote)}", file=sys.stderr, flush=True)
 

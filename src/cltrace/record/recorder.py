@@ -47,7 +47,7 @@ from ..timeline.spans import Span
 from ..timeline.stats import Stats
 from ..timeline.steps import StepTable
 from ..timeline.tracks import TrackRegistry
-from . import switch
+from . import heap, switch
 from .memory import Ledger
 
 log = logging.getLogger("cltrace")
@@ -357,6 +357,7 @@ class Recorder:
             self.recorded = 0
             self.device_waits = 0
             self.memory.clear()
+        heap.give_back()  # the store's columns, freed above, back to the OS (record/heap.py)
 
     def metadata(self) -> dict[str, Any]:
         """What every output records about the run. ``dropped_spans`` counts spans missing from a
