@@ -291,22 +291,28 @@ def test_give_back_returns_freed_heap_pages_to_the_os():
 
 
 def test_clear_gives_the_store_back(queue, kernels):
-    """clear() drops the retained spans and hands the freed heap back: the process ends up near where
-    it was before the trace (a warm-up round first pays the one-time costs)."""
-    if not os.path.exists("/proc/self/statm"):
-        pytest.skip("no /proc/self/statm")
+    """clear() drops the retained spans: the live memory (numpy's columns included, as tracemalloc counts
+    them) ends up near where it was before the trace. What the allocator keeps of it is
+    ``heap.give_back``'s (the test above); RSS in a process that has run other tests says too little."""
+    import tracemalloc
 
     def traced() -> None:
         with cltrace.trace():
             for i in range(150_000):
                 cltrace.record_launch("host-only", None, None, 10 * i, 10 * i + 5)
 
-    traced()
+    traced()  # the one-time costs (caches, tables) before the baseline
     RECORDER.clear()
-    base = _rss()
-    traced()
-    held = _rss() - base  # the store (~120 B a span) and what the heap kept of the trace
-    assert RECORDER.batch().n == 150_000
-    RECORDER.clear()
-    assert RECORDER.batch().n == 0
-    assert _rss() - base <= held // 2, (_rss() - base, held)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        traced()
+        held = tracemalloc.get_traced_memory()[0] - base  # the store: ~120 B a span
+        assert RECORDER.batch().n == 150_000
+        RECORDER.clear()
+        assert RECORDER.batch().n == 0
+        left = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert held >= 150_000 * 100, held
+    assert left <= held // 8, (left, held)

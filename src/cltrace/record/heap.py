@@ -12,18 +12,14 @@ library has no ``malloc_trim`` (musl, macOS) it does nothing.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import logging
 from typing import Any, Callable
-
-log = logging.getLogger("cltrace")
 
 
 def _find() -> Callable[[int], Any] | None:
+    """The C library's ``malloc_trim`` among the process's own symbols (no library search at import)."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):  # TypeError: a platform without dlopen(NULL)
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
@@ -38,9 +34,5 @@ def give_back() -> bool:
     """Return the heap's free pages to the OS (the GIL is released meanwhile); True where it ran."""
     if _TRIM is None:
         return False
-    try:
-        _TRIM(0)
-    except Exception as exc:  # never let housekeeping break the program
-        log.debug("cltrace: malloc_trim failed: %s", exc)
-        return False
+    _TRIM(0)
     return True
