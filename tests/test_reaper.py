@@ -180,7 +180,7 @@ def test_a_traced_program_exits_cleanly_with_the_reaper_running(tmp_path: Any) -
 
 def harvests() -> dict[str, int]:
     st = stamps.reaper_stats()
-    return {k: st[k] for k in ("harvests", "harvested", "harvests_declined")}
+    return {k: st[k] for k in ("harvests", "harvested", "harvests_declined", "harvests_front")}
 
 
 @pytest.fixture
@@ -217,8 +217,10 @@ def test_the_launching_thread_harvests_its_own_commands(queue: Any, kernels: Any
 
 
 def test_a_harvest_never_waits_on_a_command_held_back(cl_ctx: Any, kernels: Any, only_harvests: Any) -> None:
-    """A command waiting on a user event the program sets later: the harvest is declined (no wait that
-    would hang), both where its probe finds the device behind and where only the newest command waits."""
+    """A command waiting on a user event the program sets later: no harvest waits for it (a wait would
+    hang). Where its probe finds the device behind, the harvest is declined; where only the newest
+    command waits, it reads the completed front of the queue (the commands before the held one) and
+    leaves the held one and those after it unread."""
     q = cltrace.profiling_queue(cl_ctx)
     add = kernels.kernel("add")
     gate = cl.UserEvent(cl_ctx)
@@ -232,12 +234,16 @@ def test_a_harvest_never_waits_on_a_command_held_back(cl_ctx: Any, kernels: Any,
         for _ in range(1100):  # the 1024th command asks: 64 back is done, the newest waits for the gate
             cltrace.launch(add, q, (kernels.n,), None, kernels.a, kernels.b)
         mid = harvests()
-        assert mid["harvests_declined"] - before["harvests_declined"] >= 2
-        assert mid["harvested"] == before["harvested"]
+        assert mid["harvests_front"] - before["harvests_front"] >= 1  # 64 back done, the newest held
+        assert mid["harvests_declined"] - before["harvests_declined"] >= 1  # later: 64 back held too
+        assert 0 < mid["harvested"] - before["harvested"] <= 1000  # completed commands only
     finally:
         gate.set_status(cl.command_execution_status.COMPLETE)
     q.finish()
     cltrace.stop()
+    ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
+    assert len(ks) == 2101
+    assert all(s.dev_start is not None and s.dev_end - s.dev_start == s.raw_end - s.raw_start for s in ks)
     ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
     assert len(ks) == 2101 and all(s.dev_start is not None for s in ks)
 
@@ -282,10 +288,11 @@ def test_harvests_are_short_while_other_threads_launch(queue: Any, kernels: Any,
 
 
 @pytest.mark.parametrize("hold_ns", [200_000, 2_000_000])
-def test_a_harvest_keeping_the_gil_still_declines_a_held_back_command(cl_ctx: Any, kernels: Any, only_harvests: Any,
-                                                                      hold_ns: int) -> None:
+def test_a_harvest_keeping_the_gil_never_waits_for_a_held_back_command(cl_ctx: Any, kernels: Any, only_harvests: Any,
+                                                                       hold_ns: int) -> None:
     """While another thread launches, a harvest keeps the GIL through the start of its wait for the device:
-    a newest command held back by a user event is still declined (within 2 ms), never waited for."""
+    a newest command held back by a user event is never waited for; the harvest reads the completed
+    commands before it (within ``spin_ns``) and leaves it unread."""
     from cltrace.timeline import _stamps
 
     q, other_q = cltrace.profiling_queue(cl_ctx), cltrace.profiling_queue(cl_ctx)
@@ -309,8 +316,8 @@ def test_a_harvest_keeping_the_gil_still_declines_a_held_back_command(cl_ctx: An
         cltrace.launch(add, q, (kernels.n,), None, kernels.a, kernels.b, wait_for=[gate])
         spent = time.perf_counter() - t0
         mid = harvests()
-        assert mid["harvests_declined"] - before["harvests_declined"] == 1, (before, mid)
-        assert mid["harvested"] == before["harvested"]
+        assert mid["harvests_front"] - before["harvests_front"] == 1, (before, mid)
+        assert mid["harvested"] - before["harvested"] == 2023, (before, mid)  # every command before the held one
         assert spent < 0.5, spent
     finally:
         gate.set_status(cl.command_execution_status.COMPLETE)
@@ -321,15 +328,17 @@ def test_a_harvest_keeping_the_gil_still_declines_a_held_back_command(cl_ctx: An
     assert len(ks) == 2032 and all(s.dev_start is not None for s in ks)
 
 
-def test_reaper_config_checks_the_shared_hold() -> None:
+def test_reaper_config_checks_the_shared_hold_and_the_spin() -> None:
     from cltrace.timeline import _stamps
 
     was = _stamps.reaper_config(250_000, 2_000_000)
     try:
-        assert len(was) == 6 and 0 <= was[5] <= 2_000_000
+        assert len(was) == 7 and 0 <= was[5] <= 2_000_000 and 0 <= was[6] <= 2_000_000
         with pytest.raises(ValueError):
             _stamps.reaper_config(250_000, 2_000_000, -1, -1, -1, 2_000_001)
-        _stamps.reaper_config(250_000, 2_000_000, -1, -1, -1, 0)
-        assert _stamps.reaper_config(250_000, 2_000_000)[5] == 0
+        with pytest.raises(ValueError):
+            _stamps.reaper_config(250_000, 2_000_000, -1, -1, -1, -1, 2_000_001)
+        _stamps.reaper_config(250_000, 2_000_000, -1, -1, -1, 0, 1000)
+        assert _stamps.reaper_config(250_000, 2_000_000)[5:] == (0, 1000)
     finally:
         _stamps.reaper_config(*was)

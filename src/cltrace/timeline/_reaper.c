@@ -45,7 +45,7 @@
 #define MAX_BUSY 32 /* in-order queues skipped past their first running command, per round */
 #define DIR_SIZE (1u << 16) /* blocks addressable at once: 268M tickets in flight, far past any cap */
 #define PROBE_BACK 64 /* the harvest asks the status of the command this many launches back on the queue */
-#define SPIN_NS 2000000 /* and then polls the newest's for at most this long */
+#define SPIN_NS 2000000 /* the longest a harvest may poll its newest command (``spin_ns``'s bound) */
 /* While other threads launch too, a harvest reads with the GIL held (see harvest()), and every launching
  * thread waits for it: harvests come SHARED_DIV times as often, each that much shorter. Two threads on an
  * H200 (benchmarks/stall_parts.py): the longest pause 10.4-10.6 ms -> 7.7-8.9 ms at the same launch rate
@@ -99,13 +99,20 @@ static size_t harvest_k = 1024, harvest_gap = 1024;       /* harvest_k 0: no har
  * long, so that no other thread enqueues between the wait and the reads (see harvest()); past it, the wait
  * goes on without the GIL. 0: the wait always without it. */
 static int64_t shared_hold_ns = 200000;
+/* How long a harvest polls its newest command before it reads only the completed front of its queue
+ * instead (never waiting for the rest). A launch-bound loop's newest completes within a few us. Where the
+ * device is busy with the host's run-ahead, a full poll drains the queue (2-3.5 ms a harvest) while reading
+ * the front of a busy queue costs ~6 us a command on NVIDIA's driver (6 ms a harvest): on an H100
+ * (benchmarks/bench_overlap.py, 512-1024 steps with device regions) 2 ms gave 1.08-1.37x and 50 us
+ * 1.16-1.27x, within each other's noise, so the poll keeps its 2 ms and only its timeout changed. */
+static int64_t spin_ns = SPIN_NS;
 static size_t since_harvest;                              /* commands tracked since the last harvest */
 static int64_t last_track_ns;                             /* the last command tracked from the hot path */
 static pthread_t last_tracker;                            /* the thread that tracked it */
 static int64_t tracker_switch_ns = INT64_MIN / 2;         /* when the tracking thread last changed */
 static pthread_t thread;
 /* Counters (under mu): for tests, ``cltrace devices`` and the benchmarks. */
-static uint64_t n_tracked, n_reaped, n_inline, n_live, n_rounds, n_harvests, n_harvested, n_declined;
+static uint64_t n_tracked, n_reaped, n_inline, n_live, n_rounds, n_harvests, n_harvested, n_declined, n_front;
 static int64_t harvest_total_ns;
 
 static int64_t
@@ -331,7 +338,7 @@ after_fork_child(void)
     held = NULL;
     n_held = cap_held = 0;
     running = idle = stopping = 0;
-    n_tracked = n_reaped = n_inline = n_live = n_rounds = n_harvests = n_harvested = n_declined = 0;
+    n_tracked = n_reaped = n_inline = n_live = n_rounds = n_harvests = n_harvested = n_declined = n_front = 0;
     harvest_total_ns = last_track_ns = 0;
     tracker_switch_ns = INT64_MIN / 2;
     harvest_gap = harvest_k;
@@ -426,17 +433,22 @@ harvest(cl_command_queue qh)
      * the longest pause 7.6 -> 5.2 ms, iterations 890 -> 1 009 a second). A longer wait (a CPU device
      * behind the program, as PoCL's) goes on without the GIL. */
     PyThreadState *ts = others && shared_hold_ns > 0 ? NULL : PyEval_SaveThread();
+    int front = 0; /* the newest is still running: read the completed front of the queue, never wait */
     if (probe != NULL) {
-        /* The device keeps up if the command PROBE_BACK launches ago is done. The harvest then goes on
-         * only once the newest is done too (a command held back by a user event the program sets later
-         * must not hang it): a few us of polling in a launch-bound loop, else declined. */
+        /* The device keeps up if the command PROBE_BACK launches ago is done. In a launch-bound loop the
+         * newest completes within a few us: the harvest waits for it, then reads everything (a read right
+         * after the wait costs ~1 us on NVIDIA's driver). A device busy with the host's run-ahead (a
+         * training step that keeps it busy) would make that wait drain the queue, and the host lose its
+         * lead: past ``spin_ns`` the harvest reads only what is complete, in order, and leaves the rest
+         * running (it was declined, and the reaper's thread read those commands later, beside the enqueues). */
         ok = is_complete(probe);
         const int64_t from = now_ns();
-        for (int64_t until = from + SPIN_NS; ok && !is_complete(newest);) {
+        for (int64_t until = from + spin_ns; ok && !is_complete(newest);) {
             const int64_t now = now_ns();
-            if (now >= until)
-                ok = 0;
-            else if (ts == NULL && now - from >= shared_hold_ns)
+            if (now >= until) {
+                front = 1;
+                break;
+            } else if (ts == NULL && now - from >= shared_hold_ns)
                 ts = PyEval_SaveThread();
         }
         release_event(probe);
@@ -449,7 +461,7 @@ harvest(cl_command_queue qh)
      * thread enqueued meanwhile behind a user event it sets later (a hang the untraced program has not).
      * The reads cost the same after either (H200: 363-393 ms of harvests for 400k commands, against
      * 369-510 ms after a finish and 358-470 ms after no wait at all). */
-    ok = res != NULL && wait_for_events(1, &newest) == CL_SUCCESS;
+    ok = res != NULL && (front || wait_for_events(1, &newest) == CL_SUCCESS);
     if (newest != NULL)
         release_event(newest);
     if (others && ts != NULL) {
@@ -470,10 +482,13 @@ harvest(cl_command_queue qh)
         n_in = kept;
         pthread_mutex_unlock(&mu);
         size_t back = 0;
+        int behind = 0; /* an in-order queue's first running command: the rest of it is running too */
         for (size_t j = 0; j < m; j++) {
-            if (reap_one(mine[j].ev, &res[k]) > 0)
-                mine[most + back++] = mine[j]; /* enqueued after the newest by another thread: handed back below */
-            else
+            if ((behind && mine[j].queue) || reap_one(mine[j].ev, &res[k]) > 0) {
+                mine[most + back++] = mine[j]; /* still running (or enqueued after the newest by another
+                                                  thread): handed back below */
+                behind |= front;
+            } else
                 mine[k++] = mine[j];
         }
         settle_done(mine, res, k);
@@ -505,6 +520,7 @@ harvest(cl_command_queue qh)
     if (ok) {
         n_harvests++;
         n_harvested += k;
+        n_front += front;
     } else {
         n_declined++;
     }
@@ -811,19 +827,19 @@ reaper_stats(PyObject *self, PyObject *unused)
 {
     pthread_mutex_lock(&mu);
     uint64_t tracked = n_tracked, reaped = n_reaped, inl = n_inline, live = n_live, rounds = n_rounds,
-             harvests = n_harvests, harvested = n_harvested, declined = n_declined;
+             harvests = n_harvests, harvested = n_harvested, declined = n_declined, front = n_front;
     int64_t harvest_ms = harvest_total_ns / 1000000;
     int run = running && !stopping;
     size_t blocks = 0;
     for (size_t i = 0; i < DIR_SIZE; i++)
         blocks += dir[i] != NULL;
     pthread_mutex_unlock(&mu);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:n,s:O,s:K,s:K,s:K,s:L}", "tracked", (unsigned long long)tracked,
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:n,s:O,s:K,s:K,s:K,s:K,s:L}", "tracked", (unsigned long long)tracked,
                          "reaped", (unsigned long long)reaped, "read_inline", (unsigned long long)inl, "held",
                          (unsigned long long)live, "rounds", (unsigned long long)rounds, "blocks", (Py_ssize_t)blocks,
                          "running", run ? Py_True : Py_False, "harvests", (unsigned long long)harvests, "harvested",
                          (unsigned long long)harvested, "harvests_declined", (unsigned long long)declined,
-                         "harvest_ms", (long long)harvest_ms);
+                         "harvests_front", (unsigned long long)front, "harvest_ms", (long long)harvest_ms);
 }
 
 PyObject *
@@ -846,19 +862,20 @@ PyObject *
 reaper_config(PyObject *self, PyObject *args)
 {
     long lo, hi;
-    long long every = -1, quiet = -1, stale = -1, hold = -1;
-    if (!PyArg_ParseTuple(args, "ll|LLLL:reaper_config", &lo, &hi, &every, &quiet, &stale, &hold))
+    long long every = -1, quiet = -1, stale = -1, hold = -1, spin = -1;
+    if (!PyArg_ParseTuple(args, "ll|LLLLL:reaper_config", &lo, &hi, &every, &quiet, &stale, &hold, &spin))
         return NULL;
     if (lo < 1000 || hi < lo || hi > 1000000000L || every < -1 || every > (1LL << 30) || quiet < -1 ||
-        quiet > 10000000000LL || stale < -1 || stale > 100000000000LL || hold < -1 || hold > SPIN_NS) {
+        quiet > 10000000000LL || stale < -1 || stale > 100000000000LL || hold < -1 || hold > SPIN_NS ||
+        spin < -1 || spin > SPIN_NS) {
         PyErr_SetString(PyExc_ValueError, "reaper_config: need 1000 <= min_ns <= max_ns <= 1e9, 0 <= harvest_every "
                                           "<= 2**30, 0 <= quiet_ns <= 1e10, 0 <= stale_ns <= 1e11, 0 <= shared_hold_ns "
-                                          "<= 2e6 (-1: unchanged)");
+                                          "<= 2e6, 0 <= spin_ns <= 2e6 (-1: unchanged)");
         return NULL;
     }
     pthread_mutex_lock(&mu);
-    PyObject *was = Py_BuildValue("(llnLLL)", poll_min_ns, poll_max_ns, (Py_ssize_t)harvest_k, (long long)quiet_ns,
-                                  (long long)stale_ns, (long long)shared_hold_ns);
+    PyObject *was = Py_BuildValue("(llnLLLL)", poll_min_ns, poll_max_ns, (Py_ssize_t)harvest_k, (long long)quiet_ns,
+                                  (long long)stale_ns, (long long)shared_hold_ns, (long long)spin_ns);
     poll_min_ns = lo;
     poll_max_ns = hi;
     if (every >= 0) {
@@ -871,6 +888,8 @@ reaper_config(PyObject *self, PyObject *args)
         stale_ns = stale;
     if (hold >= 0)
         shared_hold_ns = hold;
+    if (spin >= 0)
+        spin_ns = spin;
     pthread_mutex_unlock(&mu);
     return was;
 }

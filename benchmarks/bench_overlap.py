@@ -1,0 +1,338 @@
+"""What tracing costs a training loop that keeps the device busy: a small MLP step, end to end.
+
+Each step: ``forward`` (2 tiled GEMMs and a ReLU), ``backward`` (2 GEMMs), ``optimizer`` (2 SGD
+updates) inside a ``step`` region, ``cltrace.step()`` at its top, no ``finish`` inside the loop, so
+the host runs ahead of the device as real training does. Matrix sizes cover a launch-bound (256),
+a balanced (512) and a GEMM-bound (1024) step on an H100/H200. Each variant (no regions, host-only
+regions, device regions on the queue) runs traced to ``.json`` + ``.pftrace`` from ``start()`` to
+the files closed, against the same loop untraced, alternating, and the table gives the median of
+the pairs' ratios. ``--probe`` times every call of the launching thread in one traced run of each
+variant and lists the calls that blocked (the evidence of where the host waits).
+
+    python benchmarks/bench_overlap.py [--sizes 256,512,1024] [--steps 400,2000] [--rounds 3] [--torch]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+import numpy as np
+import pyopencl as cl
+
+import cltrace
+from cltrace.record.recorder import RECORDER
+from cltrace.timeline import stamps
+
+SOURCE = r"""
+#define TS 64
+#define WPT 4
+// C = A(MxK) B(KxN), 64x64 tiles, 4x4 outputs a work-item; A(i,k) = A[i*sa0 + k*sa1], B(k,j) = B[k*sb0 + j*sb1]
+// (strides express transposes). Dimension 0 runs along columns, so row-major loads coalesce.
+__kernel __attribute__((reqd_work_group_size(16, 16, 1)))
+void gemm(const int M, const int N, const int K, __global const float* A, const int sa0, const int sa1,
+          __global const float* B, const int sb0, const int sb1, __global float* C) {
+    __local float As[TS][TS + 1], Bs[TS][TS + 1];
+    const int lc = get_local_id(0), lr = get_local_id(1);
+    const int bj = get_group_id(0) * TS, bi = get_group_id(1) * TS;
+    float acc[WPT][WPT];
+    for (int r = 0; r < WPT; ++r) for (int c = 0; c < WPT; ++c) acc[r][c] = 0.0f;
+    for (int t = 0; t < K; t += TS) {
+        for (int r = 0; r < WPT; ++r) for (int c = 0; c < WPT; ++c) {
+            const int row = lr + 16 * r, col = lc + 16 * c;
+            As[row][col] = (bi + row < M && t + col < K) ? A[(bi + row) * sa0 + (t + col) * sa1] : 0.0f;
+            Bs[row][col] = (t + row < K && bj + col < N) ? B[(t + row) * sb0 + (bj + col) * sb1] : 0.0f;
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+        for (int k = 0; k < TS; ++k) {
+            float a[WPT], b[WPT];
+            for (int r = 0; r < WPT; ++r) a[r] = As[lr + 16 * r][k];
+            for (int c = 0; c < WPT; ++c) b[c] = Bs[k][lc + 16 * c];
+            for (int r = 0; r < WPT; ++r) for (int c = 0; c < WPT; ++c) acc[r][c] += a[r] * b[c];
+        }
+        barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    for (int r = 0; r < WPT; ++r) for (int c = 0; c < WPT; ++c) {
+        const int i = bi + lr + 16 * r, j = bj + lc + 16 * c;
+        if (i < M && j < N) C[i * N + j] = acc[r][c];
+    }
+}
+__kernel void relu(__global float* x) { const int g = get_global_id(0); x[g] = fmax(x[g], 0.0f); }
+__kernel void sgd(__global float* w, __global const float* dw, const float lr) {
+    const int g = get_global_id(0); w[g] -= lr * dw[g];
+}
+"""
+
+MODES = ("none", "host", "device")  # regions: none, host-only (no queue), device (on the queue)
+
+
+class Mlp:
+    """Buffers and kernels of one matrix size; ``step(mode)`` enqueues one training step."""
+
+    def __init__(self, queue: Any, n: int) -> None:
+        self.q, self.n = queue, n
+        ctx = queue.context
+        prg = cltrace.compile(SOURCE, context=ctx)
+        self.gemm, self.relu, self.sgd = prg.gemm, prg.relu, prg.sgd
+        mf = cl.mem_flags
+        rng = np.random.default_rng(0)
+
+        def buf() -> Any:
+            host = (rng.standard_normal((n, n)) * 0.01).astype(np.float32)
+            return cl.Buffer(ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=host)
+
+        self.x, self.w1, self.w2, self.h, self.y, self.dw1, self.dw2 = (buf() for _ in range(7))
+        self.gs = ((n + 63) // 64 * 16,) * 2
+        self.lr = np.float32(1e-6)
+        self.dims = (np.int32(n),) * 3
+        self.row, self.col = (np.int32(n), np.int32(1)), (np.int32(1), np.int32(n))  # as stored, transposed
+
+    def _mm(self, a: Any, sa: tuple[Any, Any], b: Any, sb: tuple[Any, Any], c: Any) -> None:
+        self.gemm(self.q, self.gs, (16, 16), *self.dims, a, *sa, b, *sb, c)
+
+    def step(self, mode: str) -> None:
+        n, q = self.n, self.q
+        rq = q if mode == "device" else None
+        region = cltrace.region if mode != "none" else None
+        row, col = self.row, self.col
+
+        def forward() -> None:
+            self._mm(self.x, row, self.w1, row, self.h)
+            self.relu(q, (n * n,), None, self.h)
+            self._mm(self.h, row, self.w2, row, self.y)
+
+        def backward() -> None:
+            self._mm(self.h, col, self.y, row, self.dw2)  # dW2 = H^T dY
+            self._mm(self.x, col, self.h, row, self.dw1)  # dW1 = X^T dH
+
+        def optimizer() -> None:
+            self.sgd(q, (n * n,), None, self.w1, self.dw1, self.lr)
+            self.sgd(q, (n * n,), None, self.w2, self.dw2, self.lr)
+
+        if region is None:
+            forward(), backward(), optimizer()
+            return
+        with region("step", rq):
+            with region("forward", rq):
+                forward()
+            with region("backward", rq):
+                backward()
+            with region("optimizer", rq):
+                optimizer()
+
+    def loop(self, steps: int, mode: str) -> None:
+        step, one = cltrace.step, self.step
+        for _ in range(steps):
+            step()
+            one(mode)
+        self.q.finish()
+
+
+def untraced(m: Mlp, steps: int, mode: str) -> float:
+    t0 = time.perf_counter()
+    m.loop(steps, mode)
+    return time.perf_counter() - t0
+
+
+def traced(m: Mlp, steps: int, mode: str, tmp: str) -> float:
+    """Seconds from ``start()`` to both files closed."""
+    RECORDER.clear()
+    paths = [os.path.join(tmp, f"overlap.{ext}") for ext in ("json", "pftrace")]
+    t0 = time.perf_counter()
+    cltrace.start(*paths, quiet=True)
+    m.loop(steps, mode)
+    cltrace.stop()
+    return time.perf_counter() - t0
+
+
+def ratio_row(m: Mlp, steps: int, mode: str, rounds: int, tmp: str) -> tuple[float, float, float, float]:
+    """(untraced ms a step, median ratio, lowest, highest) over alternating untraced/traced pairs."""
+    bases, ratios = [], []
+    for r in range(rounds):
+        if r % 2 == 0:
+            b = untraced(m, steps, mode)
+            t = traced(m, steps, mode, tmp)
+        else:
+            t = traced(m, steps, mode, tmp)
+            b = untraced(m, steps, mode)
+        bases.append(b)
+        ratios.append(t / b)
+    return statistics.median(bases) / steps * 1e3, statistics.median(ratios), min(ratios), max(ratios)
+
+
+def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool = True) -> list[str]:
+    """One run (traced, or not) with each call of the launching thread timed: the calls that took > ``slow_us``."""
+    perf = time.perf_counter_ns
+    calls: dict[str, list[int]] = {}
+    slow: list[tuple[int, str, int]] = []
+
+    def timed(kind: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        lst = calls.setdefault(kind, [])
+
+        def call(*a: Any, **kw: Any) -> Any:
+            t = perf()
+            out = fn(*a, **kw)
+            d = perf() - t
+            lst.append(d)
+            if d > slow_us * 1e3:
+                slow.append((t, kind, d))
+            return out
+        return call
+
+    saved = (m.gemm, m.relu, m.sgd, cltrace.region, cltrace.step)
+    m.gemm, m.relu, m.sgd = (timed(k, f) for k, f in (("gemm", m.gemm), ("relu", m.relu), ("sgd", m.sgd)))
+    real_region = cltrace.region
+
+    class TimedRegion:
+        def __init__(self, name: str, q: Any) -> None:
+            self.r = real_region(name, q)
+
+        def __enter__(self) -> Any:
+            return timed("region enter", self.r.__enter__)()
+
+        def __exit__(self, *exc: Any) -> Any:
+            return timed("region exit", self.r.__exit__)(*exc)
+
+    cltrace.region = TimedRegion  # type: ignore[assignment]
+    cltrace.step = timed("step()", cltrace.step)  # type: ignore[assignment]
+    RECORDER.clear()
+    before = stamps.reaper_stats() or {}
+    waits0 = RECORDER.device_waits
+    t0 = perf()
+    try:
+        if trace:
+            cltrace.start(os.path.join(tmp, "probe.json"), os.path.join(tmp, "probe.pftrace"), quiet=True)
+        m.loop(steps, mode)
+        if trace:
+            cltrace.stop()
+    finally:
+        m.gemm, m.relu, m.sgd, cltrace.region, cltrace.step = saved  # type: ignore[assignment]
+    total = perf() - t0
+    after = stamps.reaper_stats() or {}
+    out = [f"  probe {m.n} {mode} x{steps} {'traced' if trace else 'untraced'}: {total / 1e6:.1f} ms; back-pressure waits "
+           f"{RECORDER.device_waits - waits0}; reaper " + ", ".join(
+               f"{k} {after.get(k, 0) - before.get(k, 0)}" for k in ("harvests", "harvests_front", "harvests_declined", "harvest_ms",
+                                                                      "read_inline", "reaped"))]
+    for kind, ds in sorted(calls.items()):
+        if ds:
+            s = sorted(ds)
+            over = sum(d for d in ds if d > slow_us * 1e3)
+            out.append(f"    {kind:13s} n={len(ds):6d} p50 {s[len(s) // 2] / 1e3:7.1f} us  p99 "
+                       f"{s[int(len(s) * 0.99)] / 1e3:8.1f} us  max {s[-1] / 1e3:8.1f} us  "
+                       f"over {slow_us:.0f} us: {sum(1 for d in ds if d > slow_us * 1e3)} calls, {over / 1e6:.1f} ms")
+    slow.sort()
+    for t, kind, d in slow[:12]:
+        out.append(f"    at {(t - t0) / 1e6:8.2f} ms  {kind:13s} {d / 1e3:9.1f} us")
+    return out
+
+
+def torch_rows(sizes: list[int], steps_list: list[int], rounds: int, tmp: str) -> list[str]:
+    """PyTorch's profiler on the same step shapes in CUDA (record_function regions), end to end."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile, record_function
+    except Exception as exc:
+        return [f"PyTorch: not available ({exc})"]
+    if not torch.cuda.is_available():
+        return ["PyTorch: no CUDA device"]
+    rows = []
+    for n in sizes:
+        dev = torch.device("cuda")
+        x, w1, w2 = (torch.randn(n, n, device=dev) * 0.01 for _ in range(3))
+
+        def step() -> None:
+            with record_function("step"):
+                with record_function("forward"):
+                    h = torch.relu(x @ w1)
+                    y = h @ w2
+                with record_function("backward"):
+                    dw2 = h.t() @ y
+                    dw1 = x.t() @ h
+                with record_function("optimizer"):
+                    w1.sub_(dw1, alpha=1e-6)
+                    w2.sub_(dw2, alpha=1e-6)
+
+        for steps in steps_list:
+            for _ in range(20):
+                step()
+            torch.cuda.synchronize()
+            ratios, bases = [], []
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    step()
+                torch.cuda.synchronize()
+                b = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                    for _ in range(steps):
+                        step()
+                    torch.cuda.synchronize()
+                prof.export_chrome_trace(os.path.join(tmp, "torch.json"))
+                ratios.append((time.perf_counter() - t0) / b)
+                bases.append(b)
+            rows.append(f"| {n} | {steps} | {statistics.median(bases) / steps * 1e3:.3f} | "
+                        f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}) |")
+    return ["PyTorch profiler, same shapes in CUDA (CPU+CUDA activities, chrome export included):",
+            "| size | steps | untraced ms/step | traced / untraced |", "|---|---|---|---|", *rows]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="256,512,1024")
+    ap.add_argument("--steps", default="400,2000")
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--rounds", type=int, default=3, help="alternating untraced/traced pairs a cell")
+    ap.add_argument("--probe", action="store_true", help="also time each call of one traced run a variant")
+    ap.add_argument("--slow-us", type=float, default=200.0, help="a call slower than this blocked (--probe)")
+    ap.add_argument("--torch", action="store_true", help="PyTorch's profiler on the same shapes (CUDA)")
+    ap.add_argument("--config", default="", help="RECORDER.configure keywords, e.g. max_pending=1000000")
+    ap.add_argument("--reaper", default="", help="reaper settings, e.g. harvest_every=0,stale_ns=100000000000")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    steps_list = [int(s) for s in args.steps.split(",")]
+    modes = args.modes.split(",")
+    if args.config:
+        RECORDER.configure(**{k: float(v) if "." in v else int(v)
+                              for k, v in (kv.split("=") for kv in args.config.split(","))})
+    if args.reaper:
+        reaper = stamps._reaper
+        names = ("min_ns", "max_ns", "harvest_every", "quiet_ns", "stale_ns", "shared_hold_ns", "spin_ns")
+        now = dict(zip(names, reaper.reaper_config(250000, 2000000)))
+        reaper.reaper_config(*now.values())
+        now.update({k: int(v) for k, v in (kv.split("=") for kv in args.reaper.split(","))})
+        reaper.reaper_config(*now.values())
+    queue = cltrace.profiling_queue()
+    print(f"device: {queue.device.name.strip()} ({queue.device.platform.name.strip()}); "
+          f"span pipeline: {stamps.PATH}", flush=True)
+    lines = ["| size | steps | regions | untraced ms/step | traced / untraced (range) |", "|---|---|---|---|---|"]
+    probes: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in sizes:
+            m = Mlp(queue, n)
+            m.loop(20, "none")  # first launches, JIT
+            for steps in steps_list:
+                for mode in modes:
+                    ms, med, lo, hi = ratio_row(m, steps, mode, args.rounds, tmp)
+                    line = f"| {n} | {steps} | {mode} | {ms:.3f} | {med:.3f} ({lo:.3f}-{hi:.3f}) |"
+                    lines.append(line)
+                    print(line, flush=True)
+                    if args.probe:
+                        got = probe(m, steps, mode, tmp, args.slow_us, trace=False)
+                        got += probe(m, steps, mode, tmp, args.slow_us)
+                        probes += got
+                        print("\n".join(got), flush=True)
+        print("\n" + "\n".join(lines))
+        if probes:
+            print("\nCalls of the launching thread (one traced run each):\n" + "\n".join(probes))
+        if args.torch:
+            print("\n" + "\n".join(torch_rows(sizes, steps_list, args.rounds, tmp)))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
