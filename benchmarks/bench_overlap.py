@@ -3,9 +3,10 @@
 Each step: ``forward`` (2 tiled GEMMs and a ReLU), ``backward`` (2 GEMMs), ``optimizer`` (2 SGD
 updates) inside a ``step`` region, ``cltrace.step()`` at its top, no ``finish`` inside the loop, so
 the host runs ahead of the device as real training does. Matrix sizes cover a launch-bound (256),
-a balanced (512) and a GEMM-bound (1024) step on an H100/H200. Each variant (no regions, host-only
-regions, device regions on the queue) runs traced to ``.json`` + ``.pftrace`` from ``start()`` to
-the files closed, against the same loop untraced, alternating, and the table gives the median of
+a balanced (512-1024) and a GEMM-bound (2048) step on an H100 (this GEMM: ~20 TFLOPS there). Each variant
+(no regions, host-only regions, device regions on the queue) runs traced to ``.json`` + ``.pftrace`` from ``start()`` to
+the files closed (``projected``: regions on the queue projected from their commands instead of
+bracketed by markers), against the same loop untraced, alternating, and the table gives the median of
 the pairs' ratios. ``--probe`` times every call of the launching thread in one traced run of each
 variant and lists the calls that blocked (the evidence of where the host waits).
 
@@ -67,7 +68,9 @@ __kernel void sgd(__global float* w, __global const float* dw, const float lr) {
 }
 """
 
-MODES = ("none", "host", "device")  # regions: none, host-only (no queue), device (on the queue)
+MODES = ("none", "host", "device", "projected")
+# regions: none; host-only (no queue); on the queue, bracketed by two markers each (the default where pyopencl
+# is not instrumented); on the queue, projected from their commands (``cltrace.configure(regions="projected")``)
 
 
 class Mlp:
@@ -96,8 +99,8 @@ class Mlp:
 
     def step(self, mode: str) -> None:
         n, q = self.n, self.q
-        rq = q if mode == "device" else None
-        region = cltrace.region if mode != "none" else None
+        rq = q if mode in ("device", "projected") else None
+        region = None if mode == "none" else cltrace.region
         row, col = self.row, self.col
 
         def forward() -> None:
@@ -141,6 +144,7 @@ def untraced(m: Mlp, steps: int, mode: str) -> float:
 def traced(m: Mlp, steps: int, mode: str, tmp: str) -> float:
     """Seconds from ``start()`` to both files closed."""
     RECORDER.clear()
+    cltrace.configure(regions="projected" if mode == "projected" else "auto")
     paths = [os.path.join(tmp, f"overlap.{ext}") for ext in ("json", "pftrace")]
     t0 = time.perf_counter()
     cltrace.start(*paths, quiet=True)
@@ -183,23 +187,26 @@ def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool =
             return out
         return call
 
-    saved = (m.gemm, m.relu, m.sgd, cltrace.region, cltrace.step)
+    saved = (m.gemm, m.relu, m.sgd, cltrace.region, cltrace.timing_region, cltrace.step)
     m.gemm, m.relu, m.sgd = (timed(k, f) for k, f in (("gemm", m.gemm), ("relu", m.relu), ("sgd", m.sgd)))
-    real_region = cltrace.region
 
-    class TimedRegion:
-        def __init__(self, name: str, q: Any) -> None:
-            self.r = real_region(name, q)
+    def timed_region(real: Callable[..., Any]) -> Any:
+        class TimedRegion:
+            def __init__(self, name: str, q: Any) -> None:
+                self.r = real(name, q)
 
-        def __enter__(self) -> Any:
-            return timed("region enter", self.r.__enter__)()
+            def __enter__(self) -> Any:
+                return timed("region enter", self.r.__enter__)()
 
-        def __exit__(self, *exc: Any) -> Any:
-            return timed("region exit", self.r.__exit__)(*exc)
+            def __exit__(self, *exc: Any) -> Any:
+                return timed("region exit", self.r.__exit__)(*exc)
+        return TimedRegion
 
-    cltrace.region = TimedRegion  # type: ignore[assignment]
+    cltrace.region = timed_region(cltrace.region)  # type: ignore[assignment]
+    cltrace.timing_region = timed_region(cltrace.timing_region)  # type: ignore[assignment]
     cltrace.step = timed("step()", cltrace.step)  # type: ignore[assignment]
     RECORDER.clear()
+    cltrace.configure(regions="projected" if mode == "projected" else "auto")
     before = stamps.reaper_stats() or {}
     waits0 = RECORDER.device_waits
     t0 = perf()
@@ -210,7 +217,7 @@ def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool =
         if trace:
             cltrace.stop()
     finally:
-        m.gemm, m.relu, m.sgd, cltrace.region, cltrace.step = saved  # type: ignore[assignment]
+        m.gemm, m.relu, m.sgd, cltrace.region, cltrace.timing_region, cltrace.step = saved  # type: ignore[assignment]
     total = perf() - t0
     after = stamps.reaper_stats() or {}
     out = [f"  probe {m.n} {mode} x{steps} {'traced' if trace else 'untraced'}: {total / 1e6:.1f} ms; back-pressure waits "

@@ -47,6 +47,8 @@ def reset_cltrace() -> None:
     RECORDER.meta.clear()
     cltrace.set_queue(None)
     regions._tls.stack.clear()
+    regions._tls.stack.last_q = regions._tls.stack.last_ev = None
+    regions.set_region_mode("auto")
 
 
 @pytest.fixture()
@@ -57,6 +59,13 @@ def instrumented() -> Iterator[None]:
         yield
     finally:
         cltrace.uninstrument()
+
+
+@pytest.fixture()
+def region_mode() -> Iterator[Callable[[str], None]]:
+    """Set how regions get their device span for the test (``regions.set_region_mode``); "auto" after."""
+    yield regions.set_region_mode
+    regions.set_region_mode("auto")
 
 
 @pytest.fixture(autouse=True)

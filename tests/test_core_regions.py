@@ -251,3 +251,61 @@ def test_launch_names_pyopencl_kernels_right_when_many_are_remembered_and_forget
     names = [s.name for s in RECORDER.spans() if s.cat == "kernel"]
     assert names == [f"k{i}" for i in range(70)] + [f"k{i}" for i in reversed(range(70))]
     assert regions._KERNELS == {}
+
+
+def test_a_projected_region_spans_its_commands(tmp_path, cl_ctx, queue, kernels, region_mode):
+    """Projected, a region enqueues nothing: its device span runs from the START of the first command it launched
+    on its queue (nested regions' included, host-only ones too) to the END of the last, exactly; commands on
+    another queue do not widen it; a region that launched nothing has a host span only. With markers (the
+    ``timed`` one), its span starts no later than its first command and ends no earlier than its last."""
+    other = cltrace.profiling_queue(cl_ctx)
+    region_mode("projected")
+    with cltrace.trace(tmp_path / "p.json", quiet=True):
+        with cltrace.region("step", queue):
+            with cltrace.region("host-only"):
+                kernels.launch_spin(queue, 200)
+            with cltrace.region("fwd", queue):
+                kernels.launch_spin(other, 200)
+                kernels.launch_add(queue)
+            kernels.launch_add(queue)
+            with cltrace.region("idle", queue):
+                pass
+        with cltrace.region("elsewhere", queue):
+            kernels.launch_add(other)
+        cltrace.configure(regions="markers")
+        with cltrace.timing_region("timed", queue):
+            kernels.launch_spin(queue, 200)
+        queue.finish()
+        other.finish()
+    spans = sorted(RECORDER.spans(), key=lambda s: s.host_begin)
+    by = _by_name(spans)
+    step, fwd = by["step"][0], by["fwd"][0]
+    spin_q, spin_other, spin_timed = by["spin"]
+    add_fwd, add_step, add_other = by["add"]
+    assert step.dev_start == spin_q.dev_start  # its first command, launched in a host-only child
+    assert step.dev_end == add_step.dev_end  # its last command on the queue, launched outside any child
+    assert (fwd.dev_start, fwd.dev_end) == (add_fwd.dev_start, add_fwd.dev_end)  # the other queue's spin not in it
+    assert spin_other.dev_end > fwd.dev_end or spin_other.dev_start < fwd.dev_start
+    assert by["idle"][0].dev_start is None and by["idle"][0].source == "host"
+    elsewhere = by["elsewhere"][0]  # its thread's last command went to another queue: one marker ends it
+    assert elsewhere.source == "device" and elsewhere.dev_start >= add_step.dev_end
+    timed = by["timed"][0]
+    assert timed.dev_start <= spin_timed.dev_start and timed.dev_end >= spin_timed.dev_end
+
+
+def test_regions_project_by_default_only_where_every_enqueue_is_traced(queue, region_mode):
+    """``auto``: projected while pyopencl is instrumented (every enqueue is seen), markers otherwise; a mode
+    cltrace does not know is one ValueError naming the choices."""
+    region_mode("auto")
+    assert regions.region_mode() == "auto (markers)"
+    cltrace.instrument()
+    try:
+        assert regions.region_mode() == "auto (projected)"
+        with cltrace.trace(quiet=True):
+            with cltrace.region("r", queue) as r:
+                assert r.project
+    finally:
+        cltrace.uninstrument()
+    assert regions.region_mode() == "auto (markers)"
+    with pytest.raises(ValueError, match="auto, projected, markers"):
+        cltrace.configure(regions="nvtx")

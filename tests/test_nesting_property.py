@@ -73,10 +73,13 @@ def trace_path(tmp_path_factory):
     return tmp_path_factory.mktemp("nesting") / "tree.json"
 
 
+@pytest.mark.parametrize("mode", ["markers", "projected"])
 @settings(max_examples=25, deadline=None)
 @given(program=programs)
-def test_any_region_tree_exports_properly_nested_slices(program, queues, kernels, trace_path, chrome, reset):
+def test_any_region_tree_exports_properly_nested_slices(program, queues, kernels, trace_path, chrome, reset, mode):
+    """Regions bracketed by markers or projected from their commands: the same nesting holds."""
     reset()
+    cltrace.configure(regions=mode)
     with cltrace.trace(trace_path):
         for tree in program:
             _run(tree, queues, kernels)

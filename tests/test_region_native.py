@@ -246,27 +246,44 @@ def test_out_of_order_close_records_the_same(impl: str) -> None:
     ]
 
 
-def test_device_regions_and_launches_inside_record_the_same(impl: str, queue: Any, kernels: Any) -> None:
+@pytest.mark.parametrize("kind", ["projected", "markers"])
+def test_device_regions_and_launches_inside_record_the_same(impl: str, queue: Any, kernels: Any, kind: str,
+                                                            region_mode: Any) -> None:
+    """With markers a region brackets its work with two; projected it enqueues nothing: its record carries the
+    last command it launched on its queue (its device end; the resolver widens the start to the first)."""
+    region_mode(kind)
+    make = cltrace.region
+
     def device() -> None:
-        with cltrace.region("step", queue):
+        with make("step", queue):
             kernels.launch_add(queue)
             with cltrace.region("host"):
                 kernels.launch_add(queue)
+        with make("empty", queue):
+            pass
         queue.finish()
 
     recs = recorded(device)
+    projected = kind == "projected"
     assert normal(recs) == [
         ("kernel", "add", 2, 1, ("step",), "main", True, "Event", "NoneType",
          {"global_size": (kernels.n,), "local_size": None}, None, None),
         ("kernel", "add", 4, 3, ("step", "host"), "main", True, "Event", "NoneType",
          {"global_size": (kernels.n,), "local_size": None}, None, None),
         ("region", "host", 3, 1, ("step", "host"), "main", False, "NoneType", "NoneType", None, None, None),
-        ("region", "step", 1, 0, ("step",), "main", True, "Event", "Event", None, None, None),
+        ("region", "step", 1, 0, ("step",), "main", True, "Event", "NoneType" if projected else "Event", None, None,
+         None),
+        ("region", "empty", 5, 0, ("empty",), "main", not projected, "NoneType" if projected else "Event",
+         "NoneType" if projected else "Event", None, None, None),
     ]
-    step = recs[-1]
-    assert step[R_QUEUE] is queue
-    if type(step[R_EV0]) is int:  # the reaper's tickets for the two markers (resolved by stop(): freed)
-        assert step[R_EV0] < step[R_EV1]
+    step = recs[3]
+    if projected:
+        assert step[R_QUEUE] is queue and step[R_EV1] is None
+        assert recs[4][R_QUEUE] is None  # launched nothing: a host span only
+        if type(step[R_EV0]) is not int and type(recs[1][R_EV0]) is not int:  # else tickets of their own
+            assert step[R_EV0].int_ptr == recs[1][R_EV0].int_ptr  # the last kernel's own command
+    elif type(step[R_EV0]) is int:  # the reaper's tickets for the two markers (resolved by stop(): freed)
+        assert step[R_QUEUE] is queue and step[R_EV0] < step[R_EV1]
     else:
         assert step[R_EV0].command_type == step[R_EV1].command_type == cl.command_type.MARKER
 

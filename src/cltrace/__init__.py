@@ -11,6 +11,7 @@ from typing import Any
 from .errors import CltraceError, EventTimerError, OutputError, ProfilingNotEnabledError, TraceFileError
 from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
 from .record import callsite as _callsite
+from .record import regions as _regions
 from .record.recorder import RECORDER
 from .record.allocations import Buffer, Image, SVMAllocation
 from .record.regions import copy, launch, record_launch, region, timing_region
@@ -39,11 +40,15 @@ __all__ = [
 CallSite = _callsite.CallSite
 
 
-def configure(*, library_modules: Any = None, stack_depth: int | None = None) -> None:
-    """Call-site settings. ``library_modules``: import names of modules (packages included) whose
+def configure(*, library_modules: Any = None, stack_depth: int | None = None, regions: str | None = None) -> None:
+    """Call-site and region settings. ``library_modules``: import names of modules (packages included) whose
     frames are not call sites, like cltrace's and pyopencl's own: a span then points at the line
     that called into them. ``stack_depth``: user frames a site records (1 by default; 0: none).
-    None leaves a setting as it is. A module that does not import is a ``ValueError`` naming it."""
+    ``regions``: how a region on a queue gets its device span, ``"auto"`` (the default), ``"projected"``
+    or ``"markers"`` (see the README). None leaves a setting as it is. A module that does not import or
+    an unknown mode is a ``ValueError`` naming it."""
+    if regions is not None:
+        _regions.set_region_mode(regions)
     _callsite.configure(library_modules=library_modules, stack_depth=stack_depth)
 
 

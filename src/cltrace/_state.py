@@ -2,3 +2,4 @@
 
 ENABLED = False  # tracing on
 INSTRUMENTED = False  # pyopencl hooks installed (cltrace.instrument): they record launches themselves
+PROJECT_REGIONS = False  # regions on a queue project their device span from their commands (record/regions.py)

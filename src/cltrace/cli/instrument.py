@@ -50,7 +50,7 @@ from ..record.callsite import capture as _site
 from ..record.recorder import RECORDER, new_id
 from ..record.allocations import classes as _memory_classes, pool_classes as _pool_classes
 from ..record.failures import sizes as _sizes
-from ..record.regions import current_parent, failed_launch, record_failure, record_launch
+from ..record.regions import current_parent, failed_launch, record_failure, record_launch, update_region_mode
 from ..timeline.spans import BUILD, FILL, KERNEL, MARKER, STATUS_ERROR, SYNC, TRANSFER
 from ..timeline.tracks import COMPILE_THREAD
 
@@ -498,6 +498,7 @@ def instrument() -> None:
             _saved.append((cmd.owner, cmd.attr, cmd.attr in vars(cmd.owner), original))
             setattr(cmd.owner, cmd.attr, command_hook(original, cmd))
         ACTIVE = _state.INSTRUMENTED = True
+        update_region_mode()
 
 
 def _set_originals(ndrange: Any, copy: Any, fill: Any, build: Any, queue: Any) -> None:
@@ -515,6 +516,7 @@ def uninstrument() -> None:
     global ACTIVE
     with _lock:
         ACTIVE = _state.INSTRUMENTED = False
+        update_region_mode()
         while _saved:
             owner, attr, own, original = _saved.pop()
             if own:

@@ -125,6 +125,9 @@ def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profi
             if m.profiled:
                 {push}(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
                         queue, ev, None, m.attrs, None, None, site(2)))
+                if st and state.PROJECT_REGIONS:  # where the open projected regions end so far
+                    st.last_q = queue
+                    st.last_ev = ev
             else:
                 {push}(({cat!r}, m.name, new_id(), parent, path, st.key, hb, he,
                         None, None, None, m.attrs, None, None, site(2)))

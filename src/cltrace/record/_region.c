@@ -24,6 +24,24 @@
 static PyObject *g_tls, *g_ids, *g_pending, *g_append, *g_recorder, *g_marker, *g_decorate;
 static PyObject *g_status_error, *g_region_cat;
 static PyObject *s_stack, *s_key, *s_room, *s_drain, *s_name, *s_empty, *s_colon, *s_tickets_above;
+static PyObject *s_last_q, *s_last_ev, *s_int_ptr; /* the thread stack's last command launched with an event */
+static PyObject *g_project_state, *s_project; /* _state and its PROJECT_REGIONS (set by init) */
+
+/* Inside a region, while regions are projected: this command is where the thread's open regions end so far. */
+static int
+note_last(PyObject *st, PyObject *queue, PyObject *ev)
+{
+    if (queue == Py_None || ev == Py_None || PyList_GET_SIZE(st) == 0 || g_project_state == NULL)
+        return 0;
+    PyObject *v = PyObject_GetAttr(g_project_state, s_project);
+    if (v == NULL)
+        return -1;
+    int on = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    if (on <= 0)
+        return on;
+    return PyObject_SetAttr(st, s_last_q, queue) < 0 || PyObject_SetAttr(st, s_last_ev, ev) < 0 ? -1 : 0;
+}
 static PyObject *g_zero, *g_empty_tuple;
 static int g_cache_stack; /* tls is a plain threading.local: one stack per OS thread, cacheable */
 
@@ -483,6 +501,7 @@ typedef struct {
     PyObject *name, *queue, *attrs, *cat;
     PyObject *st, *id, *parent, *path, *ev0, *site; /* set by __enter__ */
     int64_t hb;
+    char project; /* device span projected from its commands (``region``), else two markers */
 } Region;
 
 static PyTypeObject RegionType;
@@ -515,6 +534,7 @@ region_make(PyTypeObject *type, PyObject *name, PyObject *queue, PyObject *attrs
     r->vectorcall = region_dispatch;
     r->st = r->id = r->parent = r->path = r->ev0 = r->site = NULL;
     r->hb = 0;
+    r->project = 0;
     PyObject_GC_Track(r);
     return (PyObject *)r;
 }
@@ -694,6 +714,11 @@ region_enter(Region *self, PyObject *unused)
     if (self->queue == Py_None) {
         Py_INCREF(Py_None);
         Py_XSETREF(self->ev0, Py_None);
+    } else if (self->project) { /* the thread's last command so far: where the region's own begin */
+        PyObject *mark = PyObject_GetAttr(self->st, s_last_ev);
+        if (mark == NULL)
+            return NULL;
+        Py_XSETREF(self->ev0, mark);
     } else {
         PyObject *ev = PyObject_CallOneArg(g_marker, self->queue);
         if (ev == NULL)
@@ -781,6 +806,26 @@ error_text(PyObject *et, PyObject *ev)
     return out;
 }
 
+/* regions._same_queue: one OpenCL queue (two pyopencl wrappers of it are different objects); -1 on error. */
+static int
+same_queue(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    PyObject *pa = PyObject_GetAttr(a, s_int_ptr), *pb = pa == NULL ? NULL : PyObject_GetAttr(b, s_int_ptr);
+    if (pb == NULL) {
+        Py_XDECREF(pa);
+        if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    int same = PyObject_RichCompareBool(pa, pb, Py_EQ);
+    Py_DECREF(pa);
+    Py_DECREF(pb);
+    return same;
+}
+
 static PyObject *
 region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -794,12 +839,43 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *et = args[0], *ev = args[1];
     PyObject *q = self->queue;
-    PyObject *ev1 = Py_None;
+    PyObject *ev1 = Py_None, *dev0 = self->ev0 ? self->ev0 : Py_None;
     Py_INCREF(q);  /* set() or a marker call may run Python code */
-    if (q != Py_None) {
+    Py_INCREF(dev0);
+    if (q != Py_None && self->project) {
+        /* regions._projected: the thread's last command on q since the region began (its END is the region's
+         * device end; the resolver widens the START to its commands' first), a marker where the last went
+         * to another queue, host only where it launched nothing. */
+        PyObject *last = PyObject_GetAttr(self->st, s_last_ev), *lastq = NULL;
+        if (last == NULL || (lastq = PyObject_GetAttr(self->st, s_last_q)) == NULL) {
+            Py_XDECREF(last);
+            Py_DECREF(q);
+            Py_DECREF(dev0);
+            return NULL;
+        }
+        Py_DECREF(dev0);
+        int same = 0;
+        if (last == Py_None || last == self->ev0) {
+            Py_DECREF(last);
+            Py_SETREF(q, Py_NewRef(Py_None));
+            dev0 = Py_NewRef(Py_None);
+        } else if ((same = same_queue(lastq, q)) > 0) {
+            dev0 = last;
+        } else {
+            Py_DECREF(last);
+            dev0 = same < 0 ? NULL : PyObject_CallOneArg(g_marker, q);
+        }
+        Py_DECREF(lastq);
+        if (dev0 == NULL) {
+            Py_DECREF(q);
+            return NULL;
+        }
+        Py_INCREF(ev1);
+    } else if (q != Py_None) {
         ev1 = PyObject_CallOneArg(g_marker, q);
         if (ev1 == NULL) {
             Py_DECREF(q);
+            Py_DECREF(dev0);
             return NULL;
         }
     } else {
@@ -811,6 +887,9 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
         goto fail;
     PyObject *st = self->st;
     if (pop_entry(st, self->id) < 0)
+        goto fail;
+    if (PyList_GET_SIZE(st) == 0 && self->project && /* the thread's last command is no region's end now */
+        (PyObject_SetAttr(st, s_last_q, Py_None) < 0 || PyObject_SetAttr(st, s_last_ev, Py_None) < 0))
         goto fail;
     key = PyObject_GetAttr(st, s_key);
     if (key == NULL)
@@ -835,7 +914,6 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(error);
         goto fail;
     }
-    PyObject *ev0 = self->ev0 ? self->ev0 : Py_None;
     PyObject *attrs = self->attrs ? self->attrs : Py_None;
 #define PUT(i, o) do { Py_INCREF(o); PyTuple_SET_ITEM(rec, i, o); } while (0)
     PUT(0, self->cat);
@@ -849,7 +927,8 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
     PyTuple_SET_ITEM(rec, 7, he_o);
     PyTuple_SET_ITEM(rec, 8, q);
     q = NULL;
-    PUT(9, ev0);
+    PyTuple_SET_ITEM(rec, 9, dev0);
+    dev0 = NULL;
     PyTuple_SET_ITEM(rec, 10, ev1);
     ev1 = NULL;
     PUT(11, attrs);
@@ -866,6 +945,7 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 fail:
     Py_XDECREF(q);
+    Py_XDECREF(dev0);
     Py_XDECREF(ev1);
     Py_XDECREF(key);
     Py_XDECREF(rec);
@@ -966,6 +1046,7 @@ static PyMemberDef region_members[] = {
     {"queue", T_OBJECT, offsetof(Region, queue), 0, NULL},
     {"attrs", T_OBJECT, offsetof(Region, attrs), 0, NULL},
     {"cat", T_OBJECT, offsetof(Region, cat), 0, NULL},
+    {"project", T_BOOL, offsetof(Region, project), 0, NULL},
     /* the Python class's slots, readable once entered */
     {"_st", T_OBJECT_EX, offsetof(Region, st), READONLY, NULL},
     {"_id", T_OBJECT_EX, offsetof(Region, id), READONLY, NULL},
@@ -1083,10 +1164,12 @@ record_command(PyObject *const *args)
     PUT(13, Py_None);
     PUT(14, args[7]);
 #undef PUT
-    Py_DECREF(st);
     untrack_record(rec);
     int ok = push_record(rec);
     Py_DECREF(rec);
+    if (ok == 0 && note_last(st, args[1], args[2]) < 0)
+        ok = -1;
+    Py_DECREF(st);
     if (ok < 0) {
         Py_DECREF(sid);
         return NULL;
@@ -1286,6 +1369,7 @@ mod_launch_init(PyObject *mod, PyObject *args)
     Py_XSETREF(g_kw_wait_for, kw);
 #define KEEP(g, o) do { Py_INCREF(o); Py_XSETREF(g, o); } while (0)
     KEEP(g_state, state);
+    g_project_state = g_state;
     KEEP(g_kernels, kernels);
     KEEP(g_attrs_cache, attrs_cache);
     KEEP(g_attrs_py, attrs_py);
@@ -1358,6 +1442,10 @@ PyInit__region(void)
 #define STR(v, s) if ((v = PyUnicode_InternFromString(s)) == NULL) return NULL
     STR(s_stack, "stack");
     STR(s_key, "key");
+    STR(s_last_q, "last_q");
+    STR(s_last_ev, "last_ev");
+    STR(s_int_ptr, "int_ptr");
+    STR(s_project, "PROJECT_REGIONS");
     STR(s_room, "_room");
     STR(s_tickets_above, "tickets_above");
     STR(s_drain, "_drain_backpressure");

@@ -46,9 +46,10 @@ _ROOT: tuple[int, tuple[str, ...]] = (0, ())
 
 
 class _Stack(list):
-    """A thread's open regions, (span id, path) each, and the thread key its records carry."""
+    """A thread's open regions, (span id, path) each, the thread key its records carry, and the last
+    command it launched with an event (``last_q``, ``last_ev``): where a projected region's device span ends."""
 
-    __slots__ = ("key",)
+    __slots__ = ("key", "last_q", "last_ev")
 
 
 class _ThreadState(threading.local):
@@ -58,6 +59,7 @@ class _ThreadState(threading.local):
         self.stack = st = _Stack()
         # The track is made and named now: by resolve time a short-lived thread has exited.
         st.key = RECORDER.tracks.new_thread(_get_ident(), threading.current_thread().name)
+        st.last_q = st.last_ev = None
 
 
 _tls = _ThreadState()
@@ -87,13 +89,19 @@ def current_parent() -> tuple[int, tuple[str, ...]]:
 
 
 class _Region:
-    __slots__ = ("name", "queue", "attrs", "cat", "_st", "_id", "_parent", "_path", "_hb", "_ev0", "_site")
+    """A region on the pure-Python path (``_region.Region`` in C). ``project``: its device span is projected
+    from the commands it launched on its queue (``set_region_mode``), else bracketed by two markers."""
 
-    def __init__(self, name: str, queue: Any, attrs: dict[str, Any] | None, cat: str = REGION) -> None:
+    __slots__ = ("name", "queue", "attrs", "cat", "project", "_st", "_id", "_parent", "_path", "_hb", "_ev0",
+                 "_site")
+
+    def __init__(self, name: str, queue: Any, attrs: dict[str, Any] | None, cat: str = REGION,
+                 project: bool = False) -> None:
         self.name = name
         self.queue = queue
         self.attrs = attrs
         self.cat = cat
+        self.project = project
 
     def __enter__(self) -> "_Region":
         self._st = st = _tls.stack  # a region closes on the thread that opened it
@@ -105,25 +113,33 @@ class _Region:
         self._site = _site(2)
         q = self.queue
         self._hb = _perf()  # host bracket encloses the markers' QUEUED stamps
-        self._ev0 = None if q is None else _marker(q)
+        # Projected: the thread's last command so far marks where the region's own commands begin.
+        self._ev0 = None if q is None else st.last_ev if self.project else _marker(q)
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> None:
         q = self.queue
-        ev1 = None if q is None else _marker(q)
-        he = _perf()
         st = self._st
+        e0, ev1 = self._ev0, None
+        if q is not None:
+            if not self.project:
+                ev1 = _marker(q)
+            else:
+                e0, q = _projected(st, q, e0)
+        he = _perf()
         sid = self._id
         if st and st[-1][0] == sid:
             st.pop()
         else:  # closed out of order (generator/async misuse): remove wherever it is
             st[:] = [e for e in st if e[0] != sid]
+        if not st and self.project:  # the thread's last command is no region's end now
+            st.last_q = st.last_ev = None
         if et is None:
             _pending_append((self.cat, self.name, sid, self._parent, self._path, st.key, self._hb, he,
-                             q, self._ev0, ev1, self.attrs, None, None, self._site))
+                             q, e0, ev1, self.attrs, None, None, self._site))
         else:
             _pending_append((self.cat, self.name, sid, self._parent, self._path, st.key, self._hb, he,
-                             q, self._ev0, ev1, self.attrs, STATUS_ERROR, f"{et.__name__}: {ev}", self._site))
+                             q, e0, ev1, self.attrs, STATUS_ERROR, f"{et.__name__}: {ev}", self._site))
         if len(_pending) >= RECORDER._room:
             RECORDER._drain_backpressure()
 
@@ -135,6 +151,22 @@ class _Region:
 
     def __call__(self, fn: F) -> F:
         return _decorate(fn, self.name, self.queue, self.attrs, self.cat)
+
+
+def _projected(st: _Stack, q: Any, mark: Any) -> tuple[Any, Any]:
+    """(event, queue) of a projected region's record, at its exit: the last command the thread launched on
+    ``q`` since the region began (``mark``: its last command then), whose END is the region's device end
+    (the resolver widens its START to its commands' first); a marker where the thread's last command went
+    to another queue; (None, None), host only, where it launched nothing."""
+    last = st.last_ev
+    if last is None or last is mark:
+        return None, None
+    return (last, q) if _same_queue(st.last_q, q) else (_marker(q), q)
+
+
+def _same_queue(a: Any, b: Any) -> bool:
+    """The same OpenCL queue (two pyopencl wrappers of one queue are different objects)."""
+    return a is b or getattr(a, "int_ptr", None) == getattr(b, "int_ptr", 0)
 
 
 class _NoopRegion:
@@ -224,12 +256,16 @@ def timing_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = N
     if queue is not None and not has_profiling(queue):  # the message is built only on failure
         raise ProfilingNotEnabledError(f"timing_region({name!r})")
     if _NativeRegion is not None:
-        return _NativeRegion(name, queue, attrs)
+        r = _NativeRegion(name, queue, attrs)
+        if _state.PROJECT_REGIONS and queue is not None:
+            r.project = True
+        return r
     r = _new_region(_Region)  # no __init__ frame: about a fifth of an enabled region's cost
     r.name = name
     r.queue = queue
     r.attrs = attrs
     r.cat = REGION
+    r.project = _state.PROJECT_REGIONS and queue is not None
     return r
 
 
@@ -249,10 +285,38 @@ def _open(name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> "_Re
         queue = active_queue()
     if queue is not None and not has_profiling(queue):  # the message is built only on failure
         raise ProfilingNotEnabledError(f"timing_region({name!r})")
-    return _RegionType(name, queue, attrs, cat)
+    r = _RegionType(name, queue, attrs, cat)
+    if _state.PROJECT_REGIONS and queue is not None:
+        r.project = True
+    return r
 
 
 region = timing_region
+
+REGION_MODES = ("auto", "projected", "markers")
+_region_mode = "auto"
+
+
+def set_region_mode(mode: str) -> None:
+    """How regions on a queue get their device span: ``"projected"`` from the commands they launch there (no
+    command of their own), ``"markers"`` bracketed by two markers, ``"auto"`` projected while every pyopencl
+    enqueue is traced (``cltrace.instrument()``, ``cltrace run``), else markers."""
+    global _region_mode
+    if mode not in REGION_MODES:
+        raise ValueError(f"regions must be one of {', '.join(REGION_MODES)}, not {mode!r}")
+    _region_mode = mode
+    update_region_mode()
+
+
+def update_region_mode() -> None:
+    """Recompute ``_state.PROJECT_REGIONS`` (the mode was set, or pyopencl's hooks came or went)."""
+    _state.PROJECT_REGIONS = _region_mode == "projected" or (_region_mode == "auto" and _state.INSTRUMENTED)
+
+
+def region_mode() -> str:
+    """The mode ``set_region_mode`` set, and what it means now: ``"auto (projected)"``."""
+    now = "projected" if _state.PROJECT_REGIONS else "markers"
+    return f"{_region_mode} ({now})" if _region_mode == "auto" else _region_mode
 
 
 _CALLER: Any = object()  # record_launch's default site: its caller's (found by walking up)
@@ -277,6 +341,9 @@ def _record_py(name: str, queue: Any, event: Any, host_begin: int, host_end: int
     sid = new_id()
     _push((cat, name, sid, parent, path, st.key, host_begin, host_end,
            queue, event, None, attrs, None, None, site))
+    if st and event is not None and queue is not None and _state.PROJECT_REGIONS:  # where open regions end so far
+        st.last_q = queue
+        st.last_ev = event
     return sid
 
 

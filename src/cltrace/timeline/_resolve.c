@@ -223,27 +223,45 @@ merge(Extents *x, int64_t parent, int64_t track, int64_t lo, int64_t hi)
     return 0;
 }
 
-/* Remove every extent of ``parent``; 1 with [lo, hi] set where it had one on ``track``. */
+/* Remove every extent of ``from``: the one on track ``own`` into [lo, hi] (*had set), the others moved to
+ * ``to`` where it is not 0 (a region's descendants on other tracks than its own, or on every track where it has
+ * no device span: they count for its parent). */
 static int
-pop(Extents *x, int64_t parent, int64_t track, int64_t *lo, int64_t *hi)
+take(Extents *x, int64_t from, int64_t own, int64_t to, int64_t *lo, int64_t *hi, int *had)
 {
+    *had = 0;
     if (x->live == 0)
         return 0;
-    size_t mask = x->cap - 1, s = (size_t)mix((uint64_t)parent) & mask;
-    int found = 0;
+    entry moved[16];
+    size_t k = 0, mask = x->cap - 1, s = (size_t)mix((uint64_t)from) & mask;
+    int more = 0;
     for (; x->slots[s].state != EMPTY; s = (s + 1) & mask) {
         entry *e = &x->slots[s];
-        if (e->state == LIVE && e->parent == parent) {
-            if (e->track == track) {
-                *lo = e->lo;
-                *hi = e->hi;
-                found = 1;
+        if (e->state != LIVE || e->parent != from)
+            continue;
+        if (e->track == own) {
+            *lo = e->lo;
+            *hi = e->hi;
+            *had = 1;
+        } else if (to) {
+            if (k == 16) { /* more tracks than this holds: the rest in another pass */
+                more = 1;
+                continue;
             }
-            e->state = GONE;
-            x->live--;
+            moved[k++] = *e;
         }
+        e->state = GONE;
+        x->live--;
     }
-    return found;
+    for (size_t j = 0; j < k; j++)
+        if (merge(x, to, moved[j].track, moved[j].lo, moved[j].hi) < 0)
+            return -1;
+    if (more) {
+        int64_t l2, h2;
+        int h;
+        return take(x, from, INT64_MIN, to, &l2, &h2, &h);
+    }
+    return 0;
 }
 
 static int
@@ -257,7 +275,9 @@ nest_rows(Extents *x, Py_ssize_t n, const int64_t *kind, const int64_t *ids, con
         if (kind[i] != 2 && kind[i] != 3)
             continue;
         int64_t lo, hi;
-        int had = pop(x, ids[i], track[i], &lo, &hi);
+        int had;
+        if (take(x, ids[i], kind[i] == 2 ? track[i] : INT64_MIN, parent[i], &lo, &hi, &had) < 0)
+            return -1;
         if (kind[i] == 3)
             continue;
         if (had) {

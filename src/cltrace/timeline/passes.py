@@ -113,6 +113,10 @@ class PythonExtents:
                                                         off[regs].tolist(), off_end[regs].tolist(),
                                                         parent[regs].tolist())):
             mine = pop(sid, None)
+            if pp and mine:  # its descendants on other tracks (on all, without a device span) count for its parent
+                for t2, (lo, hi) in mine.items():
+                    if k != REGION or t2 != t:
+                        self._merge(pp, t2, lo, hi)
             if k != REGION:
                 continue
             e = mine.get(t) if mine else None
