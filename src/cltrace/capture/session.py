@@ -24,7 +24,7 @@ from ..errors import OutputError
 from ..export.formats import format_for, register_format, sink_for
 from ..record import heap, regions, switch
 from ..record.recorder import RECORDER
-from . import stepper
+from . import sigwake, stepper
 from .schedule import Schedule
 from .stepper import Cycle
 
@@ -224,7 +224,10 @@ def _install_sigterm() -> None:
     Installed only from the main thread and only over the default action or a Python
     handler: an ignored SIGTERM stays ignored."""
     global _prev_sigterm, _sigterm_installed
-    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if _sigterm_installed:  # (a forked child inherits it: it needs a watcher of its own)
+        sigwake.start(_on_sigterm)
         return
     try:
         prev = signal.getsignal(signal.SIGTERM)
@@ -234,6 +237,7 @@ def _install_sigterm() -> None:
     except (ValueError, OSError, AttributeError):  # no signals here (embedded interpreter)
         return
     _prev_sigterm, _sigterm_installed = prev, True
+    sigwake.start(_on_sigterm)
 
 
 def _uninstall_sigterm() -> None:
@@ -241,6 +245,7 @@ def _uninstall_sigterm() -> None:
     if not _sigterm_installed or threading.current_thread() is not threading.main_thread():
         return
     _sigterm_installed = False
+    sigwake.stop()
     with contextlib.suppress(ValueError, OSError):
         if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # a handler set since is the program's
             signal.signal(signal.SIGTERM, _prev_sigterm)
@@ -248,6 +253,7 @@ def _uninstall_sigterm() -> None:
 
 def _on_sigterm(signum: int, frame: Any) -> None:
     global _sigterm_pending
+    sigwake.handled()
     if _stopping:  # closing the files: the signal is sent again when they are closed
         _sigterm_pending = True
         if _stopping:  # (a stop() in another thread may have ended since)
