@@ -1,10 +1,10 @@
 """Waking the main thread for a SIGTERM it has not handled: the session's SIGTERM handler must run.
 
 Python runs a signal's handler in the main thread, when that thread next checks for signals. A
-SIGTERM caught while the main thread is about to block (or caught by another thread) while it then
-sleeps in a lock leaves the handler waiting for ever: seen in a pool worker terminated by its pool,
-asleep in the task queue's lock (gdb: SIGTERM tripped, the main thread in ``sem_wait``), and the
-pool's ``join`` with it. Without cltrace's handler the default action would have ended the process.
+SIGTERM caught by another thread, or just before the main thread blocks, waits while the main thread
+sleeps: for ever in a lock nobody releases. Seen in a pool worker terminated by its pool, asleep in
+the task queue's lock (gdb: SIGTERM tripped, the main thread in ``sem_wait``), which hung the pool's
+``join`` with it. Without cltrace's handler the default action would have ended the process.
 
 The interpreter writes every signal it catches to the wakeup fd: a thread here waits on it; a SIGTERM
 byte that nobody has taken after ``GRACE_S`` means the handler has not run, and the thread sends
