@@ -24,7 +24,7 @@ from ..errors import OutputError
 from ..export.formats import format_for, register_format, sink_for
 from ..record import heap, regions, switch
 from ..record.recorder import RECORDER
-from . import stepper
+from . import sigwake, stepper
 from .schedule import Schedule
 from .stepper import Cycle
 
@@ -120,7 +120,20 @@ def _file_outputs() -> list[str]:
 def stop() -> None:
     """Turn tracing off, flush everything recorded and close the sinks ``start`` attached.
 
-    Prints one ``cltrace: wrote ...`` line on stderr for the files it closed, unless quiet."""
+    Prints one ``cltrace: wrote ...`` line on stderr for the files it closed, unless quiet. A SIGTERM
+    that comes meanwhile (a pool terminating a worker that is closing its files) takes effect once
+    the files are complete."""
+    global _stopping
+    _stopping += 1
+    try:
+        _stop()
+    finally:
+        _stopping -= 1
+    if _sigterm_pending and not _stopping:
+        _redeliver_sigterm()
+
+
+def _stop() -> None:
     st = stepper.current()
     if st is not None:
         st.finish()  # the last step ends, a cycle cut short is handed out
@@ -155,7 +168,9 @@ def _announce(paths: list[str]) -> None:
 def forget_after_fork() -> list[tuple[Any, str | None]]:
     """In a forked child: the parent's outputs, as (sink, path or None), forgotten here (the recorder
     has abandoned them: they are the parent's to close)."""
+    global _stopping, _sigterm_pending
     out = [(s, _session_paths.get(id(s), (None, False))[0]) for s in _session_sinks]
+    _stopping, _sigterm_pending = 0, False  # a stop() of another of the parent's threads is not this one's
     _session_sinks.clear()
     _session_paths.clear()
     return out
@@ -199,6 +214,8 @@ def _at_exit() -> None:  # registered after the recorder's: runs first, so the f
 
 _prev_sigterm: Any = None
 _sigterm_installed = False
+_stopping = 0  # stop() calls under way: a SIGTERM meanwhile waits for them (re-entered, they lose the files)
+_sigterm_pending = False
 
 
 def _install_sigterm() -> None:
@@ -207,7 +224,10 @@ def _install_sigterm() -> None:
     Installed only from the main thread and only over the default action or a Python
     handler: an ignored SIGTERM stays ignored."""
     global _prev_sigterm, _sigterm_installed
-    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if _sigterm_installed:  # (a forked child inherits it: it needs a watcher of its own)
+        sigwake.start(_on_sigterm)
         return
     try:
         prev = signal.getsignal(signal.SIGTERM)
@@ -217,6 +237,7 @@ def _install_sigterm() -> None:
     except (ValueError, OSError, AttributeError):  # no signals here (embedded interpreter)
         return
     _prev_sigterm, _sigterm_installed = prev, True
+    sigwake.start(_on_sigterm)
 
 
 def _uninstall_sigterm() -> None:
@@ -224,12 +245,20 @@ def _uninstall_sigterm() -> None:
     if not _sigterm_installed or threading.current_thread() is not threading.main_thread():
         return
     _sigterm_installed = False
+    sigwake.stop()
     with contextlib.suppress(ValueError, OSError):
         if signal.getsignal(signal.SIGTERM) is _on_sigterm:  # a handler set since is the program's
             signal.signal(signal.SIGTERM, _prev_sigterm)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    global _sigterm_pending
+    sigwake.handled()
+    if _stopping:  # closing the files: the signal is sent again when they are closed
+        _sigterm_pending = True
+        if _stopping:  # (a stop() in another thread may have ended since)
+            return
+        _sigterm_pending = False
     prev = _prev_sigterm
     if callable(prev):
         # The program handles SIGTERM itself (it may exit, or carry on): make the files
@@ -244,6 +273,14 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     finally:
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
+
+
+def _redeliver_sigterm() -> None:
+    """The SIGTERM that came while stop() closed the files, again: the program's handler, or the
+    default action, now that they are complete (ours, if still installed, closes what is left)."""
+    global _sigterm_pending
+    _sigterm_pending = False
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 # ---- CLTRACE=1 ------------------------------------------------------------------------------

@@ -278,7 +278,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CltraceError(f"--steps-from {args.steps_from} needs --schedule, e.g. --schedule wait=1,warmup=1,active=3")
     outs = run_outputs(args.script, args.out, args.format)
     return run_script(args.script, list(args.args), outs, extra_sinks=_otlp_sinks(args), quiet=args.quiet,
-                      schedule=args.schedule, steps_from=args.steps_from)
+                      schedule=args.schedule, steps_from=args.steps_from, merge_at_exit=True)
 
 
 def _merged_out(value: str) -> str:

@@ -6,6 +6,7 @@ return value is the exit status ``python`` would have given.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import sys
@@ -21,7 +22,7 @@ from . import steps_from as steps_from_region
 from .instrument import instrument, instrumented, uninstrument
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")  # children's sitecustomize
-CHILD_WAIT_S = 10.0  # how long the merge waits for children still writing after the script ended
+CHILD_WAIT_S = 2.0  # how long the merge waits for children still writing their traces
 
 
 def _exit_status(code: Any) -> int:
@@ -49,7 +50,7 @@ def _print_exception(exc: BaseException, script: str) -> None:
 def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (), *,
                extra_sinks: Sequence[Any] = (), capacity: int | None = None,
                overflow: str | None = None, quiet: bool = True, schedule: Schedule | None = None,
-               steps_from: str | None = None, follow: bool = True) -> int:
+               steps_from: str | None = None, follow: bool = True, merge_at_exit: bool = False) -> int:
     """Run ``script`` with ``sys.argv = [script, *argv]`` as ``__main__``, traced into ``outputs``.
 
     ``outputs`` are trace paths (format from the suffix); ``extra_sinks`` are sink
@@ -68,7 +69,10 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     forkserver; ``subprocess`` running Python) write their own files next to each output
     (``run.json`` -> ``run.pid<PID>.json``, see ``capture.children``); at the end each output
     becomes the merged trace of this process and its children, on one timeline. The children's
-    files are kept.
+    files are kept. The merge waits at most ``CHILD_WAIT_S`` for children still writing, then names
+    the children left out. It happens on return, or with ``merge_at_exit`` (the command) once the
+    process has exited as ``python`` would (threads joined, the program's atexit handlers run, its
+    pools and executors shut down by their own exit code): cltrace never ends the program's children.
     """
     script = os.fspath(script)
     if not os.path.isfile(script):
@@ -86,6 +90,14 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     was_instrumented = instrumented()
     status = 0
     family = None  # set while children are followed; only the process that set it merges them
+    root = False
+
+    def merge_at_end() -> None:
+        if root:
+            _merge_at_exit(outputs, family, quiet)
+
+    if follow and merge_at_exit:  # before the script: the program's own exit handlers run before it
+        atexit.register(merge_at_end)
     try:
         session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet,
                       schedule=schedule)
@@ -110,30 +122,30 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
             uninstrument()
         steps_from_region.uninstall()
         root = family is not None and family.root == os.getpid()  # not a child forked by the script
-        if root:
-            _end_children()
         session.stop()
         if root:
             children.unfollow()
         sys.argv = saved_argv
         if saved_path0 is not None:
             sys.path[0] = saved_path0
-    if root:
+    if root and not merge_at_exit:
         _merge_children(outputs, family, quiet)
     return status
 
 
-def _end_children() -> None:
-    """What Python does with multiprocessing children at exit, now, before their files are merged:
-    terminate the daemonic ones (their SIGTERM handler closes their files), join the others."""
-    mp = sys.modules.get("multiprocessing")
-    if mp is None:
+def _merge_at_exit(outputs: Sequence[str], family: children.Family, quiet: bool) -> None:
+    """The merge, as the process exits: after what ``python`` does at exit for the program."""
+    if family.root != os.getpid():  # a forked child leaving through atexit
         return
-    for p in mp.active_children():
-        if p.daemon:
-            p.terminate()
-    for p in mp.active_children():
-        p.join()
+    try:
+        util = sys.modules.get("multiprocessing.util")
+        if util is not None:  # imported before this handler was registered: it would run after it
+            util._exit_function()  # pools finalized, daemonic children ended, the others joined; once
+        _merge_children(outputs, family, quiet)
+    except KeyboardInterrupt:
+        print("cltrace: interrupted: children not merged into the trace", file=sys.stderr)
+    except Exception as exc:  # never a traceback from cltrace into the program's exit
+        print(f"cltrace: children not merged into the trace: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _running(pid: int) -> bool:
@@ -154,17 +166,36 @@ def _pid_of(path: str) -> int:
     return int(path.rpartition(".pid")[2].split(".")[0])
 
 
+def _files_of_run(outputs: Sequence[str], family: children.Family) -> dict[str, list[str]]:
+    """Each output's children's files of this run (older files next to it are not)."""
+    return {out: [f for f in children.child_files(os.path.abspath(out), family)
+                  if os.path.getmtime(f) >= family.started - 1] for out in outputs}
+
+
+def _wait_for_children(outputs: Sequence[str], family: children.Family) -> tuple[dict[str, list[str]], list[int]]:
+    """The children's files to merge, once their processes have ended (their files are closed), and
+    the pids of those still running after ``CHILD_WAIT_S`` (their files left out)."""
+    deadline = time.monotonic() + CHILD_WAIT_S
+    while True:
+        found = _files_of_run(outputs, family)
+        running = sorted({pid for files in found.values() for pid in map(_pid_of, files) if _running(pid)})
+        if not running or time.monotonic() >= deadline:
+            break
+        time.sleep(0.02)
+    return {out: [f for f in files if _pid_of(f) not in running] for out, files in found.items()}, running
+
+
 def _merge_children(outputs: Sequence[str], family: children.Family, quiet: bool) -> None:
     """Merge each output with its children's files of this run, in place, and say so (after the
     session's usual ``cltrace: wrote`` line)."""
     from ..merge import FORMATS, merge
 
-    found = {out: [f for f in children.child_files(os.path.abspath(out), family)
-                   if os.path.getmtime(f) >= family.started - 1] for out in outputs}
-    deadline = time.monotonic() + CHILD_WAIT_S
-    for pid in sorted({_pid_of(f) for files in found.values() for f in files}):
-        while _running(pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
+    found, running = _wait_for_children(outputs, family)
+    if running:
+        stems = [children.child_path(session.shown(p), 0).replace(".pid0", ".pid<PID>") for p in outputs]
+        print(f"cltrace: children {', '.join(map(str, running))} still writing their traces {CHILD_WAIT_S:g} s "
+              f"after the program ended: left out of {', '.join(session.shown(p) for p in outputs)} (their own "
+              f"files, {', '.join(stems)}, can be merged later with cltrace merge)", file=sys.stderr, flush=True)
     pids: set[int] = set()
     wrote = []
     for out, files in found.items():
