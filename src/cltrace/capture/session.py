@@ -159,6 +159,19 @@ def _stop() -> None:
     heap.give_back()  # what the session freed (waiting records, step columns, file buffers) back to the OS
     if wrote:
         print(f"cltrace: wrote {', '.join(shown(p) for p in wrote)}", file=sys.stderr, flush=True)
+    _say_dropped()
+
+
+def _say_dropped() -> None:
+    """Spans lost past the memory budget, said once a session (quiet or not): nothing goes without a word."""
+    lost, kept = RECORDER.lost, RECORDER.memory_dropped
+    if lost:
+        print(f"cltrace: {lost:,} spans dropped: more than {RECORDER.hard_cap:,} records waited for their "
+              f"commands at once (raise cltrace.RECORDER.configure(max_pending=...) above "
+              f"{RECORDER.max_pending:,})", file=sys.stderr, flush=True)
+    if kept:
+        print(f"cltrace: {kept:,} spans not kept in memory past capacity={RECORDER.capacity:,} (files and sinks "
+              f"have them; raise cltrace.RECORDER.configure(capacity=...) for reports)", file=sys.stderr, flush=True)
 
 
 def _announce(paths: list[str]) -> None:

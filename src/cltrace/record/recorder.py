@@ -17,11 +17,12 @@ thread reads a ticket younger than the reaper's ``stale_ns``. The reaper thread 
 the program has been quiet for a moment, or the device was behind (the harvest declined).
 ``tickets_above`` (default 0) keeps the first records waiting on their Events instead.
 
-Memory policy: records not yet resolved (queued here or waiting for their commands) are kept
-near ``max_pending``. Past it, the launching thread waits for the *device* only: for the older
-half of the commands still running, with the GIL released. Our own work never makes it wait;
-if the worker falls behind, records past ``hard_cap`` (four times the cap plus one chunk with
-the reaper, twice without) are dropped and counted (``lost``: missing from every output). Resolved spans kept in memory (for
+Memory policy: records not yet resolved (queued here or waiting for their commands) past
+``max_pending`` wake the worker; the launching thread never waits, for the device or for us (a
+training loop that runs ahead of a busy device keeps its lead: a backlog of commands in flight is
+memory, not a reason to stop the program). Past ``hard_cap`` (four times the cap plus one chunk
+with the reaper, twice without; ~300 B a record) records are dropped and counted (``lost``: missing
+from every output, said at ``stop()``). Resolved spans kept in memory (for
 ``spans()``, reports and late export) are capped at ``capacity`` (about 110 B each);
 ``overflow="discard"`` drops new spans (the start of the run is kept), ``overflow="ring"``
 drops the oldest; ``memory_dropped`` counts them. Streaming sinks receive every span.
@@ -155,16 +156,14 @@ class Recorder:
             self._drain_backpressure()
 
     def _drain_backpressure(self) -> None:
-        """Called by the launching thread when the backlog reaches its cap: wake the worker and, if the
-        device is behind, wait for it to finish the older half of what is still running."""
+        """Called by the launching thread when the backlog reaches its cap: wake the worker. Never waits:
+        records waiting for commands still running are memory, up to ``hard_cap``; past it new records
+        are dropped and counted (``lost``, said at ``stop()``)."""
         self._ensure_worker()
         if not self._wake.is_set():  # set() takes the Event's lock: at launch rates the launching
             self._wake.set()         # threads held it so often that the worker, waking, starved on it
-        waiting = self.resolver.waiting
         pending = self.pending
-        cap = self.max_pending
-        backlog = len(pending) + len(waiting)
-        if backlog >= self.hard_cap:  # the worker is behind: never wait for ourselves, drop and count
+        if len(pending) + len(self.resolver.waiting) >= self.hard_cap:
             try:
                 rec = pending.pop()
                 self.lost += 1
@@ -173,20 +172,7 @@ class Recorder:
             else:
                 if type(rec[R_EV0]) is int:  # its tickets: the reaper may free their slots
                     stamps.done([rec[R_EV0], rec[R_EV1] or 0])
-        elif backlog >= cap:
-            older = waiting or pending
-            try:
-                rec = older[len(older) // 2]
-            except IndexError:  # taken by the worker meanwhile
-                rec = None
-            ev = None if rec is None or rec[R_QUEUE] is None else (rec[R_EV1] or rec[R_EV0])
-            try:
-                if ev is not None and stamps.running(ev):
-                    self.device_waits += 1
-                    stamps.wait_ref(ev)  # the device is behind: the GIL is released meanwhile
-            except Exception:
-                pass
-        self._room = min(len(pending) + max(16, cap // 16), self.hard_cap)
+        self._room = min(len(pending) + max(16, self.max_pending // 16), self.hard_cap)
 
     @property
     def hard_cap(self) -> int:
