@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import numpy as np
 
 from .. import _state
+from ..export.base import partial_path, put_in_place
 from ..export.formats import format_for, sink_for, suffix
 from ..record.recorder import RECORDER
 from ..record.steps import OpenStep
@@ -79,11 +80,12 @@ class Cycle:
         written = []
         for out in outputs:
             path = os.fspath(out) if isinstance(out, (str, os.PathLike)) else None
-            sink = sink_for(path) if path is not None else out
+            sink = sink_for(partial_path(path), format_for(path)) if path is not None else out
             sink.start(RECORDER)
             sink.write(self.batch)
             sink.close(self.metadata())
             if path is not None:
+                put_in_place(path)  # written whole: an earlier file of this name is replaced only now
                 written.append(path)
         return written
 

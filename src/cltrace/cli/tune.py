@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ..analyze.report import format_ns
+from ..record.files import write_atomically
 from .checks import check_device, check_plot_path
 
 
@@ -180,8 +181,7 @@ def main_tune(args: argparse.Namespace) -> int:
         d = os.path.dirname(args.json)
         if d:
             os.makedirs(d, exist_ok=True)
-        with open(args.json, "w") as fh:
-            json.dump(result.as_dict(), fh, indent=1, default=str)
+        write_atomically(args.json, json.dumps(result.as_dict(), indent=1, default=str).encode())  # whole or not at all
         print(f"wrote {args.json}")
     for path in args.out or ():
         print(f"wrote {path}  (open it in https://ui.perfetto.dev)")
