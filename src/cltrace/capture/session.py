@@ -136,7 +136,7 @@ def stop(*, failed: bool = False) -> None:
     files it closed, unless quiet."""
     st = stepper.current()
     if st is not None:
-        st.finish()  # the last step ends, a cycle cut short is handed out
+        st.finish(failed)  # the last step ends, a cycle cut short is handed out
     _state.ENABLED = False
     RECORDER.flush(block=True)
     wrote, kept = [], []

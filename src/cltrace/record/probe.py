@@ -51,12 +51,12 @@ _memo: dict[tuple[int, str], Verdict] = {}  # (device int_ptr, probe hash) -> ve
 def verdict(device: Any, source: str = PROBE_SOURCE, options: Sequence[str] = ()) -> Verdict:
     """Whether ``device`` compiles ``source`` with ``options``: from this process's memory, else the
     verdict file, else a real build (whose verdict is then stored)."""
-    probe = hashlib.sha256(json.dumps([source, list(options)]).encode()).hexdigest()
+    probe = _probe_id(source, options)
     got = _memo.get((device.int_ptr, probe))
     if got is not None:
         return got
     info = device_info(device)
-    path = os.path.join(cache_dir(), "devices", hashlib.sha256(f"{info.key}\n{probe}".encode()).hexdigest()[:40] + ".json")
+    path = verdict_path(device, source, options)
     got = _read(path, info.key, probe, info.label)
     if got is None:
         got = build_probe(device, source, options)
@@ -68,6 +68,16 @@ def verdict(device: Any, source: str = PROBE_SOURCE, options: Sequence[str] = ()
             pass
     _memo[(device.int_ptr, probe)] = got
     return got
+
+
+def verdict_path(device: Any, source: str = PROBE_SOURCE, options: Sequence[str] = ()) -> str:
+    """The file keeping the verdict of this probe on this device model and driver version."""
+    name = hashlib.sha256(f"{device_info(device).key}\n{_probe_id(source, options)}".encode()).hexdigest()[:40]
+    return os.path.join(cache_dir(), "devices", name + ".json")
+
+
+def _probe_id(source: str, options: Sequence[str]) -> str:
+    return hashlib.sha256(json.dumps([source, list(options)]).encode()).hexdigest()
 
 
 def _read(path: str, key: str, probe: str, label: str) -> Verdict | None:
