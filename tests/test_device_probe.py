@@ -199,3 +199,21 @@ def test_no_system_opencl_demo_works_or_says_one_line(tmp_path: Path, cache: Pat
     else:
         assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
         assert {q.name: q.read_bytes() for q in (tmp_path / "traces").iterdir()} == before
+
+
+@pytest.mark.parametrize("spec", ["cpu", "pthread"])
+def test_a_device_class_or_name_part_takes_the_first_matching_device_that_compiles(tmp_path: Path, cache: Path,
+                                                                                   spec: str) -> None:
+    matching = [d for d in all_devices() if d.type & cl.device_type.CPU and "pthread" in d.name]
+    for d in matching:
+        store_failed_standard_probe(d)
+    p = cli(tmp_path, cache, "demo", "--steps", "2", CLTRACE_DEVICE=spec)
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = p.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cltrace: error: CLTRACE_DEVICE={spec!r} chose "), p.stderr
+    assert (f"as do the {len(matching) - 1} other device(s) it matches" in lines[0]) == (len(matching) > 1)
+    probe._memo.clear()
+    os.unlink(probe.verdict_path(matching[0]))  # the first matching device compiles again: it is chosen
+    p = cli(tmp_path, cache, "devices", "--json", "--samples", "2", CLTRACE_DEVICE=spec)
+    rows = json.loads(p.stdout)
+    assert [r["default"] for r in rows if r["compiles"]] == [True]

@@ -51,7 +51,7 @@ class Cycle:
 
     def __init__(self, number: int, steps: tuple[int, ...], warmup: tuple[int, ...], begin_ns: int,
                  end_ns: int, batch: SpanBatch, dropped: int, outputs: tuple[str, ...],
-                 announce: Callable[[list[str]], None] | None = None) -> None:
+                 announce: Callable[[list[str]], None] | None = None, failed: bool = False) -> None:
         self.number = number
         self.steps = steps
         self.warmup = warmup
@@ -62,7 +62,7 @@ class Cycle:
         self.outputs = outputs  # the session's trace files when the cycle ended
         self._announce = announce
         self.paths: list[str] = []  # files written by write()
-        self.failed = False  # cut short by a failure: export() leaves its files <path>.partial
+        self.failed = failed  # cut short by a failure: export() leaves its files <path>.partial
 
     def spans(self) -> list[Span]:
         return self.batch.spans()
@@ -274,8 +274,7 @@ class Stepper:
         batch, dropped = self._collector.take(cycle)
         end = rec["end"] if rec["end"] is not None else rec["begin"]
         c = Cycle(cycle, tuple(rec["steps"]), tuple(rec["warmup"]), rec["begin"], end, batch, dropped,
-                  tuple(self._outputs()), self._announce)
-        c.failed = failed
+                  tuple(self._outputs()), self._announce, failed)
         self.cycles_done += 1
         try:
             self.handler(c)

@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..analyze.report import format_ns
-from ..record.files import write_atomically
+from ..export.base import partial_path, put_in_place
 from .checks import check_device, check_plot_path
 
 
@@ -181,7 +181,9 @@ def main_tune(args: argparse.Namespace) -> int:
         d = os.path.dirname(args.json)
         if d:
             os.makedirs(d, exist_ok=True)
-        write_atomically(args.json, json.dumps(result.as_dict(), indent=1, default=str).encode())  # whole or not at all
+        with open(partial_path(args.json), "w") as fh:  # renamed when whole: an earlier file is never half-replaced
+            json.dump(result.as_dict(), fh, indent=1, default=str)
+        put_in_place(args.json)
         print(f"wrote {args.json}")
     for path in args.out or ():
         print(f"wrote {path}  (open it in https://ui.perfetto.dev)")

@@ -29,27 +29,28 @@ def require_profiling(queue: Any, what: str) -> None:
         raise ProfilingNotEnabledError(what)
 
 
-def _select(spec: str) -> Any:
-    """Pick a device by ``CLTRACE_DEVICE``: ``"gpu"``, ``"cpu"``, ``"P:D"`` indices, or a name part."""
+def _select(spec: str) -> list[Any]:
+    """The devices ``CLTRACE_DEVICE`` names, in order: ``"gpu"``, ``"cpu"``, ``"accelerator"`` (each of
+    that type), ``"P:D"`` indices (that one), or a part of a device's or platform's name."""
     platforms = cl.get_platforms()
     devices = [(p, d) for p in platforms for d in p.get_devices()]
     s = spec.strip()
     if s.lower() in ("gpu", "cpu", "accelerator"):
         want = getattr(cl.device_type, s.upper())
-        for _, d in devices:
-            if d.type & want:
-                return d
-        raise LookupError(f"CLTRACE_DEVICE={spec!r}: no {s} device among {[d.name for _, d in devices]}")
+        found = [d for _, d in devices if d.type & want]
+        if not found:
+            raise LookupError(f"CLTRACE_DEVICE={spec!r}: no {s} device among {[d.name for _, d in devices]}")
+        return found
     if ":" in s and all(part.isdigit() for part in s.split(":", 1)):
         pi, di = (int(x) for x in s.split(":", 1))
         try:
-            return platforms[pi].get_devices()[di]
+            return [platforms[pi].get_devices()[di]]
         except IndexError:
             raise LookupError(f"CLTRACE_DEVICE={spec!r}: no such platform:device index") from None
-    for p, d in devices:
-        if s.lower() in d.name.lower() or s.lower() in p.name.lower():
-            return d
-    raise LookupError(f"CLTRACE_DEVICE={spec!r} matches none of {[d.name for _, d in devices]}")
+    found = [d for p, d in devices if s.lower() in d.name.lower() or s.lower() in p.name.lower()]
+    if not found:
+        raise LookupError(f"CLTRACE_DEVICE={spec!r} matches none of {[d.name for _, d in devices]}")
+    return found
 
 
 def default_device() -> Any:
@@ -63,10 +64,10 @@ def default_device() -> Any:
     """
     spec = os.environ.get("CLTRACE_DEVICE")
     if spec:
-        return _checked(_select(spec), f"CLTRACE_DEVICE={spec!r}")
+        return _chosen(_select(spec), f"CLTRACE_DEVICE={spec!r}")
     if os.environ.get("PYOPENCL_CTX"):
-        return _checked(cl.create_some_context(interactive=False).devices[0],
-                        f"PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r}")
+        return _chosen(cl.create_some_context(interactive=False).devices[:1],
+                       f"PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r}")
     try:
         devices = [d for p in cl.get_platforms() for d in p.get_devices()]
     except cl.Error as exc:
@@ -102,13 +103,16 @@ def choose(candidates: Sequence[Any], verdict: Callable[[Any], probe.Verdict] = 
 _skipped: set[str] = set()  # devices already named as skipped in this process
 
 
-def _checked(device: Any, chosen_by: str) -> Any:
-    """``device``, which the environment chose, if its compiler builds; else DeviceError saying so."""
-    v = probe.verdict(device)
-    if not v.compiles:
-        raise DeviceError(f"{chosen_by} chose {v.device}, whose OpenCL compiler fails ({v.reason}); choose "
-                          f"another device (`cltrace devices` shows which compile) or {probe.FIX}")
-    return device
+def _chosen(candidates: Sequence[Any], chosen_by: str) -> Any:
+    """The first of the devices the environment chose whose compiler builds; where none does,
+    DeviceError saying so: never a device the user did not ask for."""
+    try:
+        return choose(candidates)
+    except DeviceError:
+        v = probe.verdict(candidates[0])
+        also = f", as do the {len(candidates) - 1} other device(s) it matches" if len(candidates) > 1 else ""
+        raise DeviceError(f"{chosen_by} chose {v.device}, whose OpenCL compiler fails ({v.reason}){also}; choose "
+                          f"another device (`cltrace devices` shows which compile) or {probe.FIX}") from None
 
 
 def profiling_queue(context: Any = None, device: Any = None, out_of_order: bool = False) -> Any:
