@@ -188,16 +188,22 @@ def test_a_chosen_device_that_cannot_compile_is_refused_not_replaced(tmp_path: P
     assert {q.name: q.read_bytes() for q in (tmp_path / "traces").iterdir()} == before
 
 
-def test_no_system_opencl_demo_works_or_says_one_line(tmp_path: Path, cache: Path) -> None:
-    """OCL_ICD_VENDORS at an empty folder hides the system's runtimes (pyopencl's own PoCL may remain)."""
+@pytest.mark.parametrize("vendors", ["empty folder", "no such folder"])
+def test_no_system_opencl_demo_works_or_says_one_line(tmp_path: Path, cache: Path, vendors: str) -> None:
+    """OCL_ICD_VENDORS at an empty folder hides the system's runtimes (pyopencl's own PoCL may remain); at a
+    folder that does not exist, pyopencl's loader finds no platform at all."""
     before = committed_traces(tmp_path)
-    (tmp_path / "no-vendors").mkdir()
-    p = cli(tmp_path, cache, "demo", "--steps", "2", OCL_ICD_VENDORS=str(tmp_path / "no-vendors"))
-    assert "Traceback" not in p.stderr
-    if p.returncode == 0:
-        assert "wrote" in p.stdout
-    else:
+    folder = tmp_path / "no-vendors"
+    if vendors == "empty folder":
+        folder.mkdir()
+    for command in (("demo", "--steps", "2"), ("devices",)):
+        p = cli(tmp_path, cache, *command, OCL_ICD_VENDORS=str(folder))
+        assert "Traceback" not in p.stderr
+        if p.returncode == 0:
+            assert vendors == "empty folder" and ("wrote" in p.stdout or command == ("devices",))
+            continue
         assert p.returncode == 2 and len(p.stderr.splitlines()) == 1, p.stderr
+        assert p.stderr.startswith("cltrace: error: no OpenCL ") and "pocl-opencl-icd" in p.stderr
         assert {q.name: q.read_bytes() for q in (tmp_path / "traces").iterdir()} == before
 
 

@@ -90,11 +90,13 @@ def cmd_devices(args: argparse.Namespace) -> int:
     from ..record.probe import verdict
     from ..record.queues import PROFILING, default_device
 
+    from ..errors import DeviceError
+    from ..record.probe import FIX
+
     try:
         platforms = cl.get_platforms()
     except cl.Error as exc:
-        print(f"cltrace: no OpenCL platform: {exc}", file=sys.stderr)
-        return 1
+        raise DeviceError(f"no OpenCL platform found ({exc}); {FIX}") from None
     try:
         default = default_device().int_ptr
     except Exception:

@@ -71,7 +71,7 @@ def default_device() -> Any:
     try:
         devices = [d for p in cl.get_platforms() for d in p.get_devices()]
     except cl.Error as exc:
-        raise DeviceError(f"no OpenCL platform found ({exc}); {probe.FIX}") from None
+        raise DeviceError(f"no OpenCL platform found ({exc}); {probe.FIX}") from None  # as `cltrace devices`
     if not devices:
         raise DeviceError(f"no OpenCL device found; {probe.FIX}")
     rank = {cl.device_type.GPU: 0, cl.device_type.CPU: 1}
