@@ -51,6 +51,18 @@ def test_a_traced_block_that_raises_leaves_the_earlier_file_untouched(tmp_path: 
     assert err == [f"cltrace: the traced work failed: kept {out}.partial; {out} left as before"]
 
 
+def test_a_relative_path_is_put_in_place_where_it_was_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             queue: Any, kernels: Any) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    cltrace.start("t.json", quiet=True)
+    kernels.launch_add(queue)
+    os.chdir(tmp_path / "b")  # the program moves on before the trace is closed
+    cltrace.stop()
+    assert os.listdir(tmp_path / "a") == ["t.json"] and os.listdir(tmp_path / "b") == []
+
+
 def test_stop_failed_keeps_partial_files(tmp_path: Path, queue: Any, kernels: Any) -> None:
     out = tmp_path / "t.json"
     cltrace.start(out, quiet=True)

@@ -40,7 +40,9 @@ __all__ = ["start", "stop", "trace", "enabled", "start_from_env", "format_for", 
 log = logging.getLogger("cltrace")
 
 _session_sinks: list[Any] = []
-_session_paths: dict[int, tuple[str, bool]] = {}  # id(sink) -> (the path it writes, say so when closed)
+# id(sink) -> (the path it writes as given, say so when closed, that path made absolute: the rename at
+# stop does not depend on the working folder then)
+_session_paths: dict[int, tuple[str, bool, str]] = {}
 _TRUE = ("1", "true", "yes", "on")
 
 
@@ -96,19 +98,19 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
         for out in outputs:
             if isinstance(out, (str, os.PathLike)):
                 sink, path = _open(out)
-                _session_paths[id(sink)] = (path, not quiet)
+                _session_paths[id(sink)] = (path, not quiet, os.path.abspath(path))
             else:
                 sink = out
                 RECORDER.add_sink(sink)
             added.append(sink)
     except BaseException:
         for sink in added:
-            path = _session_paths.pop(id(sink), (None, False))[0]
+            full = _session_paths.pop(id(sink), (None, False, None))[2]
             with contextlib.suppress(Exception):
                 RECORDER.remove_sink(sink)
-            if path is not None:
+            if full is not None:
                 with contextlib.suppress(OSError):
-                    os.unlink(partial_path(path))
+                    os.unlink(partial_path(full))
         raise
     _session_sinks.extend(added)
     _state.ENABLED = True
@@ -142,11 +144,11 @@ def stop(*, failed: bool = False) -> None:
     wrote, kept = [], []
     while _session_sinks:
         sink = _session_sinks.pop(0)
-        path, announce = _session_paths.pop(id(sink), (None, False))
+        path, announce, full = _session_paths.pop(id(sink), (None, False, None))
         try:
             RECORDER.remove_sink(sink)
-            if path is not None and not failed:
-                put_in_place(path)
+            if full is not None and not failed:
+                put_in_place(full)
         except Exception as exc:  # one output failing must not cost the others
             log.warning("cltrace: writing %s failed: %s (what was written is in %s)", path or repr(sink), exc,
                         partial_path(path) if path else "the sink")
@@ -174,7 +176,7 @@ def _announce(paths: list[str]) -> None:
 def forget_after_fork() -> list[tuple[Any, str | None]]:
     """In a forked child: the parent's outputs, as (sink, path or None), forgotten here (the recorder
     has abandoned them: they are the parent's to close)."""
-    out = [(s, _session_paths.get(id(s), (None, False))[0]) for s in _session_sinks]
+    out = [(s, _session_paths.get(id(s), (None, False, None))[0]) for s in _session_sinks]
     _session_sinks.clear()
     _session_paths.clear()
     return out
