@@ -37,6 +37,21 @@ __kernel void spin(__global float *a, const int iters) {
 """
 
 
+# Tests that use PoCL's own features (POCL_DEVICES="pthread pthread": two devices on one platform) run on
+# the first PoCL platform whose device compiles, never on one named: several can be installed (the one pip
+# brings with pyopencl cannot compile on CPUs newer than its LLVM). An expression, so subprocess scripts
+# use the same choice (they import ``cl`` and ``verdict`` from ``cltrace.record.probe``).
+POCL_PLATFORM = ("next(p for p in cl.get_platforms() "
+                 "if 'Portable' in p.name and verdict(p.get_devices()[0]).compiles)")
+
+
+def pocl_platform() -> Any:
+    """The PoCL platform ``POCL_PLATFORM`` chooses, in this process."""
+    from cltrace.record.probe import verdict
+
+    return eval(POCL_PLATFORM, {"cl": cl, "verdict": verdict})
+
+
 def reset_cltrace() -> None:
     """Tracing off, sinks closed, recorder emptied and back at its default caps, no active queue."""
     cltrace.stop()

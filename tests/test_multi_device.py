@@ -24,10 +24,12 @@ from cltrace.programs.compiler import common_options
 from cltrace.timeline.device_id import (CL_DEVICE_PCI_BUS_INFO_KHR, decode_pci_bus_info, decode_uuid,
                                         hardware_id, raw_device_info)
 from cltrace.timeline.tracks import device_info
+from conftest import POCL_PLATFORM, pocl_platform  # noqa: E402  (tests/ is on sys.path under pytest)
 
 ROOT = Path(__file__).resolve().parents[1]
 # PoCL names its CPU device after the host's CPU ("pthread-AMD EPYC" on the reference machine).
-POCL = next(p for p in cl.get_platforms() if "Portable" in p.name).get_devices()[0].name.strip()
+POCL_PLAT = pocl_platform()
+POCL = POCL_PLAT.get_devices()[0].name.strip()
 
 SOURCE = """
 __kernel void add(__global float *a) { a[get_global_id(0)] += 1.0f; }
@@ -41,13 +43,14 @@ import numpy as np
 import pyopencl as cl
 import cltrace
 from cltrace.timeline.tracks import device_info
-PLAT = next(p for p in cl.get_platforms() if "Portable" in p.name)
+from cltrace.record.probe import verdict
+PLAT = %s
 D0, D1 = PLAT.get_devices()
 PROF = cl.command_queue_properties.PROFILING_ENABLE
 SOURCE = %r
 def done(**kw):
     print("RESULT " + json.dumps(kw, default=str), flush=True)
-""" % SOURCE
+""" % (POCL_PLATFORM, SOURCE)
 
 
 def run_two(tmp_path: Path, script: str, *args: str, timeout: int = 240) -> dict[str, Any]:
@@ -256,11 +259,12 @@ def test_devices_command_names_each_device(tmp_path: Path) -> None:
     text = subprocess.run([sys.executable, "-m", "cltrace", "devices", "--samples", "4"],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert text.returncode == 0, text.stderr
-    assert f"0:0 {POCL} #0 [" in text.stdout and f" 0:1 {POCL} #1 [" in text.stdout
+    pi = cl.get_platforms().index(POCL_PLAT)
+    assert f"{pi}:0 {POCL} #0 [" in text.stdout and f" {pi}:1 {POCL} #1 [" in text.stdout
     proc = subprocess.run([sys.executable, "-m", "cltrace", "devices", "--samples", "4", "--json"],
                           capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads(proc.stdout)  # JSON only on stdout
+    rows = [r for r in json.loads(proc.stdout) if r["index"].startswith(f"{pi}:")]  # JSON only on stdout
     assert len({r["id"] for r in rows}) == 2 and all(r["id"].endswith("|" + r["index"]) for r in rows)
 
 
@@ -268,7 +272,9 @@ def test_a_lone_device_keeps_its_plain_name(queue: Any) -> None:
     """The test process has one PoCL device: its label is its name, its uid carries the index."""
     info = device_info(queue.device)
     assert info.label == queue.device.name.strip()
-    assert info.uid == f"{info.key}|{info.index}" and info.index == "0:0"
+    plat = queue.device.platform  # not platform 0 where an earlier platform's compiler fails
+    index = f"{cl.get_platforms().index(plat)}:{plat.get_devices().index(queue.device)}"
+    assert info.uid == f"{info.key}|{info.index}" and info.index == index
     assert device_info(queue.device) is info, "computed once per device"
     assert info.hardware_id == hardware_id(queue.device) == ""
 

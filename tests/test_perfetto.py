@@ -504,7 +504,7 @@ def test_flushed_file_is_readable_before_close(tmp_path: Any, kernels: Any, queu
         with cltrace.region("open", queue):  # still open at the flush: its rows wait for it
             kernels.launch_add(queue)
             RECORDER.flush(block=True)
-            spans, _ = load_pftrace(path)
+            spans, _ = load_pftrace(path + ".partial")  # its name until it is closed
     finally:
         cltrace.stop()
     assert {s.name for s in spans} >= {"outer", "add"}

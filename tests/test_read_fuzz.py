@@ -210,7 +210,7 @@ def test_a_pftrace_cut_after_a_recalibration_flush_is_reported_cut(tmp_path: Any
         for sink in RECORDER.sinks:  # as after a recalibration: the next flush writes the metadata again
             sink._clocks_written = ""
         RECORDER._flush_sinks()
-        size = os.path.getsize(path)
+        size = os.path.getsize(path + ".partial")  # its name until it is closed
         with cltrace.region("after"):
             pass
     with open(path, "rb") as fh:

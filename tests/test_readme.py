@@ -25,3 +25,35 @@ def test_readme_python_examples_run(tmp_path):
     assert proc.stdout.count("scale under infer, same trace: True") == 2
     assert (tmp_path / "traces" / "example.json").exists()
     assert (tmp_path / "traces" / "instrumented.json").exists()
+
+
+def _setup_blocks() -> list[str]:
+    """The README's set-up and test commands, read as ``.ci/run`` reads them."""
+    ci = (README.parent / ".ci" / "run").read_text()
+    reader = re.search(r"<<'PY'\n(.*?)\nPY\n", ci, re.S).group(1)
+    out = []
+    for i in (0, 1):
+        proc = subprocess.run([sys.executable, "-", str(i)], input=reader, cwd=README.parent, capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        out.append(proc.stdout.strip())
+    return out
+
+
+def test_ci_runs_the_readmes_setup_then_its_test_command():
+    setup, tests = _setup_blocks()
+    assert setup.startswith("sh .ci/install-pocl.sh && python3 -m venv .venv && . .venv/bin/activate && ")
+    assert setup.endswith("pip install -e '.[test]' && cltrace demo")
+    assert tests == "python -m pytest -q && CLTRACE_NATIVE=0 python -m pytest -q"
+    script = README.parent / ".ci" / "install-pocl.sh"
+    assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+
+
+def test_install_pocl_changes_nothing_where_pocl_is_registered():
+    if not os.path.exists("/etc/OpenCL/vendors/pocl.icd"):
+        import pytest
+
+        pytest.skip("no system PoCL registered here: the script would install it")
+    proc = subprocess.run(["sh", str(README.parent / ".ci" / "install-pocl.sh")], capture_output=True, text=True,
+                          timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CltraceError, EventTimerError, OutputError, ProfilingNotEnabledError, TraceFileError
+from .errors import CltraceError, DeviceError, EventTimerError, OutputError, ProfilingNotEnabledError, TraceFileError
 from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
 from .record import callsite as _callsite
 from .record import regions as _regions
@@ -28,7 +28,7 @@ from .record.profile import LaunchProfile
 from .tune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, autotune
 
 __all__ = [
-    "CltraceError", "EventTimerError", "OutputError", "ProfilingNotEnabledError", "TraceFileError",
+    "CltraceError", "DeviceError", "EventTimerError", "OutputError", "ProfilingNotEnabledError", "TraceFileError",
     "active_queue", "default_device", "has_profiling", "profiling_queue", "set_queue",
     "RECORDER", "Buffer", "Image", "SVMAllocation", "copy", "launch", "record_launch", "region", "timing_region",
     "PerfCounter", "enabled", "start", "stop", "trace", "schedule", "Schedule", "step", "steps", "Cycle", "Span",

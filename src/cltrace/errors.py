@@ -11,6 +11,11 @@ class OutputError(CltraceError, ValueError):
     should be, no permission. The message names the path and the fix."""
 
 
+class DeviceError(CltraceError, LookupError):
+    """No OpenCL device cltrace can use: none found, or the chosen one's compiler fails every
+    build. The message names the device, the compiler's reason and the fix."""
+
+
 class ProfilingNotEnabledError(CltraceError):
     """A queue without PROFILING_ENABLE was asked for device times."""
 

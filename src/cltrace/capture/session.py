@@ -2,6 +2,11 @@
 however the process ends: ``stop()``, normal exit, or SIGTERM (what ``timeout``,
 ``docker stop`` and job schedulers send).
 
+A file given by path is written as ``<path>.partial`` and renamed to its path when the session
+closes it completely, so an earlier file of that name is replaced only by a whole new one. A
+session that ``stop(failed=True)`` ends (``trace()`` left by an exception) closes its files but
+leaves them ``.partial``; a killed process leaves them ``.partial``, readable up to the last flush.
+
 A session says where its files are when it closes them: one ``cltrace: wrote ...`` line
 on stderr (``quiet=True`` or ``CLTRACE_QUIET=1`` silences it). ``CLTRACE=1`` at import
 starts one from the environment (and says where only for the default file, the one the
@@ -21,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 from .. import _state
 from ..errors import OutputError
+from ..export.base import partial_path, put_in_place
 from ..export.formats import format_for, register_format, sink_for
 from ..record import heap, regions, switch
 from ..record.recorder import RECORDER
@@ -34,12 +40,15 @@ __all__ = ["start", "stop", "trace", "enabled", "start_from_env", "format_for", 
 log = logging.getLogger("cltrace")
 
 _session_sinks: list[Any] = []
-_session_paths: dict[int, tuple[str, bool]] = {}  # id(sink) -> (the path it writes, say so when closed)
+# id(sink) -> (the path it writes as given, say so when closed, that path made absolute: the rename at
+# stop does not depend on the working folder then)
+_session_paths: dict[int, tuple[str, bool, str]] = {}
 _TRUE = ("1", "true", "yes", "on")
 
 
 def _open(out: str | os.PathLike[str]) -> tuple[Any, str]:
-    """A started sink for the trace path ``out``, or OutputError saying what to change."""
+    """A started sink writing ``partial_path(out)``, in the format of ``out``, or OutputError saying what
+    to change."""
     path = os.fspath(out)
     try:
         fmt = format_for(path)
@@ -54,7 +63,7 @@ def _open(out: str | os.PathLike[str]) -> tuple[Any, str]:
     if not os.path.isdir(folder):
         raise OutputError(f"cannot write the trace {path!r}: {shown(folder)!r} is a file, not a folder; "
                           "choose another path")
-    sink = sink_for(path, fmt)
+    sink = sink_for(partial_path(path), fmt)
     try:
         RECORDER.add_sink(sink)
     except OSError as exc:
@@ -89,16 +98,19 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
         for out in outputs:
             if isinstance(out, (str, os.PathLike)):
                 sink, path = _open(out)
-                _session_paths[id(sink)] = (path, not quiet)
+                _session_paths[id(sink)] = (path, not quiet, os.path.abspath(path))
             else:
                 sink = out
                 RECORDER.add_sink(sink)
             added.append(sink)
     except BaseException:
         for sink in added:
-            _session_paths.pop(id(sink), None)
+            full = _session_paths.pop(id(sink), (None, False, None))[2]
             with contextlib.suppress(Exception):
                 RECORDER.remove_sink(sink)
+            if full is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(partial_path(full))
         raise
     _session_sinks.extend(added)
     _state.ENABLED = True
@@ -117,39 +129,44 @@ def _file_outputs() -> list[str]:
     return [_session_paths[id(s)][0] for s in _session_sinks if id(s) in _session_paths]
 
 
-def stop() -> None:
+def stop(*, failed: bool = False) -> None:
     """Turn tracing off, flush everything recorded and close the sinks ``start`` attached.
 
-    Prints one ``cltrace: wrote ...`` line on stderr for the files it closed, unless quiet. A SIGTERM
-    that comes meanwhile (a pool terminating a worker that is closing its files) takes effect once
-    the files are complete."""
+    Each file is renamed from ``<path>.partial`` to its path once closed; with ``failed`` (the
+    traced work did not finish as it should) the files stay ``.partial`` and earlier files of
+    those names are left as they were. Prints one ``cltrace: wrote ...`` line on stderr for the
+    files it closed, unless quiet. A SIGTERM that comes meanwhile (a pool terminating a worker that
+    is closing its files) takes effect once the files are complete."""
     global _stopping
     _stopping += 1
     try:
-        _stop()
+        _stop(failed)
     finally:
         _stopping -= 1
     if _sigterm_pending and not _stopping:
         _redeliver_sigterm()
 
 
-def _stop() -> None:
+def _stop(failed: bool) -> None:
     st = stepper.current()
     if st is not None:
-        st.finish()  # the last step ends, a cycle cut short is handed out
+        st.finish(failed)  # the last step ends, a cycle cut short is handed out
     _state.ENABLED = False
     RECORDER.flush(block=True)
-    wrote = []
+    wrote, kept = [], []
     while _session_sinks:
         sink = _session_sinks.pop(0)
-        path, announce = _session_paths.pop(id(sink), (None, False))
+        path, announce, full = _session_paths.pop(id(sink), (None, False, None))
         try:
             RECORDER.remove_sink(sink)
+            if full is not None and not failed:
+                put_in_place(full)
         except Exception as exc:  # one output failing must not cost the others
-            log.warning("cltrace: writing %s failed: %s", path or repr(sink), exc)
+            log.warning("cltrace: writing %s failed: %s (what was written is in %s)", path or repr(sink), exc,
+                        partial_path(path) if path else "the sink")
             continue
         if announce:
-            wrote.append(path)
+            (kept if failed else wrote).append(path)
     if st is not None:
         st.detach()
         stepper.set_current(None)
@@ -159,6 +176,9 @@ def _stop() -> None:
     heap.give_back()  # what the session freed (waiting records, step columns, file buffers) back to the OS
     if wrote:
         print(f"cltrace: wrote {', '.join(shown(p) for p in wrote)}", file=sys.stderr, flush=True)
+    if kept:
+        print(f"cltrace: the traced work failed: kept {', '.join(shown(partial_path(p)) for p in kept)}; "
+              f"{', '.join(shown(p) for p in kept)} left as before", file=sys.stderr, flush=True)
     _say_dropped()
 
 
@@ -182,7 +202,7 @@ def forget_after_fork() -> list[tuple[Any, str | None]]:
     """In a forked child: the parent's outputs, as (sink, path or None), forgotten here (the recorder
     has abandoned them: they are the parent's to close)."""
     global _stopping, _sigterm_pending
-    out = [(s, _session_paths.get(id(s), (None, False))[0]) for s in _session_sinks]
+    out = [(s, _session_paths.get(id(s), (None, False, None))[0]) for s in _session_sinks]
     _stopping, _sigterm_pending = 0, False  # a stop() of another of the parent's threads is not this one's
     _session_sinks.clear()
     _session_paths.clear()
@@ -208,13 +228,16 @@ def trace(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
           quiet: bool | None = None, schedule: Schedule | None = None,
           on_trace_ready: Callable[[Cycle], Any] | None = None) -> Iterator[Any]:
     """``with cltrace.trace("out.json"):`` traces the block and writes the file(s) at exit,
-    saying where on stderr unless ``quiet``. ``schedule``/``on_trace_ready``: see ``start``."""
+    saying where on stderr unless ``quiet``; a block left by an exception leaves them
+    ``out.json.partial`` (``stop(failed=True)``). ``schedule``/``on_trace_ready``: see ``start``."""
     start(*outputs, capacity=capacity, overflow=overflow, quiet=quiet, schedule=schedule,
           on_trace_ready=on_trace_ready)
+    failed = True
     try:
         yield RECORDER
+        failed = False
     finally:
-        stop()
+        stop(failed=failed)
 
 
 @atexit.register

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import numpy as np
 
 from .. import _state
+from ..export.base import partial_path, put_in_place
 from ..export.formats import format_for, sink_for, suffix
 from ..record.recorder import RECORDER
 from ..record.steps import OpenStep
@@ -50,7 +51,7 @@ class Cycle:
 
     def __init__(self, number: int, steps: tuple[int, ...], warmup: tuple[int, ...], begin_ns: int,
                  end_ns: int, batch: SpanBatch, dropped: int, outputs: tuple[str, ...],
-                 announce: Callable[[list[str]], None] | None = None) -> None:
+                 announce: Callable[[list[str]], None] | None = None, failed: bool = False) -> None:
         self.number = number
         self.steps = steps
         self.warmup = warmup
@@ -61,6 +62,7 @@ class Cycle:
         self.outputs = outputs  # the session's trace files when the cycle ended
         self._announce = announce
         self.paths: list[str] = []  # files written by write()
+        self.failed = failed  # cut short by a failure: export() leaves its files <path>.partial
 
     def spans(self) -> list[Span]:
         return self.batch.spans()
@@ -75,15 +77,19 @@ class Cycle:
 
     def export(self, *outputs: str | os.PathLike[str] | Any) -> list[str]:
         """Write this cycle's spans to each output (a path, format from its suffix, or a sink);
-        returns the paths written."""
+        returns the paths written. A path is written as ``<path>.partial`` and renamed when complete,
+        unless the cycle ``failed``."""
         written = []
         for out in outputs:
             path = os.fspath(out) if isinstance(out, (str, os.PathLike)) else None
-            sink = sink_for(path) if path is not None else out
+            sink = sink_for(partial_path(path), format_for(path)) if path is not None else out
             sink.start(RECORDER)
             sink.write(self.batch)
             sink.close(self.metadata())
-            if path is not None:
+            if path is not None and self.failed:
+                written.append(partial_path(path))  # an earlier file of this name stays as it was
+            elif path is not None:
+                put_in_place(path)  # written whole: an earlier file of this name is replaced only now
                 written.append(path)
         return written
 
@@ -251,23 +257,24 @@ class Stepper:
                 self._ready(cycle)
             self._update_meta()
 
-    def finish(self) -> None:
-        """Tracing stops: end the open step and hand out a cycle cut short (if it has active steps)."""
+    def finish(self, failed: bool = False) -> None:
+        """Tracing stops: end the open step and hand out a cycle cut short (if it has active steps);
+        ``failed``: the traced work failed, so that cycle's files stay ``.partial`` (``Cycle.failed``)."""
         with self._lock:
             self.end_step()
             for cycle in sorted(self._cycles):
                 if self._cycles[cycle]["steps"]:
-                    self._ready(cycle)
+                    self._ready(cycle, failed)
             self._cycles.clear()
             self._update_meta()
 
-    def _ready(self, cycle: int) -> None:
+    def _ready(self, cycle: int, failed: bool = False) -> None:
         rec = self._cycles.pop(cycle)
         RECORDER.flush(block=True)  # every span of the cycle resolved and collected
         batch, dropped = self._collector.take(cycle)
         end = rec["end"] if rec["end"] is not None else rec["begin"]
         c = Cycle(cycle, tuple(rec["steps"]), tuple(rec["warmup"]), rec["begin"], end, batch, dropped,
-                  tuple(self._outputs()), self._announce)
+                  tuple(self._outputs()), self._announce, failed)
         self.cycles_done += 1
         try:
             self.handler(c)

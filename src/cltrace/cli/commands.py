@@ -87,13 +87,16 @@ def cmd_devices(args: argparse.Namespace) -> int:
     from ..timeline import stamps
     from ..timeline.clock import DeviceClock
     from ..timeline.tracks import device_info
+    from ..record.probe import verdict
     from ..record.queues import PROFILING, default_device
+
+    from ..errors import DeviceError
+    from ..record.probe import FIX
 
     try:
         platforms = cl.get_platforms()
     except cl.Error as exc:
-        print(f"cltrace: no OpenCL platform: {exc}", file=sys.stderr)
-        return 1
+        raise DeviceError(f"no OpenCL platform found ({exc}); {FIX}") from None
     try:
         default = default_device().int_ptr
     except Exception:
@@ -108,7 +111,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
             info = device_info(d)
             row = {"index": f"{pi}:{di}", "name": d.name.strip(), "label": info.label, "id": info.uid,
                    "hardware_id": info.hardware_id, "type": cl.device_type.to_string(d.type),
-                   "driver": d.driver_version.strip(), "profiling": prof,
+                   "driver": d.driver_version.strip(), "profiling": prof, **verdict(d).as_dict(),
                    "timer_resolution_ns": d.profiling_timer_resolution, "default": d.int_ptr == default,
                    "span_pipeline": stamps.PATH, "native_parts": _native_parts()}
             if prof:
@@ -123,6 +126,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
             mark = "*" if row["default"] else " "
             say(f" {mark}{pi}:{di} {info.label} [{row['type']}] driver {row['driver']}")
             say(f"     id: {info.uid}" + ("" if info.hardware_id else " (the driver gives no PCI address or UUID)"))
+            say(f"     compiles: {'yes' if row['compiles'] else 'NO: ' + row['compile_error']}")
             say(f"     profiling: {'yes' if prof else 'NO (device times unavailable)'}; "
                   f"timer resolution {row['timer_resolution_ns']} ns")
             c = row.get("clock")

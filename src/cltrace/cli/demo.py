@@ -187,6 +187,7 @@ def run_demo(out_dir: str = "traces", steps: int = 40, formats: tuple[str, ...] 
     # quiet: the caller says where the files are
     session.start(*paths, *extra_sinks, quiet=True, schedule=schedule or default_schedule(steps),
                   on_trace_ready=lambda cycle: cycle_paths.extend(cycle.write()))
+    failed = True  # a demo that fails leaves its files .partial: earlier traces stay as they were
     try:
         with regions.timing_region("setup"):
             model = _MLP(queue, n=batch, d=32, h=64, c=8)
@@ -199,6 +200,7 @@ def run_demo(out_dir: str = "traces", steps: int = 40, formats: tuple[str, ...] 
         report = PerfCounter().report()
         done = stepper.current()
         summary = done.summary() if done is not None else ""
+        failed = False
     finally:
-        session.stop()
+        session.stop(failed=failed)
     return DemoResult(losses, paths, report, time.perf_counter() - t0, cycle_paths, summary)

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ..analyze.report import format_ns
+from ..export.base import partial_path, put_in_place
 from .checks import check_device, check_plot_path
 
 
@@ -180,8 +181,9 @@ def main_tune(args: argparse.Namespace) -> int:
         d = os.path.dirname(args.json)
         if d:
             os.makedirs(d, exist_ok=True)
-        with open(args.json, "w") as fh:
+        with open(partial_path(args.json), "w") as fh:  # renamed when whole: an earlier file is never half-replaced
             json.dump(result.as_dict(), fh, indent=1, default=str)
+        put_in_place(args.json)
         print(f"wrote {args.json}")
     for path in args.out or ():
         print(f"wrote {path}  (open it in https://ui.perfetto.dev)")

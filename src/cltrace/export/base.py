@@ -48,6 +48,21 @@ def abandon_file(fh: IO[bytes] | None) -> None:
         pass
 
 
+PARTIAL = ".partial"
+
+
+def partial_path(path: str) -> str:
+    """Where a trace file named ``path`` is written until it is complete: ``path`` + ``.partial``, in
+    the same folder. A killed process leaves it there, readable up to its last flush."""
+    return path + PARTIAL
+
+
+def put_in_place(path: str) -> None:
+    """The file at ``partial_path(path)`` is complete: rename it to ``path``, over any earlier file
+    (one rename: a reader sees the old file or the new one, never a mix)."""
+    os.replace(partial_path(path), path)
+
+
 def open_trace_file(path: str, buffering: int = 1 << 20) -> IO[bytes]:
     """Create the trace file (and its folder) for a streaming writer, with a large buffer (0: none, for a
     writer that buffers its text itself)."""

@@ -17,19 +17,13 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from typing import Any, Sequence
+
+from ..record.files import cache_dir, write_atomically
 
 log = logging.getLogger("cltrace")
 
 _warned: set[str] = set()
-
-
-def cache_dir() -> str:
-    """Root of cltrace's on-disk caches: ``$CLTRACE_CACHE_DIR`` or ``~/.cache/cltrace``."""
-    d = os.environ.get("CLTRACE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "cltrace")
-    return d
 
 
 def source_hash(source: str) -> str:
@@ -84,22 +78,6 @@ def store(src_hash: str, options: Sequence[str], device_key: str, config: dict[s
            "signature": signature_of(signature), "config": config, **(extra or {})}
     write_atomically(path, json.dumps(doc, default=str).encode("utf-8"))
     return path
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Write ``path`` whole or not at all: a temporary file beside it, renamed over it; on any
-    failure the temporary file is removed and the error raised."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def _warn_once(path: str, what: str) -> None:

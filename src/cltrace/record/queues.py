@@ -1,12 +1,14 @@
-"""Choosing the default device and making queues that can be profiled."""
+"""Choosing the default device (one whose compiler works) and making queues that can be profiled."""
 from __future__ import annotations
 
 import os
-from typing import Any
+import sys
+from typing import Any, Callable, Sequence
 
 import pyopencl as cl
 
-from ..errors import ProfilingNotEnabledError
+from ..errors import DeviceError, ProfilingNotEnabledError
+from . import probe
 
 PROFILING = cl.command_queue_properties.PROFILING_ENABLE
 
@@ -27,47 +29,90 @@ def require_profiling(queue: Any, what: str) -> None:
         raise ProfilingNotEnabledError(what)
 
 
-def _select(spec: str) -> Any:
-    """Pick a device by ``CLTRACE_DEVICE``: ``"gpu"``, ``"cpu"``, ``"P:D"`` indices, or a name part."""
+def _select(spec: str) -> list[Any]:
+    """The devices ``CLTRACE_DEVICE`` names, in order: ``"gpu"``, ``"cpu"``, ``"accelerator"`` (each of
+    that type), ``"P:D"`` indices (that one), or a part of a device's or platform's name."""
     platforms = cl.get_platforms()
     devices = [(p, d) for p in platforms for d in p.get_devices()]
     s = spec.strip()
     if s.lower() in ("gpu", "cpu", "accelerator"):
         want = getattr(cl.device_type, s.upper())
-        for _, d in devices:
-            if d.type & want:
-                return d
-        raise LookupError(f"CLTRACE_DEVICE={spec!r}: no {s} device among {[d.name for _, d in devices]}")
+        found = [d for _, d in devices if d.type & want]
+        if not found:
+            raise LookupError(f"CLTRACE_DEVICE={spec!r}: no {s} device among {[d.name for _, d in devices]}")
+        return found
     if ":" in s and all(part.isdigit() for part in s.split(":", 1)):
         pi, di = (int(x) for x in s.split(":", 1))
         try:
-            return platforms[pi].get_devices()[di]
+            return [platforms[pi].get_devices()[di]]
         except IndexError:
             raise LookupError(f"CLTRACE_DEVICE={spec!r}: no such platform:device index") from None
-    for p, d in devices:
-        if s.lower() in d.name.lower() or s.lower() in p.name.lower():
-            return d
-    raise LookupError(f"CLTRACE_DEVICE={spec!r} matches none of {[d.name for _, d in devices]}")
+    found = [d for p, d in devices if s.lower() in d.name.lower() or s.lower() in p.name.lower()]
+    if not found:
+        raise LookupError(f"CLTRACE_DEVICE={spec!r} matches none of {[d.name for _, d in devices]}")
+    return found
 
 
 def default_device() -> Any:
     """The device cltrace uses when none is given.
 
-    ``CLTRACE_DEVICE`` wins, then ``PYOPENCL_CTX``; otherwise the first GPU, else the first CPU.
+    ``CLTRACE_DEVICE`` wins, then ``PYOPENCL_CTX``; otherwise the first GPU, else the first CPU, else
+    any device, passing by each one whose compiler fails (``probe.verdict``: a tiny real build the
+    first time per device and driver, a cached verdict after). Raises ``DeviceError`` naming the
+    device, the compiler's reason and the fix where no device can build, or where the device the
+    environment chose cannot.
     """
     spec = os.environ.get("CLTRACE_DEVICE")
     if spec:
-        return _select(spec)
+        return _chosen(_select(spec), f"CLTRACE_DEVICE={spec!r}")
     if os.environ.get("PYOPENCL_CTX"):
-        return cl.create_some_context(interactive=False).devices[0]
-    devices = [d for p in cl.get_platforms() for d in p.get_devices()]
+        return _chosen(cl.create_some_context(interactive=False).devices[:1],
+                       f"PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r}")
+    try:
+        devices = [d for p in cl.get_platforms() for d in p.get_devices()]
+    except cl.Error as exc:
+        raise DeviceError(f"no OpenCL platform found ({exc}); {probe.FIX}") from None  # as `cltrace devices`
     if not devices:
-        raise LookupError("no OpenCL device found (is an ICD installed? pip install pocl-binary-distribution)")
-    for want in (cl.device_type.GPU, cl.device_type.CPU):
-        for d in devices:
-            if d.type & want:
-                return d
-    return devices[0]
+        raise DeviceError(f"no OpenCL device found; {probe.FIX}")
+    rank = {cl.device_type.GPU: 0, cl.device_type.CPU: 1}
+    return choose(sorted(devices, key=lambda d: min((r for t, r in rank.items() if d.type & t), default=2)))
+
+
+def choose(candidates: Sequence[Any], verdict: Callable[[Any], probe.Verdict] = probe.verdict) -> Any:
+    """The first of ``candidates`` whose compiler builds (``verdict(device).compiles``). Each one passed
+    by is named on stderr with the compiler's reason, once per process; none: ``DeviceError``."""
+    failed: list[probe.Verdict] = []
+    for device in candidates:
+        v = verdict(device)
+        if not v.compiles:
+            failed.append(v)
+            continue
+        for f in failed:
+            if f.device not in _skipped:
+                _skipped.add(f.device)
+                print(f"cltrace: skipping {f.device}: its OpenCL compiler fails ({f.reason}); "
+                      f"using {v.device}", file=sys.stderr, flush=True)
+        return device
+    if not failed:
+        raise DeviceError(f"no OpenCL device found; {probe.FIX}")
+    others = f" (and {len(failed) - 1} other device(s) likewise)" if len(failed) > 1 else ""
+    raise DeviceError(f"no OpenCL device here can compile: {failed[0].device}: {failed[0].reason}{others}; "
+                      f"{probe.FIX}")
+
+
+_skipped: set[str] = set()  # devices already named as skipped in this process
+
+
+def _chosen(candidates: Sequence[Any], chosen_by: str) -> Any:
+    """The first of the devices the environment chose whose compiler builds; where none does,
+    DeviceError saying so: never a device the user did not ask for."""
+    try:
+        return choose(candidates)
+    except DeviceError:
+        v = probe.verdict(candidates[0])
+        also = f", as do the {len(candidates) - 1} other device(s) it matches" if len(candidates) > 1 else ""
+        raise DeviceError(f"{chosen_by} chose {v.device}, whose OpenCL compiler fails ({v.reason}){also}; choose "
+                          f"another device (`cltrace devices` shows which compile) or {probe.FIX}") from None
 
 
 def profiling_queue(context: Any = None, device: Any = None, out_of_order: bool = False) -> Any:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..analyze.report import format_ns
+from ..export.base import partial_path, put_in_place
 from .config import Config, fmt_dims
 
 OK = "ok"
@@ -302,12 +304,16 @@ class AutotuneResult:
         return fig
 
     def plot(self, path: str) -> str:
-        """Save ``figure()`` to ``path`` (the format from its extension); returns the path."""
+        """Save ``figure()`` to ``path`` (the format from its extension); returns the path. Drawn into
+        ``path.partial`` and renamed: a chart that fails to draw leaves an earlier one as it was."""
         fig = self.figure()
         import matplotlib.pyplot as plt
 
-        fig.savefig(path)
-        plt.close(fig)
+        try:
+            fig.savefig(partial_path(path), format=os.path.splitext(path)[1][1:].lower() or None)
+        finally:
+            plt.close(fig)
+        put_in_place(path)
         return path
 
     def as_dict(self) -> dict[str, Any]:

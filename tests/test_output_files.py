@@ -1,0 +1,104 @@
+"""Trace files never destroy earlier output: each is written as ``<name>.partial`` and renamed to its
+name only once closed; a traced block that raises, a failed or interrupted demo and a killed process
+leave the earlier file byte for byte, and the ``.partial`` file readable."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cltrace
+from cltrace import read as tracefile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_closed_trace_replaces_the_earlier_file_and_leaves_no_partial(tmp_path: Path, queue: Any,
+                                                                         kernels: Any) -> None:
+    out = tmp_path / "t.json"
+    out.write_text("earlier")
+    with cltrace.trace(out, tmp_path / "t.pftrace", quiet=True):
+        kernels.launch_add(queue)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.json", "t.pftrace"]
+    assert [s.name for s in tracefile.load(out)[0]] == ["add"]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".pftrace"])
+def test_a_traced_block_that_raises_leaves_the_earlier_file_untouched(tmp_path: Path, queue: Any, kernels: Any,
+                                                                      capfd: Any, suffix: str) -> None:
+    out = tmp_path / f"t{suffix}"
+    with cltrace.trace(out, quiet=True):
+        with cltrace.region("first"):
+            kernels.launch_add(queue)
+    earlier = out.read_bytes()
+    capfd.readouterr()
+    with pytest.raises(RuntimeError):
+        with cltrace.trace(out):
+            with cltrace.region("second"):
+                kernels.launch_add(queue)
+                raise RuntimeError("fails mid-way")
+    assert out.read_bytes() == earlier
+    spans, meta = tracefile.load(f"{out}.partial")  # closed: complete, under the name that says so
+    assert "second" in {s.name for s in spans} and "recorded_spans" in meta
+    err = capfd.readouterr().err.splitlines()
+    assert err == [f"cltrace: the traced work failed: kept {out}.partial; {out} left as before"]
+
+
+def test_a_relative_path_is_put_in_place_where_it_was_opened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             queue: Any, kernels: Any) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    cltrace.start("t.json", quiet=True)
+    kernels.launch_add(queue)
+    os.chdir(tmp_path / "b")  # the program moves on before the trace is closed
+    cltrace.stop()
+    assert os.listdir(tmp_path / "a") == ["t.json"] and os.listdir(tmp_path / "b") == []
+
+
+def test_stop_failed_keeps_partial_files(tmp_path: Path, queue: Any, kernels: Any) -> None:
+    out = tmp_path / "t.json"
+    cltrace.start(out, quiet=True)
+    kernels.launch_add(queue)
+    cltrace.stop(failed=True)
+    assert not out.exists() and [s.name for s in tracefile.load(f"{out}.partial")[0]] == ["add"]
+
+
+def test_an_interrupted_demo_leaves_the_committed_traces_byte_identical(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for name in ("demo.json", "demo.pftrace"):
+        shutil.copy(ROOT / "traces" / name, traces / name)
+    before = {p.name: p.read_bytes() for p in traces.iterdir()}
+    env = {k: v for k, v in os.environ.items() if k not in ("CLTRACE", "CLTRACE_OUT")}
+    env["CLTRACE_CACHE_DIR"] = str(tmp_path / "cache")
+    p = subprocess.Popen([sys.executable, "-m", "cltrace", "demo", "--steps", "100000"], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    partial = traces / "demo.json.partial"
+    deadline = time.monotonic() + 120
+    while (not partial.exists() or partial.stat().st_size < 50_000) and time.monotonic() < deadline \
+            and p.poll() is None:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)  # Ctrl-C, mid-way through the training loop
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert {q.name: q.read_bytes() for q in traces.iterdir() if not q.name.endswith(".partial")} == before
+    spans, _ = tracefile.load(partial)
+    assert any(s.name == "forward" for s in spans)
+
+
+def test_demo_outputs_of_a_run_are_ignored_by_git() -> None:
+    """After a demo, ``git status`` shows no new file: the per-cycle files and ``.partial`` files are ignored,
+    the committed traces are not."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    paths = ["traces/demo.cycle1.json", "traces/demo.cycle2.pftrace", "traces/demo.json.partial", "traces/demo.json"]
+    p = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
+    assert p.stdout.split() == paths[:3]
