@@ -209,3 +209,37 @@ def test_profiling_check_follows_the_queue_not_a_reused_address(cl_ctx):
         with pytest.raises(ProfilingNotEnabledError):
             cltrace.EventTimer(plain)
         del plain
+
+
+def test_event_timer_interval_is_a_device_span_under_the_open_region(tmp_path, queue, kernels):
+    """While tracing, each EventTimer interval is a span (its name, default "EventTimer") nested under the region
+    open at start(), with its host bracket and a device span between its markers holding the kernels it timed, in
+    both file formats and in the region report; off, it records nothing."""
+    from cltrace import read as tracefile
+
+    paths = [tmp_path / "t.json", tmp_path / "t.pftrace"]
+    with cltrace.trace(*paths, quiet=True):
+        with cltrace.timing_region("outer", queue):
+            t = cltrace.EventTimer(queue, name="fwd-timer")
+            t.start()
+            kernels.launch_spin(queue, 200)
+            ms = t.stop()
+            with cltrace.EventTimer(queue) as t2:
+                kernels.launch_add(queue)
+    assert ms > 0 and t2.elapsed_ms is not None
+    for path in paths:
+        spans = {s.name: s for s in tracefile.load(path)[0]}
+        timer, outer, spin = spans["fwd-timer"], spans["outer"], spans["spin"]
+        assert timer.path == ("outer", "fwd-timer") and "EventTimer" in spans, path
+        assert timer.source == "device" and spans["EventTimer"].source == "device"
+        assert outer.dev_start <= timer.dev_start <= spin.dev_start and spin.dev_end <= timer.dev_end <= outer.dev_end
+        assert abs((timer.dev_end - timer.dev_start) / 1e6 - ms) < 0.05 * ms + 0.01  # the timer's own figure
+        assert outer.host_begin <= timer.host_begin <= timer.host_end <= outer.host_end
+    tree = cltrace.PerfCounter().as_dict()
+    assert "outer/fwd-timer" in tree and "outer/EventTimer" in tree
+    RECORDER.clear()
+    t = cltrace.EventTimer(queue)
+    t.start()
+    kernels.launch_add(queue)
+    t.stop()
+    assert RECORDER.batch().n == 0

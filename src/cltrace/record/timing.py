@@ -2,13 +2,19 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable, Sequence
 
 import pyopencl as cl
 
+from .. import _state
 from ..errors import EventTimerError
+from ..timeline.spans import REGION
 from ..timeline.stamps import wait_events
+from . import regions
+from .callsite import capture as _site
 from .queues import active_queue, require_profiling
+from .recorder import new_id
 
 
 class EventTimer:
@@ -17,26 +23,39 @@ class EventTimer:
     ``stop()`` waits for the end marker and returns milliseconds of device time:
     ``END(stop marker) - END(start marker)``, i.e. the time the queue spent on the
     commands enqueued in between. The timer keeps one pair of event slots and reuses them.
+    While tracing, each interval is also a span named ``name``: a region of the thread's open
+    region at ``start()``, with its host bracket and its device span between the two markers.
     """
 
-    __slots__ = ("queue", "_ev0", "_ev1", "elapsed_ms")
+    __slots__ = ("queue", "name", "_ev0", "_ev1", "_rec", "elapsed_ms")
 
-    def __init__(self, queue: Any) -> None:
+    def __init__(self, queue: Any, name: str = "EventTimer") -> None:
         require_profiling(queue, "EventTimer")
         self.queue = queue
+        self.name = name
         self._ev0: Any = None
         self._ev1: Any = None
+        self._rec: tuple | None = None  # (id, parent, path, thread key, site, host begin) while traced
         self.elapsed_ms: float | None = None  # set when used as a context manager
 
     def start(self) -> None:
         if self._ev0 is not None:
             raise EventTimerError("EventTimer.start() called twice without stop()")
+        if _state.ENABLED:
+            st = regions._tls.stack
+            parent, path = st[-1] if st else regions._ROOT
+            self._rec = (new_id(), parent, path + (self.name,), st.key, _site(2), time.perf_counter_ns())
         self._ev0 = cl.enqueue_marker(self.queue)
 
     def stop(self) -> float:
         if self._ev0 is None:
             raise EventTimerError("EventTimer.stop() called before start()")
         self._ev1 = cl.enqueue_marker(self.queue)
+        rec, self._rec = self._rec, None
+        if rec is not None and _state.ENABLED:
+            sid, parent, path, key, site, hb = rec
+            regions._push((REGION, self.name, sid, parent, path, key, hb, time.perf_counter_ns(),
+                           self.queue, self._ev0, self._ev1, None, None, None, site))
         wait_events([self._ev1])
         ns = self._ev1.profile.end - self._ev0.profile.end
         self._ev0 = None
