@@ -5,6 +5,8 @@ import os
 from typing import Any, Iterable, Sequence
 
 from . import schema
+from .analysis import StoreAnalysis, analyse
+from .questions.common import Scope
 from .connect import StoreError, open_client, resolve
 from .load import CHUNK_ROWS, LoadResult, load_file
 
@@ -48,8 +50,18 @@ class Store:
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
         """Rows of a SQL query; ``{spans}`` in it names the spans table."""
-        return self.client.query(sql.replace("{spans}", f'"{self.database}"."{self.table}"'),
-                                 parameters=parameters).result_rows
+        return self.result(sql, parameters).result_rows
+
+    def result(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        """The driver's result of a SQL query (rows and ``column_names``); ``{spans}`` as in ``query``."""
+        return self.client.query(sql.replace("{spans}", f'"{self.database}"."{self.table}"'), parameters=parameters)
+
+    def analyze(self, run: str | None = None, rank: str | int | None = None, service: str | None = None,
+                step_name: str = "step", threshold_pct: float = 10.0, top: int = 10) -> StoreAnalysis:
+        """Per-rank utilisation, stragglers and their causes, kernel pace across ranks, region totals,
+        for the spans of ``run``/``rank``/``service`` (None: all), computed inside ClickHouse."""
+        scope = Scope(run, None if rank is None else str(rank), service)
+        return analyse(self.result, scope, step_name, threshold_pct, top)
 
     def count(self) -> int:
         return int(self.query("SELECT count() FROM {spans}")[0][0])

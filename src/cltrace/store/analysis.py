@@ -1,0 +1,99 @@
+"""``StoreAnalysis``: the store's answers for one scope (run, rank, service), each from its question
+module, brought back as aggregates only; ``render`` is the terminal text, ``as_dict`` the JSON."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .questions.common import Scope
+from .questions.kernels import KernelPace, kernel_pace
+from .questions.ranks import RankRow, rank_table
+from .questions.regions import RegionRow, region_table
+from .questions.stragglers import Straggler, stragglers
+
+SCHEMA = "cltrace.store-analysis/1"
+
+
+@dataclass
+class StoreAnalysis:
+    scope: Scope
+    ranks: list[RankRow] = field(default_factory=list)
+    kernels: list[KernelPace] = field(default_factory=list)
+    regions: list[RegionRow] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
+
+    def slowest_ranks(self) -> list[dict[str, Any]]:
+        """Per rank that straggled: steps it straggled at, their total excess, and the most common cause."""
+        by: dict[tuple[str, str], list[Straggler]] = {}
+        for s in self.stragglers:
+            by.setdefault((s.run, s.rank), []).append(s)
+        out = [{"run": run, "rank": rank, "steps": len(ss), "excess_ns": sum(s.excess_ns for s in ss),
+                "cause": Counter(s.cause for s in ss).most_common(1)[0][0],
+                "worst_step": max(ss, key=lambda s: s.excess_ns).step}
+               for (run, rank), ss in by.items()]
+        return sorted(out, key=lambda r: -r["excess_ns"])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "scope": vars(self.scope), "ranks": [r.as_dict() for r in self.ranks],
+                "slowest_ranks": self.slowest_ranks(), "stragglers": [s.as_dict() for s in self.stragglers],
+                "kernels": [k.as_dict() for k in self.kernels], "regions": [r.as_dict() for r in self.regions]}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.as_dict(), indent=indent, default=str)
+
+
+def analyse(query: Any, scope: Scope, step_name: str = "step", threshold_pct: float = 10.0,
+            top: int = 10) -> StoreAnalysis:
+    """Every question for ``scope``; ``query(sql, params)`` runs SQL with ``{spans}`` for the table."""
+    return StoreAnalysis(scope, rank_table(query, scope), kernel_pace(query, scope, top),
+                         region_table(query, scope, top), stragglers(query, scope, step_name, threshold_pct))
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.3f}"
+
+
+def render(a: StoreAnalysis, top: int = 10) -> str:
+    """The analysis as text tables."""
+    out = []
+    sc = ", ".join(f"{k} {v}" for k, v in vars(a.scope).items() if v is not None) or "every run"
+    out.append(f"cltrace analyze --store ({sc}): {len(a.ranks)} rank(s)")
+    out.append("")
+    out.append("ranks                      wall ms   busy %    idle ms  kernels ms  transfers ms   waits ms   spans")
+    for r in a.ranks:
+        label = f"{r.run or '-'}/{r.rank}"
+        out.append(f"  {label:<22} {_ms(r.wall_ns):>9} {r.busy_pct:>8.1f} {_ms(r.idle_ns):>10} {_ms(r.kernel_ns):>11} "
+                   f"{_ms(r.transfer_ns):>13} {_ms(r.wait_ns):>10} {r.spans:>7}")
+    out.append("")
+    slow = a.slowest_ranks()
+    if not a.stragglers:
+        out.append("stragglers: none (no rank's step took over the threshold beyond the median)")
+    else:
+        out.append("slowest ranks (steps over the median of all ranks)")
+        for s in slow:
+            out.append(f"  rank {s['rank']} of run {s['run'] or '-'}: {s['steps']} step(s), "
+                       f"{_ms(s['excess_ns'])} ms over the median in all; cause: {s['cause']} "
+                       f"(worst: step {s['worst_step']})")
+        out.append("")
+        out.append("stragglers                       step    step ms  median ms  excess   cause      "
+                   "kernels+ms transfers+ms host+ms waits+ms  where (rank's timeline)")
+        for s in a.stragglers[:top] if top else a.stragglers:
+            x = s.excess_by_part
+            out.append(f"  {(s.run or '-') + '/' + s.rank:<30} {s.step:>5} {_ms(s.step_ns):>10} {_ms(s.median_ns):>10} "
+                       f"{s.excess_pct:>6.1f}%  {s.cause:<10} {_ms(x['kernels']):>10} {_ms(x['transfers']):>12} "
+                       f"{_ms(x['host']):>7} {_ms(x['waiting']):>8}  t={s.at_s:.6f} s, span {s.span_id}")
+    out.append("")
+    out.append("kernels                         launches   total ms    mean us  p99 us  ranks  rank means us "
+               "(min/median/max)  slowest  spread")
+    for k in a.kernels:
+        out.append(f"  {k.name[:30]:<30} {k.count:>8} {_ms(k.total_ns):>10} {k.mean_ns / 1e3:>10.1f} {k.p99_ns / 1e3:>7.1f} "
+                   f"{k.ranks:>6}  {k.rank_mean_min_ns / 1e3:.1f}/{k.rank_mean_median_ns / 1e3:.1f}/"
+                   f"{k.rank_mean_max_ns / 1e3:.1f}  {k.slowest_rank:>7}  {k.spread_pct:.1f}%")
+    out.append("")
+    out.append("regions                         calls   total ms    mean ms  ranks  slowest rank")
+    for r in a.regions:
+        out.append(f"  {r.path[:30]:<30} {r.count:>6} {_ms(r.total_ns):>10} {_ms(r.mean_ns):>10} {r.ranks:>6}  "
+                   f"{r.slowest_rank}")
+    return "\n".join(out)
