@@ -1,4 +1,4 @@
-"""One rank of a small data-parallel job, for the store's tests: ``python rank_program.py OUT STEPS WORK
+"""One rank of a small data-parallel job, for the store's tests: ``python rank_program.py OUT[,OUT...] STEPS WORK
 [OTLP]``. Each step runs a forward kernel WORK times over a buffer (the straggler gets a larger WORK),
 reads the result back and waits for the queue, inside a ``step`` region; the rank and run id come
 from the environment (``RANK``, ``CLTRACE_RUN_ID``) as a launcher sets them. With OTLP (a gRPC
@@ -13,7 +13,7 @@ import pyopencl as cl
 import cltrace
 
 out, steps, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-outputs: list = [out]
+outputs: list = out.split(",")
 if len(sys.argv) > 4:
     from cltrace.export.otlp import OtlpSink
 

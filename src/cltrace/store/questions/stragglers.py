@@ -8,8 +8,10 @@ kernels (device time), transfers and fills (device time), waits for the device (
 and the host's own time (the step's host time less that of every OpenCL call recorded in it:
 launches, transfers, fills, waits; a launch that blocks while the device works counts as the device's,
 and so does the part of the step after its host side returned, until its device work ended); each part is compared
-with the median rank's, and the cause is the part with the largest excess among kernels, transfers
-and host; "waiting" where those explain less than half of the excess (waiting on something the
+with the median rank's. The cause is the device (kernels or transfers, the larger) where their excess
+explains at least half of the step's: device work is what a host waits for, in calls or between them,
+so host time that grows with it is its effect; else the host, where its own excess does; else
+"waiting" (waiting on something the
 trace does not show, such as another rank). The step of a span is found with an ASOF join (the
 latest step begun at or before it on its rank), run as a sort-merge join: chDB's hash joins refuse ASOF. Evidence: the step span's trace and span id, and where it
 starts on its rank's timeline (seconds from the rank's first span), to find it in Perfetto.
@@ -89,9 +91,12 @@ SETTINGS join_algorithm = 'full_sorting_merge', join_use_nulls = 0"""
 
 def cause(excess: dict[str, float], total: float) -> str:
     """The part that explains the excess (see the module docstring)."""
-    own = {k: excess[k] for k in ("kernels", "transfers", "host")}
-    best = max(own, key=lambda k: own[k])
-    return best if own[best] > 0 and own[best] >= 0.5 * total else "waiting"
+    device = max(("kernels", "transfers"), key=lambda k: excess[k])
+    if excess[device] > 0 and excess["kernels"] + excess["transfers"] >= 0.5 * total:
+        return device
+    if excess["host"] > 0 and excess["host"] >= 0.5 * total:
+        return "host"
+    return "waiting"
 
 
 def stragglers(query: Any, scope: Scope, step_name: str = "step", threshold_pct: float = 10.0,
