@@ -328,3 +328,46 @@ def test_no_store_given_says_how(monkeypatch: Any) -> None:
     monkeypatch.delenv("CLTRACE_STORE", raising=False)
     with pytest.raises(StoreError, match="CLTRACE_STORE"):
         resolve(None)
+
+
+# ---- the command line -------------------------------------------------------------------------
+
+def test_cli_load_analyze_diff(tmp_path: Path, job: list[str], capsys: Any, monkeypatch: Any) -> None:
+    from cltrace.cli import main
+
+    folder = str(tmp_path / "cli-store")
+    assert main(["load", *job[:3], "--store", folder, "--jobs", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and all(line.startswith("cltrace: loaded ") and " spans in " in line for line in out)
+    assert main(["load", job[1], "--store", folder]) == 0
+    assert capsys.readouterr().out.strip() == f"cltrace: {job[1]}: already in the store (loaded before); nothing to do"
+
+    monkeypatch.setenv("CLTRACE_STORE", folder)  # the default store
+    assert main(["analyze", "--run", "job-7"]) == 0
+    text = capsys.readouterr().out
+    assert "rank 1 of run job-7: 5 step(s)" in text and "cause: kernels" in text
+    assert main(["analyze", "--store", folder, "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema"] == "cltrace.store-analysis/1" and doc["slowest_ranks"][0]["rank"] == "1"
+
+    # a second run of the job, rank 0 alone, with less kernel work: diff the two runs
+    run_rank(str(tmp_path / "again.pftrace"), 0, 1, run_id="job-8")
+    assert main(["load", str(tmp_path / "again.pftrace"), "--store", folder]) == 0
+    capsys.readouterr()
+    assert main(["diff", "--store", folder, "job-7", "job-8", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["forward"]["count_a"] == 5 * (2 + 12 + 2) and rows["forward"]["count_b"] == 5
+    assert rows["step"]["count_a"] == 15 and rows["step"]["count_b"] == 5
+
+
+def test_cli_store_errors_are_one_line(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:
+    from cltrace.cli import main
+
+    monkeypatch.delenv("CLTRACE_STORE", raising=False)
+    f = tmp_path / "file"
+    f.write_text("x")
+    for argv in (["analyze", "--store", str(tmp_path / "none")], ["load", str(f), "--store", str(f)],
+                 ["analyze"], ["load", str(f), "--store", str(tmp_path / "s")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cltrace: error: ") and err.count("\n") == 1, (argv, err)

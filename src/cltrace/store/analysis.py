@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from .questions.common import Scope
@@ -39,6 +40,15 @@ class StoreAnalysis:
         return {"schema": SCHEMA, "scope": vars(self.scope), "ranks": [r.as_dict() for r in self.ranks],
                 "slowest_ranks": self.slowest_ranks(), "stragglers": [s.as_dict() for s in self.stragglers],
                 "kernels": [k.as_dict() for k in self.kernels], "regions": [r.as_dict() for r in self.regions]}
+
+    def diffable(self) -> Any:
+        """The regions and kernels in the shape ``analyze.diff.diff`` reads, so a diff of two runs in a
+        store is the same definition as a diff of two files (host time for regions)."""
+        regions = [{"cat": "region", "path": r.path, "source": "host", "count": r.count, "total_ns": r.total_ns,
+                    "p50_ns": None, "p99_ns": None} for r in self.regions]
+        kernels = [{"name": k.name, "device": k.device, "count": k.count, "total_ns": k.total_ns,
+                    "p50_ns": k.p50_ns, "p99_ns": k.p99_ns} for k in self.kernels]
+        return SimpleNamespace(regions=regions, kernels=kernels)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.as_dict(), indent=indent, default=str)

@@ -22,8 +22,9 @@ class StoreError(CltraceError):
     """A store cannot be opened or used; the message says what to do."""
 
 
-def resolve(store: str | os.PathLike[str] | None) -> tuple[str, str | None]:
-    """(clickhouse-connect DSN, database named in the URL or None) of a ``STORE`` argument."""
+def resolve(store: str | os.PathLike[str] | None, create: bool = True) -> tuple[str, str | None]:
+    """(clickhouse-connect DSN, database named in the URL or None) of a ``STORE`` argument; a folder
+    is created where missing unless ``create`` is false (then a missing one is an error)."""
     spec = os.fspath(store) if store is not None else os.environ.get(ENV, "")
     if not spec:
         raise StoreError(f"no store given: pass --store FOLDER|URL or set {ENV}")
@@ -40,6 +41,8 @@ def resolve(store: str | os.PathLike[str] | None) -> tuple[str, str | None]:
     path = os.path.abspath(spec)
     if os.path.exists(path) and not os.path.isdir(path):
         raise StoreError(f"{spec}: is a file; an embedded store is a folder")
+    if not create and not os.path.isdir(path):
+        raise StoreError(f"no store at {spec}: load traces into it first (cltrace load FILE... --store {spec})")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Sequence
 
 from . import schema
 from .analysis import StoreAnalysis, analyse
@@ -11,14 +13,31 @@ from .connect import StoreError, open_client, resolve
 from .load import CHUNK_ROWS, LoadResult, load_file
 
 
+@contextmanager
+def guard(what: str) -> Iterator[None]:
+    """The driver's and the engine's errors as one-line ``StoreError``s (cltrace's own pass through)."""
+    from ..errors import CltraceError
+
+    try:
+        yield
+    except CltraceError:
+        raise
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] not in ("clickhouse_connect", "chdb"):
+            raise
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StoreError(f"the store failed {what}: {text}") from None
+
+
 class Store:
     """Spans in ClickHouse. ``Store("traces.db")`` opens (creating) an embedded store in that folder;
     ``Store("http://host:8123")`` a server; ``Store()`` the one ``CLTRACE_STORE`` names. The exporter's
-    tables are created where missing. Use as a context manager, or ``close()``."""
+    tables are created where missing; ``create=False``: a missing folder is an error, not a new store.
+    Use as a context manager, or ``close()``."""
 
     def __init__(self, store: str | os.PathLike[str] | None = None, database: str | None = None,
-                 table: str = schema.TABLE) -> None:
-        dsn, db = resolve(store)
+                 table: str = schema.TABLE, create: bool = True) -> None:
+        dsn, db = resolve(store, create)
         self.dsn = dsn
         self.database = database or db or schema.DATABASE
         self.table = table
@@ -42,11 +61,21 @@ class Store:
 
     def load(self, paths: Iterable[str | os.PathLike[str]], service_name: str | None = None,
              run_id: str | None = None, rank: str | int | None = None,
-             chunk_rows: int = CHUNK_ROWS) -> list[LoadResult]:
-        """Load trace files, each once (see ``load.load_file``); ``run_id``/``rank`` name the job and
-        rank for files that do not carry them (recorded before cltrace wrote them)."""
-        return [load_file(self.client, os.fspath(p), self.database, self.table, service_name, run_id, rank,
-                          chunk_rows) for p in paths]
+             chunk_rows: int = CHUNK_ROWS, jobs: int = 1) -> list[LoadResult]:
+        """Load trace files, each once (see ``load.load_file``), ``jobs`` at a time (threads: reading a
+        file and the engine's inserts both run outside the GIL); ``run_id``/``rank`` name the job and
+        rank for files that do not carry them (recorded before cltrace wrote them). Results in the
+        order of ``paths``."""
+        paths = [os.fspath(p) for p in paths]
+
+        def one(p: str) -> LoadResult:
+            with guard(f"loading {p}"):
+                return load_file(self.client, p, self.database, self.table, service_name, run_id, rank, chunk_rows)
+
+        if jobs <= 1 or len(paths) <= 1:
+            return [one(p) for p in paths]
+        with ThreadPoolExecutor(min(jobs, len(paths)), thread_name_prefix="cltrace-load") as pool:
+            return list(pool.map(one, paths))
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
         """Rows of a SQL query; ``{spans}`` in it names the spans table."""
@@ -54,7 +83,8 @@ class Store:
 
     def result(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         """The driver's result of a SQL query (rows and ``column_names``); ``{spans}`` as in ``query``."""
-        return self.client.query(sql.replace("{spans}", f'"{self.database}"."{self.table}"'), parameters=parameters)
+        with guard("a query"):
+            return self.client.query(sql.replace("{spans}", f'"{self.database}"."{self.table}"'), parameters=parameters)
 
     def analyze(self, run: str | None = None, rank: str | int | None = None, service: str | None = None,
                 step_name: str = "step", threshold_pct: float = 10.0, top: int = 10) -> StoreAnalysis:
