@@ -147,6 +147,18 @@ def test_load_writes_the_exporters_rows(store: Store, job: list[str]) -> None:
     assert {r[0] for r in lookup} == {res.trace_id}  # the exporter's materialised view ran on our inserts
 
 
+def test_loaded_rows_are_derived_as_the_collectors_are(store: Store, job: list[str]) -> None:
+    # cltrace_spans rows written by the loader are what derived.COLUMNS gives from the exporter's rows
+    from cltrace.store import derived
+
+    store.load(job[:2])
+    cols = ", ".join(derived.NAMES)
+    mine = sorted(store.query(f"SELECT {cols} FROM {{derived}}"))
+    again = sorted(store.query(f"SELECT {cols} FROM ({derived.select('{spans}')})"))
+    assert mine == again and len(mine) == store.count()
+    assert store.sync() == 0  # nothing left to derive
+
+
 def test_a_file_is_loaded_once(store: Store, job: list[str], capsys: Any) -> None:
     first = store.load([job[0]])[0]
     again = store.load([job[0]])[0]

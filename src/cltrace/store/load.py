@@ -6,7 +6,10 @@ columns into a staging table, then one ``INSERT ... SELECT`` that joins them to 
 builds the exporter's row (hex ids, ``SPAN_KIND_*``/``STATUS_CODE_*``, maps, nested events) inside
 ClickHouse. Memory beyond the file's own columns is bounded by the chunk. Each file is loaded once:
 ``cltrace_loads`` keeps its content hash, and loading it again is a no-op (a load cut short is
-cleared and redone). Staging tables use the Memory engine, so on a cluster load through one node.
+cleared and redone). The rows' ``cltrace_spans`` rows (``derived``) are written beside them. Staging tables use the Memory engine, so on a cluster load through one node.
+The exporter's skip indexes (bloom filters over ids and attribute keys and values) are left to the
+table's merges instead of built at insert (``materialize_skip_indexes_on_insert = 0``): they cost
+three quarters of an insert's time here, and only speed lookups, never change an answer.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import numpy as np
 from ..export.otlp.mapping import Mapper
 from ..read import detect, load_columns
 from ..timeline.batch import SpanBatch, Tables, as_batch
-from . import rows, schema, values
+from . import derived, rows, schema, values
 
 CHUNK_ROWS = 100_000
 _STAGE_COLS = (("Ts", "Int64"), ("Dur", "UInt64"), ("Sid", "UInt64"), ("Pid", "UInt64"), ("HasParent", "UInt8"),
@@ -84,7 +87,21 @@ def _insert_sql(db: str, table: str, stage: str, sets: str) -> str:
     ]
     cols = ", ".join(f"`{c}`" for c in schema.insert_columns())
     return (f'INSERT INTO "{db}"."{table}" ({cols}) SELECT {", ".join(select)} '
-            f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN "{db}"."{sets}" AS t ON s.Set = t.Set')
+            f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN "{db}"."{sets}" AS t ON s.Set = t.Set '
+            f"SETTINGS materialize_skip_indexes_on_insert = 0")
+
+
+def _derive_sql(db: str, stage: str, sets: str) -> str:
+    """The loaded rows' ``cltrace_spans`` rows: ``derived.PER_SET`` evaluated once per set (the sets table's
+    columns named as otel_traces's), the per-row columns from the values the rows were built from."""
+    named = (f'(SELECT Set, TraceId, Name AS SpanName, Attrs AS SpanAttributes, Resource AS ResourceAttributes, '
+             f'Service AS ServiceName FROM "{db}"."{sets}")')
+    rows = {"TraceId": "t.TraceId", "SpanId": "leftPad(lower(hex(s.Sid)), 16, '0')", "Begin": "s.Ts",
+            "End": "s.Ts + toInt64(s.Dur)", "HostNs": "if(s.PerRow, s.HostDur, toInt64(s.Dur))", "OnDevice": "s.Dev",
+            "DevStart": "s.St", "DevEnd": "s.En"}
+    cols = [f"t.{c}" for c, _, _ in derived.PER_SET] + [rows[c] for c, _, _ in derived.PER_ROW]
+    return (f'INSERT INTO "{db}"."{derived.TABLE}" ({", ".join(derived.NAMES)}) SELECT {", ".join(cols)} '
+            f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN ({derived.per_set(named)}) AS t ON s.Set = t.Set')
 
 
 def _create(client: Any, db: str, name: str, cols: tuple) -> None:
@@ -112,7 +129,8 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
     left = client.query(f'SELECT count() FROM "{db}"."{table}" WHERE TraceId = {{t:String}}',
                         parameters={"t": trace_hex}).result_rows[0][0]
     if left:  # a load cut short before it was recorded: clear its rows and load afresh
-        client.command(f'DELETE FROM "{db}"."{table}" WHERE TraceId = {{t:String}}', parameters={"t": trace_hex})
+        for t in (table, derived.TABLE):
+            client.command(f'DELETE FROM "{db}"."{t}" WHERE TraceId = {{t:String}}', parameters={"t": trace_hex})
     extra: dict[str, Any] = {"cltrace.file.path": os.path.abspath(path), "cltrace.file.sha256": digest}
     if run_id is not None:
         extra["cltrace.run.id"] = str(run_id)
@@ -138,6 +156,7 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
                        [str(meta.get("cltrace.version") or "")] * k],
                       column_names=[c for c, _ in _SET_COLS], column_oriented=True)
         insert = _insert_sql(db, table, stage, set_table)
+        derive = _derive_sql(db, stage, set_table)
         names = [c for c, _ in _STAGE_COLS]
         root = {"Ts": np.array([start], np.int64), "Dur": np.array([max(stop - start, 0)], np.uint64),
                 "Sid": np.array([sid], np.uint64), "Pid": np.zeros(1, np.uint64), "HasParent": np.zeros(1, np.uint8),
@@ -149,6 +168,7 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
             client.command(f'TRUNCATE TABLE "{db}"."{stage}"')
             client.insert(f'"{db}"."{stage}"', [cols[c] for c in names], column_names=names, column_oriented=True)
             client.command(insert)
+            client.command(derive)
         client.insert(f'"{db}"."{schema.LOADS}"',
                       [[digest], [os.path.abspath(path)], [trace_hex], [batch.n + 1],
                        [resource.get("cltrace.run.id", "")], [resource.get("cltrace.rank", "")]],

@@ -10,14 +10,17 @@ open-telemetry/opentelemetry-collector-contrib ``exporter/clickhouseexporter/int
 server), the table engine (``MergeTree()`` by default) and the TTL clause (empty: no TTL); ``render``
 does the same. ``traces_insert.sql`` is the column list the exporter inserts, which ``load`` follows.
 
-Beside the exporter's tables cltrace keeps one of its own, ``cltrace_loads``: a row per file loaded
-(its content hash), so loading a file twice is a no-op.
+Beside the exporter's tables cltrace keeps two of its own: ``cltrace_loads``, a row per file loaded
+(its content hash), so loading a file twice is a no-op; and ``cltrace_spans`` (``derived``), the
+columns the questions read, derived from the exporter's rows.
 """
 from __future__ import annotations
 
 import re
 from pathlib import Path
 from typing import Any
+
+from . import derived
 
 HERE = Path(__file__).parent / "schema"
 DATABASE = "otel"
@@ -69,3 +72,4 @@ def apply(client: Any, database: str = DATABASE, table: str = TABLE) -> None:
     for ddl in render(database, table):
         client.command(ddl)
     client.command(loads_ddl(database))
+    client.command(derived.ddl(database))

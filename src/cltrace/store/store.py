@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Sequence
 
-from . import schema
+from . import derived, schema
 from .analysis import StoreAnalysis, analyse
 from .questions.common import Scope
 from .connect import StoreError, open_client, resolve
@@ -78,20 +78,29 @@ class Store:
             return list(pool.map(one, paths))
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
-        """Rows of a SQL query; ``{spans}`` in it names the spans table."""
+        """Rows of a SQL query; ``{spans}`` in it names the exporter's spans table, ``{derived}``
+        ``cltrace_spans``."""
         return self.result(sql, parameters).result_rows
 
     def result(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
         """The driver's result of a SQL query (rows and ``column_names``); ``{spans}`` as in ``query``."""
+        sql = sql.replace("{spans}", f'"{self.database}"."{self.table}"')
+        sql = sql.replace("{derived}", f'"{self.database}"."{derived.TABLE}"')
         with guard("a query"):
-            return self.client.query(sql.replace("{spans}", f'"{self.database}"."{self.table}"'), parameters=parameters)
+            return self.client.query(sql, parameters=parameters)
 
     def analyze(self, run: str | None = None, rank: str | int | None = None, service: str | None = None,
                 step_name: str = "step", threshold_pct: float = 10.0, top: int = 10) -> StoreAnalysis:
         """Per-rank utilisation, stragglers and their causes, kernel pace across ranks, region totals,
         for the spans of ``run``/``rank``/``service`` (None: all), computed inside ClickHouse."""
         scope = Scope(run, None if rank is None else str(rank), service)
+        self.sync()
         return analyse(self.result, scope, step_name, threshold_pct, top)
+
+    def sync(self) -> int:
+        """Derive the ``cltrace_spans`` rows of spans a collector wrote since (``derived.sync``)."""
+        with guard("deriving the collector's rows"):
+            return derived.sync(self.client, self.database, self.table)
 
     def count(self) -> int:
         return int(self.query("SELECT count() FROM {spans}")[0][0])

@@ -1,27 +1,15 @@
-"""SQL expressions shared by the questions, over the exporter's ``otel_traces`` columns.
+"""What every question reads the same way, over ``cltrace_spans`` (``store/derived``: a row's run,
+rank, category, host and device times, derived once from the exporter's ``otel_traces``).
 
-A row's rank is its resource's ``cltrace.rank`` (``record/job``), else ``host.name:process.pid``;
-its run ``cltrace.run.id`` (empty where none was given). Device time is END - START of its events
-(cltrace's OTLP mapping puts the device stamps there); host time is ``cltrace.host.duration_ns``,
-else ``Duration``. Times are Unix ns.
+``{derived}`` in a question's SQL names that table. Device time is ``DevEnd - DevStart`` (0 off the
+device); host time ``HostNs``; a span ends at ``End`` (its host return or its device end, the later).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-RANK = ("if(ResourceAttributes['cltrace.rank'] != '', ResourceAttributes['cltrace.rank'], "
-        "concat(ResourceAttributes['host.name'], ':', ResourceAttributes['process.pid']))")
-RUN = "ResourceAttributes['cltrace.run.id']"
-CAT = "SpanAttributes['cltrace.category']"
-BEGIN = "toUnixTimestamp64Nano(Timestamp)"
-_EV = "toUnixTimestamp64Nano(Events.Timestamp[indexOf(Events.Name, '{}')])"
-ON_DEVICE = "has(Events.Name, 'START')"
-DEV_START = f"if({ON_DEVICE}, {_EV.format('START')}, 0)"
-DEV_END = f"if({ON_DEVICE}, {_EV.format('END')}, 0)"
-DEVICE_NS = f"if({ON_DEVICE}, {_EV.format('END')} - {_EV.format('START')}, 0)"
-HOST_NS = ("if(SpanAttributes['cltrace.host.duration_ns'] != '', toInt64OrZero(SpanAttributes['cltrace.host.duration_ns']), "
-           "toInt64(Duration))")
+DEVICE_NS = "if(OnDevice, DevEnd - DevStart, 0)"
 ROOT = "cltrace.run"  # the run's root span: its own category, left out of the questions
 WORK = ("kernel", "transfer", "fill")
 
@@ -36,16 +24,16 @@ class Scope:
 
     def where(self) -> tuple[str, dict[str, Any]]:
         """(SQL condition, its parameters) selecting the scope's rows (the root spans left out)."""
-        parts = [f"SpanName != '{ROOT}'"]
+        parts = [f"Name != '{ROOT}'"]
         params: dict[str, Any] = {}
         if self.run is not None:
-            parts.append(f"{RUN} = {{run:String}}")
+            parts.append("Run = {run:String}")
             params["run"] = str(self.run)
         if self.rank is not None:
-            parts.append(f"{RANK} = {{rank:String}}")
+            parts.append("Rank = {rank:String}")
             params["rank"] = str(self.rank)
         if self.service is not None:
-            parts.append("ServiceName = {service:String}")
+            parts.append("Service = {service:String}")
             params["service"] = self.service
         return " AND ".join(parts), params
 

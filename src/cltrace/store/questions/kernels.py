@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .common import BEGIN, CAT, DEVICE_NS, ON_DEVICE, RANK, RUN, Scope, rows
+from .common import DEVICE_NS, Scope, rows
 
 
 @dataclass
@@ -38,9 +38,8 @@ def _sql(where: str, top: int) -> str:
     limit = f"LIMIT {int(top)}" if top else ""
     return f"""
 WITH k AS (
-    SELECT SpanName AS name, SpanAttributes['cltrace.device.name'] AS device, {RUN} AS run, {RANK} AS rank,
-           {DEVICE_NS} AS dev, {BEGIN} AS b
-    FROM {{spans}} WHERE {where} AND {CAT} = 'kernel' AND {ON_DEVICE}
+    SELECT Name AS name, Device AS device, Run AS run, Rank AS rank, {DEVICE_NS} AS dev, Begin AS b
+    FROM {{derived}} WHERE {where} AND Cat = 'kernel' AND OnDevice
 ),
 per_rank AS (
     SELECT name, device, run, rank, count() AS c, sum(dev) AS t, argMin(dev, b) AS first,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .common import BEGIN, CAT, DEV_END, DEV_START, DEVICE_NS, HOST_NS, ON_DEVICE, RANK, RUN, WORK, Scope, rows
+from .common import DEVICE_NS, WORK, Scope, rows
 
 
 @dataclass
@@ -34,10 +34,9 @@ def _sql(where: str) -> str:
     work = ", ".join(f"'{c}'" for c in WORK)
     return f"""
 WITH base AS (
-    SELECT {RUN} AS run, {RANK} AS rank, ServiceName AS service, ResourceAttributes['host.name'] AS host,
-           ResourceAttributes['process.pid'] AS pid, {CAT} AS cat, {BEGIN} AS b, b + toInt64(Duration) AS e,
-           {DEVICE_NS} AS dev, {HOST_NS} AS host_ns, {ON_DEVICE} AS on_dev, {DEV_START} AS ds, {DEV_END} AS de
-    FROM {{spans}} WHERE {where}
+    SELECT Run AS run, Rank AS rank, Service AS service, Host AS host, Pid AS pid, Cat AS cat, Begin AS b,
+           End AS e, {DEVICE_NS} AS dev, HostNs AS host_ns, OnDevice AS on_dev, DevStart AS ds, DevEnd AS de
+    FROM {{derived}} WHERE {where}
 ),
 busy AS (
     SELECT run, rank, sum(greatest(toInt64(0), de - greatest(ds, prev))) AS busy_ns FROM (

@@ -1,11 +1,11 @@
 """Region totals in the store: per region path, calls, total and mean host time, across ranks, as
-``analyze.regions`` defines them on a file (host time: ``cltrace.host.duration_ns``)."""
+``analyze.regions`` defines them on a file (host time)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .common import CAT, HOST_NS, RANK, Scope, rows
+from .common import Scope, rows
 
 REGION_CATS = ("region", "step", "autotune", "trial")
 
@@ -32,9 +32,8 @@ def region_table(query: Any, scope: Scope, top: int = 0) -> list[RegionRow]:
     sql = f"""
 SELECT path, any(name) AS name, sum(c) AS count, sum(t) AS total_ns, max(mx) AS max_ns, count() AS ranks,
        argMax(rank, t) AS slowest
-FROM (SELECT if(SpanAttributes['cltrace.path'] != '', SpanAttributes['cltrace.path'], SpanName) AS path,
-             SpanName AS name, {RANK} AS rank, count() AS c, sum({HOST_NS}) AS t, max({HOST_NS}) AS mx
-      FROM {{spans}} WHERE {where} AND {CAT} IN ({cats}) GROUP BY path, name, rank)
+FROM (SELECT Path AS path, Name AS name, Rank AS rank, count() AS c, sum(HostNs) AS t, max(HostNs) AS mx
+      FROM {{derived}} WHERE {where} AND Cat IN ({cats}) GROUP BY path, name, rank)
 GROUP BY path ORDER BY total_ns DESC, path {limit}"""
     return [RegionRow(str(r["path"]), str(r["name"]), int(r["count"]), int(r["total_ns"]),
                       int(r["total_ns"]) / max(int(r["count"]), 1), int(r["max_ns"]), int(r["ranks"]), str(r["slowest"]))

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .common import BEGIN, CAT, DEVICE_NS, HOST_NS, RANK, RUN, Scope, rows
+from .common import DEVICE_NS, Scope, rows
 
 PARTS = ("kernels", "transfers", "host", "waiting")
 
@@ -48,9 +48,9 @@ class Straggler:
 def _sql(where: str, step_name: str) -> str:
     return f"""
 WITH spans_ AS (
-    SELECT {RUN} AS run, {RANK} AS rank, {CAT} AS cat, SpanName AS name, {BEGIN} AS b, toInt64(Duration) AS d,
-           {DEVICE_NS} AS dev, {HOST_NS} AS host_ns, TraceId, SpanId
-    FROM {{spans}} WHERE {where}
+    SELECT Run AS run, Rank AS rank, Cat AS cat, Name AS name, Begin AS b, End - Begin AS d,
+           {DEVICE_NS} AS dev, HostNs AS host_ns, TraceId, SpanId
+    FROM {{derived}} WHERE {where}
 ),
 origin AS (SELECT run, rank, min(b) AS t0 FROM spans_ GROUP BY run, rank),
 steps AS (
