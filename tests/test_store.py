@@ -383,3 +383,12 @@ def test_cli_store_errors_are_one_line(tmp_path: Path, capsys: Any, monkeypatch:
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("cltrace: error: ") and err.count("\n") == 1, (argv, err)
+
+
+def test_resource_values_are_kept_exactly(store: Store, job: list[str]) -> None:
+    odd = "it's a \\ name, {x}"
+    store.load([job[2]], service_name=odd, run_id="run 'quoted'")
+    ((svc, res_svc, run),) = store.query("SELECT DISTINCT ServiceName, ResourceAttributes['service.name'], "
+                                         "ResourceAttributes['cltrace.run.id'] FROM {spans}")
+    assert svc == res_svc == odd and run == "run 'quoted'"
+    assert [r.rank for r in store.analyze(run="run 'quoted'", service=odd).ranks] == ["2"]
