@@ -3,7 +3,6 @@ module, brought back as aggregates only; ``render`` is the terminal text, ``as_d
 from __future__ import annotations
 
 import json
-from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -12,7 +11,7 @@ from .questions.common import Scope
 from .questions.kernels import KernelPace, kernel_pace
 from .questions.ranks import RankRow, rank_table
 from .questions.regions import RegionRow, region_table
-from .questions.stragglers import Straggler, stragglers
+from .questions.stragglers import SlowRank, Straggler, stragglers
 
 SCHEMA = "cltrace.store-analysis/1"
 
@@ -23,18 +22,11 @@ class StoreAnalysis:
     ranks: list[RankRow] = field(default_factory=list)
     kernels: list[KernelPace] = field(default_factory=list)
     regions: list[RegionRow] = field(default_factory=list)
-    stragglers: list[Straggler] = field(default_factory=list)
+    slow_ranks: list[SlowRank] = field(default_factory=list)  # the ranks that straggled, slowest first
+    stragglers: list[Straggler] = field(default_factory=list)  # the worst straggling steps
 
     def slowest_ranks(self) -> list[dict[str, Any]]:
-        """Per rank that straggled: steps it straggled at, their total excess, and the most common cause."""
-        by: dict[tuple[str, str], list[Straggler]] = {}
-        for s in self.stragglers:
-            by.setdefault((s.run, s.rank), []).append(s)
-        out = [{"run": run, "rank": rank, "steps": len(ss), "excess_ns": sum(s.excess_ns for s in ss),
-                "cause": Counter(s.cause for s in ss).most_common(1)[0][0],
-                "worst_step": max(ss, key=lambda s: s.excess_ns).step}
-               for (run, rank), ss in by.items()]
-        return sorted(out, key=lambda r: -r["excess_ns"])
+        return [r.as_dict() for r in self.slow_ranks]
 
     def as_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "scope": vars(self.scope), "ranks": [r.as_dict() for r in self.ranks],
@@ -57,8 +49,9 @@ class StoreAnalysis:
 def analyse(query: Any, scope: Scope, step_name: str = "step", threshold_pct: float = 10.0,
             top: int = 10) -> StoreAnalysis:
     """Every question for ``scope``; ``query(sql, params)`` runs SQL with ``{spans}`` for the table."""
+    slow, steps = stragglers(query, scope, step_name, threshold_pct, top)
     return StoreAnalysis(scope, rank_table(query, scope), kernel_pace(query, scope, top),
-                         region_table(query, scope, top), stragglers(query, scope, step_name, threshold_pct))
+                         region_table(query, scope, top), slow, steps)
 
 
 def _ms(ns: float) -> str:
@@ -77,15 +70,13 @@ def render(a: StoreAnalysis, top: int = 10) -> str:
         out.append(f"  {label:<22} {_ms(r.wall_ns):>9} {r.busy_pct:>8.1f} {_ms(r.idle_ns):>10} {_ms(r.kernel_ns):>11} "
                    f"{_ms(r.transfer_ns):>13} {_ms(r.wait_ns):>10} {r.spans:>7}")
     out.append("")
-    slow = a.slowest_ranks()
-    if not a.stragglers:
+    if not a.slow_ranks:
         out.append("stragglers: none (no rank's step took over the threshold beyond the median)")
     else:
         out.append("slowest ranks (steps over the median of all ranks)")
-        for s in slow:
-            out.append(f"  rank {s['rank']} of run {s['run'] or '-'}: {s['steps']} step(s), "
-                       f"{_ms(s['excess_ns'])} ms over the median in all; cause: {s['cause']} "
-                       f"(worst: step {s['worst_step']})")
+        for s in a.slow_ranks[:top] if top else a.slow_ranks:
+            out.append(f"  rank {s.rank} of run {s.run or '-'}: {s.steps} step(s), "
+                       f"{_ms(s.excess_ns)} ms over the median in all; cause: {s.cause} (worst: step {s.worst_step})")
         out.append("")
         out.append("stragglers                       step    step ms  median ms  excess   cause      "
                    "kernels+ms transfers+ms host+ms waits+ms  where (rank's timeline)")

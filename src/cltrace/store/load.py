@@ -25,6 +25,7 @@ from ..export.otlp.mapping import Mapper
 from ..read import detect, load_columns
 from ..timeline.batch import SpanBatch, Tables, as_batch
 from . import derived, rows, schema, values
+from .questions.common import quote
 
 CHUNK_ROWS = 100_000
 _STAGE_COLS = (("Ts", "Int64"), ("Dur", "UInt64"), ("Sid", "UInt64"), ("Pid", "UInt64"), ("HasParent", "UInt8"),
@@ -73,9 +74,7 @@ def _ns(expr: str) -> str:
 def _literal(resource: dict[str, str]) -> str:
     """A resource's attributes as a ClickHouse Map literal: one constant for every row of the file
     (a third faster than joining the same map onto each row)."""
-    def q(s: str) -> str:
-        return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    pairs = ", ".join(f"{q(k)}, {q(v)}" for k, v in resource.items())
+    pairs = ", ".join(f"{quote(k)}, {quote(v)}" for k, v in resource.items())
     return f"CAST(map({pairs}), 'Map(LowCardinality(String), String)')"
 
 

@@ -38,6 +38,11 @@ class Scope:
         return " AND ".join(parts), params
 
 
+def quote(text: str) -> str:
+    """A ClickHouse string literal (for values that go where a query parameter cannot: a WINDOW clause)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def rows(query: Any, sql: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """Result rows of ``query(sql, params)`` as dicts, by the column aliases in ``sql``'s outer SELECT."""
     result = query(sql, params)

@@ -12,8 +12,9 @@ with the median rank's. The cause is the device (kernels or transfers, the large
 explains at least half of the step's: device work is what a host waits for, in calls or between them,
 so host time that grows with it is its effect; else the host, where its own excess does; else
 "waiting" (waiting on something the
-trace does not show, such as another rank). The step of a span is found with an ASOF join (the
-latest step begun at or before it on its rank), run as a sort-merge join: chDB's hash joins refuse ASOF. Evidence: the step span's trace and span id, and where it
+trace does not show, such as another rank). A span's step is the latest step begun at or before it on
+its rank: one window pass in the table's own order (run, rank, time), no join. Only aggregates come
+back: per rank that straggled its steps, excess and cause, with its ``top`` worst steps as evidence. Evidence: the step span's trace and span id, and where it
 starts on its rank's timeline (seconds from the rank's first span), to find it in Perfetto.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .common import DEVICE_NS, Scope, rows
+from .common import DEVICE_NS, Scope, quote, rows
 
 PARTS = ("kernels", "transfers", "host", "waiting")
 
@@ -45,48 +46,62 @@ class Straggler:
         return asdict(self)
 
 
-def _sql(where: str, step_name: str) -> str:
+@dataclass
+class SlowRank:
+    """A rank that straggled: at how many steps, by how much in all, its parts' excess summed, the
+    cause of the sum, and its worst step."""
+
+    run: str
+    rank: str
+    steps: int
+    excess_ns: float
+    cause: str
+    excess_by_part: dict[str, float] = field(default_factory=dict)
+    worst_step: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sql(where: str, step_name: str, per_rank: int) -> str:
+    step = f"(Cat = 'step' OR Name = {quote(step_name)})"
+    parts = ", ".join(f"x_{p}" for p in PARTS)
     return f"""
-WITH spans_ AS (
-    SELECT Run AS run, Rank AS rank, Cat AS cat, Name AS name, Begin AS b, End - Begin AS d,
-           {DEVICE_NS} AS dev, HostNs AS host_ns, TraceId, SpanId
+WITH tagged AS (
+    SELECT Run AS run, Rank AS rank, Cat AS cat, Begin AS b, End - Begin AS d, {DEVICE_NS} AS dev,
+           HostNs AS host_ns, TraceId, SpanId, {step} AS is_step,
+           sum(toInt64({step})) OVER w - 1 AS step, max(if({step}, End, 0)) OVER w AS step_end,
+           first_value(Begin) OVER w AS t0
     FROM {{derived}} WHERE {where}
-),
-origin AS (SELECT run, rank, min(b) AS t0 FROM spans_ GROUP BY run, rank),
-steps AS (
-    SELECT run, rank, b AS sb, b + d AS se, d AS sd, host_ns AS sh, TraceId AS trace_id, SpanId AS span_id,
-           row_number() OVER (PARTITION BY run, rank ORDER BY b) - 1 AS step
-    FROM spans_ WHERE cat = 'step' OR name = {{step_name:String}}
-),
-parts AS (
-    SELECT run, rank, step, sumIf(dev, cat = 'kernel') AS kernels, sumIf(dev, cat IN ('transfer', 'fill')) AS transfers,
-           sumIf(host_ns, cat = 'sync') AS waiting, sumIf(host_ns, cat IN ('kernel', 'transfer', 'fill', 'sync')) AS calls_host
-    FROM (SELECT x.run AS run, x.rank AS rank, x.cat AS cat, x.b AS b, x.dev AS dev, x.host_ns AS host_ns,
-                 s.step AS step, s.se AS se
-          FROM (SELECT * FROM spans_ WHERE cat != 'step' AND name != {{step_name:String}}) AS x
-          ASOF LEFT JOIN steps AS s ON x.run = s.run AND x.rank = s.rank AND x.b >= s.sb)
-    WHERE b < se
-    GROUP BY run, rank, step
+    WINDOW w AS (PARTITION BY Run, Rank ORDER BY Begin, {step} DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
 per AS (
-    SELECT s.run AS run, s.rank AS rank, s.step AS step, s.sd AS sd, s.sb AS sb, s.trace_id AS trace_id,
-           s.span_id AS span_id, p.kernels AS kernels, p.transfers AS transfers, p.waiting AS waiting,
-           greatest(toInt64(0), s.sh - p.calls_host) AS host
-    FROM steps AS s LEFT JOIN parts AS p ON s.run = p.run AND s.rank = p.rank AND s.step = p.step
+    SELECT run, rank, step, anyIf(d, is_step) AS sd, anyIf(b, is_step) AS sb, any(t0) AS t0,
+           anyIf(TraceId, is_step) AS trace_id, anyIf(SpanId, is_step) AS span_id,
+           sumIf(dev, inside AND cat = 'kernel') AS kernels, sumIf(dev, inside AND cat IN ('transfer', 'fill')) AS transfers,
+           sumIf(host_ns, inside AND cat = 'sync') AS waiting,
+           greatest(toInt64(0), anyIf(host_ns, is_step) -
+                    sumIf(host_ns, inside AND cat IN ('kernel', 'transfer', 'fill', 'sync'))) AS host
+    FROM (SELECT *, NOT is_step AND b < step_end AS inside FROM tagged WHERE step >= 0)
+    GROUP BY run, rank, step
 ),
 med AS (
     SELECT run, step, median(sd) AS m_sd, median(kernels) AS m_k, median(transfers) AS m_t, median(host) AS m_h,
            median(waiting) AS m_w, count() AS n
     FROM per GROUP BY run, step
+),
+slow AS (
+    SELECT per.run AS run, per.rank AS rank, per.step AS step, sd, m_sd, sd - m_sd AS excess, kernels - m_k AS x_kernels,
+           transfers - m_t AS x_transfers, host - m_h AS x_host, waiting - m_w AS x_waiting, trace_id, span_id,
+           (sb - t0) / 1e9 AS at_s
+    FROM per JOIN med ON per.run = med.run AND per.step = med.step
+    WHERE n >= 2 AND sd > m_sd * (1 + {{threshold:Float64}} / 100)
 )
-SELECT per.run AS run, per.rank AS rank, per.step AS step, sd, m_sd, n, kernels - m_k AS x_kernels,
-       transfers - m_t AS x_transfers, host - m_h AS x_host, waiting - m_w AS x_waiting, trace_id, span_id,
-       (sb - origin.t0) / 1e9 AS at_s
-FROM per JOIN med ON per.run = med.run AND per.step = med.step
-JOIN origin ON per.run = origin.run AND per.rank = origin.rank
-WHERE n >= 2 AND sd > m_sd * (1 + {{threshold:Float64}} / 100)
-ORDER BY sd - m_sd DESC
-SETTINGS join_algorithm = 'full_sorting_merge', join_use_nulls = 0"""
+SELECT run, rank, count() AS steps, sum(excess) AS total_excess, {", ".join(f"sum(x_{p}) AS sum_{p}" for p in PARTS)},
+       argMax(step, excess) AS worst,
+       arraySlice(arraySort(t -> -t.4, groupArray((step, sd, m_sd, excess, {parts}, trace_id, span_id, at_s))),
+                  1, {int(per_rank)}) AS top
+FROM slow GROUP BY run, rank ORDER BY total_excess DESC"""
 
 
 def cause(excess: dict[str, float], total: float) -> str:
@@ -100,16 +115,21 @@ def cause(excess: dict[str, float], total: float) -> str:
 
 
 def stragglers(query: Any, scope: Scope, step_name: str = "step", threshold_pct: float = 10.0,
-               top: int = 0) -> list[Straggler]:
+               top: int = 10) -> tuple[list[SlowRank], list[Straggler]]:
+    """(the ranks that straggled, slowest first; the ``top`` straggling steps of all, largest excess first)."""
     where, params = scope.where()
-    params = {**params, "step_name": step_name, "threshold": float(threshold_pct)}
-    out = []
-    for r in rows(query, _sql(where, step_name), params):
-        sd, med = int(r["sd"]), float(r["m_sd"])
-        excess = {p: float(r[f"x_{p}"] or 0) for p in PARTS}
-        out.append(Straggler(str(r["run"]), str(r["rank"]), int(r["step"]), sd, med, sd - med,
-                             round(100.0 * (sd - med) / med, 2) if med else 0.0, cause(excess, sd - med), excess,
-                             str(r["trace_id"]), str(r["span_id"]), round(float(r["at_s"]), 6)))
-        if top and len(out) >= top:
-            break
-    return out
+    params = {**params, "threshold": float(threshold_pct)}
+    ranks, steps = [], []
+    for r in rows(query, _sql(where, step_name, top or 1_000_000), params):
+        summed = {p: float(r[f"sum_{p}"] or 0) for p in PARTS}
+        total = float(r["total_excess"])
+        ranks.append(SlowRank(str(r["run"]), str(r["rank"]), int(r["steps"]), total, cause(summed, total), summed,
+                              int(r["worst"])))
+        for step, sd, med, excess, *rest in r["top"]:
+            x = dict(zip(PARTS, (float(v or 0) for v in rest[:len(PARTS)])))
+            trace_id, span_id, at_s = rest[len(PARTS):]
+            steps.append(Straggler(str(r["run"]), str(r["rank"]), int(step), int(sd), float(med), float(excess),
+                                   round(100.0 * excess / med, 2) if med else 0.0, cause(x, float(excess)), x,
+                                   str(trace_id), str(span_id), round(float(at_s), 6)))
+    steps.sort(key=lambda s: -s.excess_ns)
+    return ranks, steps[:top] if top else steps
