@@ -105,6 +105,7 @@ def child_load(store: str, files: list[str], jobs: int) -> dict[str, Any]:
         res = s.load(files, jobs=jobs)
         rows = s.count()
     return {"seconds": time.perf_counter() - t0, "spans": sum(r.spans for r in res), "rows": rows,
+            "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime + resource.getrusage(resource.RUSAGE_SELF).ru_stime,
             "per_file_s": [round(r.seconds, 2) for r in res]}
 
 
@@ -113,7 +114,7 @@ def child_analyze(store: str) -> dict[str, Any]:
     from cltrace.store.questions import kernels, ranks, regions, stragglers
     from cltrace.store.questions.common import Scope
 
-    out = {}
+    out: dict[str, Any] = {}
     with Store(store, create=False) as s:
         scope = Scope()
         for name, fn in (("ranks", lambda: ranks.rank_table(s.result, scope)),
@@ -124,10 +125,10 @@ def child_analyze(store: str) -> dict[str, Any]:
             got = fn()
             out[name] = time.perf_counter() - t0
             if name == "stragglers":
-                ranks_hit = sorted({x.rank for x in got}, key=int)
-                out["straggler_ranks"] = ranks_hit
-                out["straggler_steps"] = len(got)
-                out["causes"] = sorted({x.cause for x in got})
+                slow, _steps = got
+                out["slowest"] = [(r.rank, r.steps, round(r.excess_ns / 1e9, 3), r.cause) for r in slow[:3]]
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_s"] = ru.ru_utime + ru.ru_stime
     return out
 
 
@@ -176,15 +177,17 @@ def main() -> int:
     print(f"| load: {args.ranks} files, {n} spans ({args.jobs} at once) | {load['seconds']:.1f} s | "
           f"<= {LOAD_TARGET_S:.0f} s |")
     print(f"| load: spans/s | {n / load['seconds']:,.0f} | |")
+    print(f"| load: CPU seconds (all threads) | {load['cpu_s']:.1f} | |")
     print(f"| load: peak RSS | {load['peak_rss_mb']:.0f} MB ({load['peak_rss_mb'] * 2**20 / (n / args.ranks * min(args.jobs, args.ranks)):.0f} B a span of the files in flight) | |")
     print(f"| load: seconds per file | {min(load['per_file_s'])}-{max(load['per_file_s'])} | |")
     for q in ("ranks", "stragglers", "kernels", "regions"):
         print(f"| analyze --store: {q} | {an[q]:.2f} s | |")
     both = an["ranks"] + an["stragglers"]
     print(f"| analyze --store: per-rank table + stragglers | {both:.2f} s | <= {ANALYZE_TARGET_S:.0f} s |")
+    print(f"| analyze --store: CPU seconds, all four (all threads) | {an['cpu_s']:.1f} | |")
     print(f"| analyze --store: peak RSS | {an['peak_rss_mb']:.0f} MB | |")
-    print(f"| stragglers found | ranks {an['straggler_ranks']}, {an['straggler_steps']} steps, cause "
-          f"{'/'.join(an['causes'])} | rank {5 % args.ranks}, kernels |")
+    print("| slowest ranks found (rank, steps straggled, excess s, cause) | " +
+          "; ".join(f"{r} {n} {x} {c}" for r, n, x, c in an["slowest"]) + f" | rank {5 % args.ranks} first, kernels |")
     print(f"| store on disk | {sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(store) for f in fs) / 1e6:.0f} MB | |")
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)

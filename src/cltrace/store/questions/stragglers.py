@@ -13,7 +13,8 @@ explains at least half of the step's: device work is what a host waits for, in c
 so host time that grows with it is its effect; else the host, where its own excess does; else
 "waiting" (waiting on something the
 trace does not show, such as another rank). A span's step is the latest step begun at or before it on
-its rank: one window pass in the table's own order (run, rank, time), no join. Only aggregates come
+its rank: one window pass in the table's own order (run, rank, time: no sort, no join); a step span
+begins before the spans inside it, so the order needs no tie-break. Only aggregates come
 back: per rank that straggled its steps, excess and cause, with its ``top`` worst steps as evidence. Evidence: the step span's trace and span id, and where it
 starts on its rank's timeline (seconds from the rank's first span), to find it in Perfetto.
 """
@@ -73,7 +74,7 @@ WITH tagged AS (
            sum(toInt64({step})) OVER w - 1 AS step, max(if({step}, End, 0)) OVER w AS step_end,
            first_value(Begin) OVER w AS t0
     FROM {{derived}} WHERE {where}
-    WINDOW w AS (PARTITION BY Run, Rank ORDER BY Begin, {step} DESC ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+    WINDOW w AS (PARTITION BY Run, Rank ORDER BY Begin ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
 per AS (
     SELECT run, rank, step, anyIf(d, is_step) AS sd, anyIf(b, is_step) AS sb, any(t0) AS t0,
