@@ -257,9 +257,8 @@ def test_rows_match_a_collectors_clickhouse_exporter(tmp_path: Path) -> None:
             assert {"service.name", "host.name", "process.pid", "cltrace.rank", "cltrace.run.id",
                     "cltrace.version", "cltrace.opencl.device.names"} <= shared
             assert {k: a["res"][k] for k in shared} == {k: b["res"][k] for k in shared}
-        collector = Store.__new__(Store)
-        collector.client, collector.database, collector.table = store.client, "collector", schema.TABLE
-        mine, its = store.analyze(), collector.analyze()
+        with Store(tmp_path / "store", database="collector") as collector:  # a second client, same engine
+            mine, its = store.analyze(), collector.analyze()
         assert [(k.name, k.count, k.total_ns, k.first_ns) for k in mine.kernels] == \
             [(k.name, k.count, k.total_ns, k.first_ns) for k in its.kernels]
         assert [(r.rank, r.kernel_ns, r.busy_ns, r.spans) for r in mine.ranks] == \
@@ -375,7 +374,8 @@ def test_cli_store_errors_are_one_line(tmp_path: Path, capsys: Any, monkeypatch:
     f = tmp_path / "file"
     f.write_text("x")
     for argv in (["analyze", "--store", str(tmp_path / "none")], ["load", str(f), "--store", str(f)],
-                 ["analyze"], ["load", str(f), "--store", str(tmp_path / "s")]):
+                 ["analyze"], ["load", str(f), "--store", str(tmp_path / "s")],
+                 ["load", str(tmp_path / "missing.pftrace"), "--store", str(tmp_path / "s")]):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("cltrace: error: ") and err.count("\n") == 1, (argv, err)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import TraceFileError
 from ..export.otlp.mapping import Mapper
 from ..read import detect, load_columns
 from ..timeline.batch import SpanBatch, Tables, as_batch
@@ -123,6 +124,8 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
     """Load one ``.json``/``.pftrace`` file (see the module docstring). Raises TraceFileError for a
     file cltrace cannot read."""
     t0 = time.perf_counter()
+    if not os.path.isfile(path):
+        raise TraceFileError(f"{'is a directory' if os.path.isdir(path) else 'no such file'}: {path}")
     digest = file_hash(path)
     trace, salt = rows.ids_of(digest)
     trace_hex = values.hex_id(trace, 16)
