@@ -388,3 +388,13 @@ def test_resource_values_are_kept_exactly(store: Store, job: list[str]) -> None:
                                          "ResourceAttributes['cltrace.run.id'] FROM {spans}")
     assert svc == res_svc == odd and run == "run 'quoted'"
     assert [r.rank for r in store.analyze(run="run 'quoted'", service=odd).ranks] == ["2"]
+
+
+def test_a_load_cut_short_is_redone(store: Store, job: list[str]) -> None:
+    # rows of a file whose load never finished (no cltrace_loads row) are cleared, then the file loaded whole
+    first = store.load([job[0]])[0]
+    store.client.command(f'TRUNCATE TABLE "{store.database}"."cltrace_loads"')
+    store.client.command(f'DELETE FROM "{store.database}"."otel_traces" WHERE SpanName = \'forward\'')
+    again = store.load([job[0]])[0]
+    assert not again.skipped and again.trace_id == first.trace_id and store.count() == first.spans
+    assert int(store.query("SELECT count() FROM {derived}")[0][0]) == first.spans

@@ -137,8 +137,8 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
     batch = as_batch(spans, Tables())
     if detect(path) == "json":
         absolute(batch, int(meta.get("start_ns") or 0))
-    left = client.query(f'SELECT count() FROM "{db}"."{table}" WHERE TraceId = {{t:String}}',
-                        parameters={"t": trace_hex}).result_rows[0][0]
+    left = client.query(f'SELECT count() FROM "{db}"."{table}_trace_id_ts" WHERE TraceId = {{t:String}}',
+                        parameters={"t": trace_hex}).result_rows[0][0]  # the exporter's lookup table: by key
     if left:  # a load cut short before it was recorded: clear its rows and load afresh
         for t in (table, derived.TABLE):
             client.command(f'DELETE FROM "{db}"."{t}" WHERE TraceId = {{t:String}}', parameters={"t": trace_hex})
