@@ -15,7 +15,8 @@ so host time that grows with it is its effect; else the host, where its own exce
 trace does not show, such as another rank). A span's step is the latest step begun at or before it on
 its rank: one window pass in the table's own order (run, rank, time: no sort, no join); a step span
 begins before the spans inside it, so the order needs no tie-break. Only aggregates come
-back: per rank that straggled its steps, excess and cause, with its ``top`` worst steps as evidence. Evidence: the step span's trace and span id, and where it
+back: per rank that straggled its steps, excess and cause, with its ``top`` worst steps as evidence
+(their span ids looked up afterwards for those steps alone). Evidence: the step span's trace and span id, and where it
 starts on its rank's timeline (seconds from the rank's first span), to find it in Perfetto.
 """
 from __future__ import annotations
@@ -70,15 +71,13 @@ def _sql(where: str, step_name: str, per_rank: int) -> str:
     return f"""
 WITH tagged AS (
     SELECT Run AS run, Rank AS rank, Cat AS cat, Begin AS b, End - Begin AS d, {DEVICE_NS} AS dev,
-           HostNs AS host_ns, TraceId, SpanId, {step} AS is_step,
-           sum(toInt64({step})) OVER w - 1 AS step, max(if({step}, End, 0)) OVER w AS step_end,
-           first_value(Begin) OVER w AS t0
+           HostNs AS host_ns, {step} AS is_step,
+           sum(toInt64({step})) OVER w - 1 AS step, max(if({step}, End, 0)) OVER w AS step_end
     FROM {{derived}} WHERE {where}
     WINDOW w AS (PARTITION BY Run, Rank ORDER BY Begin ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
 per AS (
-    SELECT run, rank, step, anyIf(d, is_step) AS sd, anyIf(b, is_step) AS sb, any(t0) AS t0,
-           anyIf(TraceId, is_step) AS trace_id, anyIf(SpanId, is_step) AS span_id,
+    SELECT run, rank, step, anyIf(d, is_step) AS sd, anyIf(b, is_step) AS sb,
            sumIf(dev, inside AND cat = 'kernel') AS kernels, sumIf(dev, inside AND cat IN ('transfer', 'fill')) AS transfers,
            sumIf(host_ns, inside AND cat = 'sync') AS waiting,
            greatest(toInt64(0), anyIf(host_ns, is_step) -
@@ -93,14 +92,13 @@ med AS (
 ),
 slow AS (
     SELECT per.run AS run, per.rank AS rank, per.step AS step, sd, m_sd, sd - m_sd AS excess, kernels - m_k AS x_kernels,
-           transfers - m_t AS x_transfers, host - m_h AS x_host, waiting - m_w AS x_waiting, trace_id, span_id,
-           (sb - t0) / 1e9 AS at_s
+           transfers - m_t AS x_transfers, host - m_h AS x_host, waiting - m_w AS x_waiting, sb
     FROM per JOIN med ON per.run = med.run AND per.step = med.step
     WHERE n >= 2 AND sd > m_sd * (1 + {{threshold:Float64}} / 100)
 )
 SELECT run, rank, count() AS steps, sum(excess) AS total_excess, {", ".join(f"sum(x_{p}) AS sum_{p}" for p in PARTS)},
        argMax(step, excess) AS worst,
-       arraySlice(arraySort(t -> -t.4, groupArray((step, sd, m_sd, excess, {parts}, trace_id, span_id, at_s))),
+       arraySlice(arraySort(t -> -t.4, groupArray((step, sd, m_sd, excess, {parts}, sb))),
                   1, {int(per_rank)}) AS top
 FROM slow GROUP BY run, rank ORDER BY total_excess DESC"""
 
@@ -128,9 +126,32 @@ def stragglers(query: Any, scope: Scope, step_name: str = "step", threshold_pct:
                               int(r["worst"])))
         for step, sd, med, excess, *rest in r["top"]:
             x = dict(zip(PARTS, (float(v or 0) for v in rest[:len(PARTS)])))
-            trace_id, span_id, at_s = rest[len(PARTS):]
-            steps.append(Straggler(str(r["run"]), str(r["rank"]), int(step), int(sd), float(med), float(excess),
-                                   round(100.0 * excess / med, 2) if med else 0.0, cause(x, float(excess)), x,
-                                   str(trace_id), str(span_id), round(float(at_s), 6)))
-    steps.sort(key=lambda s: -s.excess_ns)
-    return ranks, steps[:top] if top else steps
+            steps.append((Straggler(str(r["run"]), str(r["rank"]), int(step), int(sd), float(med), float(excess),
+                                    round(100.0 * excess / med, 2) if med else 0.0, cause(x, float(excess)), x),
+                          int(rest[len(PARTS)])))
+    steps.sort(key=lambda s: -s[0].excess_ns)
+    steps = steps[:top] if top else steps
+    _evidence(query, scope, step_name, steps)
+    return ranks, [s for s, _ in steps]
+
+
+def _evidence(query: Any, scope: Scope, step_name: str, steps: list[tuple[Straggler, int]]) -> None:
+    """Each step's span ids and place on its rank's timeline, looked up for these steps alone (carrying
+    the ids through the window pass would carry 48 bytes of every span)."""
+    if not steps:
+        return
+    where, params = scope.where()
+    keys = sorted({(s.run, s.rank, b) for s, b in steps})
+    ranks = sorted({(r, k) for r, k, _ in keys})
+    params = {**params, "keys": keys, "ranks": ranks}
+    got = {(r["run"], r["rank"], int(r["b"])): r for r in rows(query, f"""
+SELECT s.Run AS run, s.Rank AS rank, s.Begin AS b, s.TraceId AS trace_id, s.SpanId AS span_id, o.t0 AS t0
+FROM {{derived}} AS s
+JOIN (SELECT Run, Rank, min(Begin) AS t0 FROM {{derived}} WHERE {where} AND (Run, Rank) IN {{ranks:Array(Tuple(String, String))}}
+      GROUP BY Run, Rank) AS o ON s.Run = o.Run AND s.Rank = o.Rank
+WHERE (s.Run, s.Rank, s.Begin) IN {{keys:Array(Tuple(String, String, Int64))}} AND (s.Cat = 'step' OR s.Name = {quote(step_name)})""",
+        params)}
+    for s, b in steps:
+        r = got.get((s.run, s.rank, b))
+        if r is not None:
+            s.trace_id, s.span_id, s.at_s = str(r["trace_id"]), str(r["span_id"]), round((b - int(r["t0"])) / 1e9, 6)
