@@ -142,7 +142,7 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
     if left:  # a load cut short before it was recorded: clear its rows and load afresh
         for t in (table, derived.TABLE):
             client.command(f'DELETE FROM "{db}"."{t}" WHERE TraceId = {{t:String}}', parameters={"t": trace_hex})
-    extra: dict[str, Any] = {"cltrace.file.path": os.path.abspath(path), "cltrace.file.sha256": digest}
+    extra: dict[str, Any] = {}  # the file's path and hash are in cltrace_loads, by TraceId: not on every row
     if run_id is not None:
         extra["cltrace.run.id"] = str(run_id)
     if rank is not None:

@@ -73,7 +73,7 @@ def ids_of(file_hash: str) -> tuple[int, int]:
 def resource(meta: dict[str, Any], service_name: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, str]:
     """Resource attributes of a file's process, as its OTLP export names them (``export/otlp/resource``),
     as far as the file records them; ``extra`` over them (``cltrace.run.id``/``cltrace.rank`` given
-    when loading, the file's path and hash)."""
+    when loading)."""
     devices = [d for d in (meta.get("devices") or {}).values() if isinstance(d, dict)]
     attrs: dict[str, Any] = {"service.name": service_name or "cltrace"}
     host = meta.get("host") or {}
