@@ -73,7 +73,7 @@ def cmd_diff_store(args: argparse.Namespace) -> int:
     from ..store import Store
 
     with Store(args.store, create=False) as store:
-        a, b = (store.analyze(run=r, top=0).diffable() for r in (args.a, args.b))
+        a, b = (store.totals(r).diffable() for r in (args.a, args.b))
     rows = diff(a, b)  # type: ignore[arg-type]
     bad = regressions(rows, args.fail_above) if args.fail_above is not None else []
     if args.json:

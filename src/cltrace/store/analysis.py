@@ -46,6 +46,11 @@ class StoreAnalysis:
         return json.dumps(self.as_dict(), indent=indent, default=str)
 
 
+def totals(query: Any, scope: Scope) -> StoreAnalysis:
+    """Only the kernel and region tables of ``scope`` (what a diff reads), every row of them."""
+    return StoreAnalysis(scope, kernels=kernel_pace(query, scope), regions=region_table(query, scope))
+
+
 def analyse(query: Any, scope: Scope, step_name: str = "step", threshold_pct: float = 10.0,
             top: int = 10) -> StoreAnalysis:
     """Every question for ``scope``; ``query(sql, params)`` runs SQL with ``{spans}`` for the table."""

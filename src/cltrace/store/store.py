@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Sequence
 
 from . import derived, schema
-from .analysis import StoreAnalysis, analyse
+from .analysis import StoreAnalysis, analyse, totals
 from .questions.common import Scope
 from .connect import StoreError, open_client, resolve
 from .load import CHUNK_ROWS, LoadResult, load_file
@@ -96,6 +96,11 @@ class Store:
         scope = Scope(run, None if rank is None else str(rank), service)
         self.sync()
         return analyse(self.result, scope, step_name, threshold_pct, top)
+
+    def totals(self, run: str | None = None) -> StoreAnalysis:
+        """Kernel and region tables alone, every row (``cltrace diff --store`` compares two runs' of them)."""
+        self.sync()
+        return totals(self.result, Scope(run))
 
     def sync(self) -> int:
         """Derive the ``cltrace_spans`` rows of spans a collector wrote since (``derived.sync``)."""
