@@ -11,6 +11,8 @@ runs: any trace whose row count differs between the two tables (the exporter's
 """
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 TABLE = "cltrace_spans"
@@ -72,15 +74,18 @@ def sync(client: Any, db: str, table: str) -> int:
     (n_dst,), = client.query(f"SELECT count() FROM {dst}").result_rows
     if n_src == n_dst:
         return 0
-    stale = (f"SELECT TraceId FROM (SELECT TraceId, count() AS n FROM {src} GROUP BY TraceId) AS a "
-             f"LEFT JOIN (SELECT TraceId, count() AS n FROM {dst} GROUP BY TraceId) AS b USING TraceId "
-             f"WHERE a.n != b.n SETTINGS join_use_nulls = 0")
-    traces = [r[0] for r in client.query(stale).result_rows]
-    if not traces:
-        return 0
-    client.command(f"DELETE FROM {dst} WHERE TraceId IN {{t:Array(String)}}", parameters={"t": traces})
-    client.command(f"INSERT INTO {dst} ({', '.join(NAMES)}) {select(src, 'TraceId IN {t:Array(String)}')}",
-                   parameters={"t": traces})
-    (n,), = client.query(f"SELECT count() FROM {dst} WHERE TraceId IN {{t:Array(String)}}",
-                         parameters={"t": traces}).result_rows
+    stale = f'"{db}"."cltrace_stale_{os.getpid()}_{threading.get_ident()}"'
+    client.command(f"DROP TABLE IF EXISTS {stale}")
+    client.command(
+        f"CREATE TABLE {stale} ENGINE = Memory AS SELECT TraceId FROM "
+        f"(SELECT TraceId, count() AS n FROM {src} GROUP BY TraceId) AS a "
+        f"LEFT JOIN (SELECT TraceId, count() AS n FROM {dst} GROUP BY TraceId) AS b USING TraceId "
+        f"WHERE a.n != b.n SETTINGS join_use_nulls = 0")
+    try:
+        client.command(f"DELETE FROM {dst} WHERE TraceId IN (SELECT TraceId FROM {stale})")
+        client.command(f"INSERT INTO {dst} ({', '.join(NAMES)}) "
+                       f"{select(src, f'TraceId IN (SELECT TraceId FROM {stale})')}")
+        (n,), = client.query(f"SELECT count() FROM {dst} WHERE TraceId IN (SELECT TraceId FROM {stale})").result_rows
+    finally:
+        client.command(f"DROP TABLE IF EXISTS {stale}")
     return int(n)

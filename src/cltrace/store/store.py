@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator
 
 from . import derived, schema
 from .analysis import StoreAnalysis, analyse, totals
@@ -109,6 +109,3 @@ class Store:
 
     def count(self) -> int:
         return int(self.query("SELECT count() FROM {spans}")[0][0])
-
-    def columns(self) -> Sequence[str]:
-        return [r[0] for r in self.query("DESCRIBE TABLE {spans}")]
