@@ -415,3 +415,10 @@ def test_sync_derives_what_a_collector_added(store: Store, job: list[str]) -> No
     assert store.sync() == sum(1 for r in want if r[rank] == "1")  # rank 1's trace derived afresh
     assert sorted(store.query(f"SELECT {cols} FROM {{derived}}")) == want
     assert store.sync() == 0
+
+
+def test_two_ranks_are_enough(store: Store, job: list[str]) -> None:
+    # the median of two ranks lies between them (an "exact" median taking the upper one would hide the slow one)
+    store.load(job[:2])
+    slow = store.analyze().slow_ranks
+    assert [r.rank for r in slow] == ["1"] and slow[0].steps == STEPS
