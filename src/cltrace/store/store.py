@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
@@ -62,20 +63,35 @@ class Store:
     def load(self, paths: Iterable[str | os.PathLike[str]], service_name: str | None = None,
              run_id: str | None = None, rank: str | int | None = None,
              chunk_rows: int = CHUNK_ROWS, jobs: int = 1) -> list[LoadResult]:
-        """Load trace files, each once (see ``load.load_file``), ``jobs`` at a time (threads: reading a
-        file and the engine's inserts both run outside the GIL); ``run_id``/``rank`` name the job and
-        rank for files that do not carry them (recorded before cltrace wrote them). Results in the
-        order of ``paths``."""
+        """Load trace files, each once (see ``load.load_file``), ``jobs`` at a time (threads, each with
+        a client of its own: reading a file and the engine's inserts both run outside the GIL);
+        ``run_id``/``rank`` name the job and rank for files that do not carry them (recorded before
+        cltrace wrote them). Results in the order of ``paths``."""
         paths = [os.fspath(p) for p in paths]
+        if jobs <= 1 or len(paths) <= 1:
+            return [self._load_one(self.client, p, service_name, run_id, rank, chunk_rows) for p in paths]
+        # a client runs one query at a time (the driver locks its engine handle): a client per thread
+        local, clients, lock = threading.local(), [], threading.Lock()
 
         def one(p: str) -> LoadResult:
-            with guard(f"loading {p}"):
-                return load_file(self.client, p, self.database, self.table, service_name, run_id, rank, chunk_rows)
+            client = getattr(local, "client", None)
+            if client is None:
+                client = local.client = open_client(self.dsn)
+                with lock:
+                    clients.append(client)
+            return self._load_one(client, p, service_name, run_id, rank, chunk_rows)
 
-        if jobs <= 1 or len(paths) <= 1:
-            return [one(p) for p in paths]
-        with ThreadPoolExecutor(min(jobs, len(paths)), thread_name_prefix="cltrace-load") as pool:
-            return list(pool.map(one, paths))
+        try:
+            with ThreadPoolExecutor(min(jobs, len(paths)), thread_name_prefix="cltrace-load") as pool:
+                return list(pool.map(one, paths))
+        finally:
+            for c in clients:
+                c.close()
+
+    def _load_one(self, client: Any, path: str, service_name: str | None, run_id: str | None,
+                  rank: str | int | None, chunk_rows: int) -> LoadResult:
+        with guard(f"loading {path}"):
+            return load_file(client, path, self.database, self.table, service_name, run_id, rank, chunk_rows)
 
     def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
         """Rows of a SQL query; ``{spans}`` in it names the exporter's spans table, ``{derived}``
