@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
 import pytest
 
 from cltrace.analyze.analysis import analyze
