@@ -1,7 +1,7 @@
 """A real OTLP collector for tests and benchmarks: rotel, run as a subprocess.
 
 ``RotelCollector`` starts ``rotel-agent`` on free loopback ports with the blackhole
-exporter; with ``debug=True`` rotel prints every span it receives, and ``spans()``
+exporter (or the one ``exporter`` names); with ``debug=True`` rotel prints every span it receives, and ``spans()``
 parses that text into plain dicts.
 """
 from __future__ import annotations
@@ -42,8 +42,9 @@ def _wait_port(port: int, timeout_s: float) -> bool:
 class RotelCollector:
     """rotel-agent listening on OTLP gRPC and HTTP; ``kill()`` (or leaving the block) stops it."""
 
-    def __init__(self, debug: bool = True) -> None:
+    def __init__(self, debug: bool = True, exporter: list[str] | None = None) -> None:
         self.debug = debug
+        self.exporter = exporter or ["--exporter", "blackhole"]  # rotel's exporter and its options
         self.dir = tempfile.mkdtemp(prefix="cltrace-rotel-")
         self.out_path = os.path.join(self.dir, "rotel.out")
         self.grpc_port = free_port()
@@ -74,7 +75,7 @@ class RotelCollector:
         cmd = [rotel_binary(), "start",
                "--otlp-grpc-endpoint", self.grpc_endpoint,
                "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",
-               "--exporter", "blackhole",
+               *self.exporter,
                "--pid-file", os.path.join(self.dir, "rotel.pid"),
                "--log-file", os.path.join(self.dir, "rotel.log")]
         if self.debug:

@@ -24,6 +24,8 @@ def test_readme_python_examples_run(tmp_path):
     assert proc.stdout.count("decode under infer, same trace: True") == 2
     assert proc.stdout.count("scale under infer, same trace: True") == 2
     assert (tmp_path / "traces" / "example.json").exists()
+    assert "('cltrace.run', 1)" in proc.stdout  # the store example: the file's spans in ClickHouse, its root once
+    assert (tmp_path / "traces" / "store").is_dir()
     assert (tmp_path / "traces" / "instrumented.json").exists()
 
 

@@ -183,6 +183,16 @@ def cmd_summary(args: argparse.Namespace) -> int:
 def cmd_analyze(args: argparse.Namespace) -> int:
     from ..analyze.analysis import analyze
     from ..analyze.render import render_analysis
+    from ..errors import CltraceError
+
+    if args.store is not None or (args.file is None and os.environ.get("CLTRACE_STORE")):
+        if args.file is not None:
+            raise CltraceError("analyze takes a FILE or --store STORE, not both")
+        from .store import cmd_analyze_store
+
+        return cmd_analyze_store(args)
+    if args.file is None:
+        raise CltraceError("analyze needs a trace FILE, or --store STORE (or CLTRACE_STORE) for a store")
 
     a = analyze(args.file, by_shape=args.by_shape, by=args.by)
     if args.json:
@@ -199,6 +209,11 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     from ..analyze.analysis import analyze
     from ..analyze.diff import diff, regressions, render_diff
+
+    if args.store is not None:
+        from .store import cmd_diff_store
+
+        return cmd_diff_store(args)
 
     rows = diff(analyze(args.a), analyze(args.b))
     bad = regressions(rows, args.fail_above) if args.fail_above is not None else []
@@ -229,9 +244,13 @@ def _png(value: str) -> str:
 def add_analysis_commands(sub: Any) -> None:
     """``cltrace analyze`` and ``cltrace diff``."""
     from ..analyze.kernels import GROUPS, SORT_KEYS
+    from .store import add_scope_arguments, add_store_argument
 
-    a = sub.add_parser("analyze", help="where the time went: utilisation, idle causes, kernels, launches, findings")
-    a.add_argument("file", help="trace file (.json or .pftrace)")
+    a = sub.add_parser("analyze", help="where the time went: utilisation, idle causes, kernels, launches, findings; "
+                                       "with --store, across the ranks of a store")
+    a.add_argument("file", nargs="?", help="trace file (.json or .pftrace); or --store")
+    add_store_argument(a)
+    add_scope_arguments(a)
     a.add_argument("--json", action="store_true", help="print the analysis as JSON (schema cltrace.analysis/1)")
     a.add_argument("--plot", metavar="FILE.png", type=_png, help="also draw utilisation over time and top kernels")
     a.add_argument("--sort", choices=SORT_KEYS, default="total", help="order of the kernel table (default: total)")
@@ -241,9 +260,11 @@ def add_analysis_commands(sub: Any) -> None:
                    help="group kernels by name and also launch shape or call site (the user's launching line)")
     a.set_defaults(fn=cmd_analyze)
 
-    d = sub.add_parser("diff", help="compare two traces per region and kernel; gate CI with --fail-above")
-    d.add_argument("a", help="the baseline trace (.json or .pftrace)")
-    d.add_argument("b", help="the trace to compare with it")
+    d = sub.add_parser("diff", help="compare two traces (or two runs in a store) per region and kernel; "
+                                    "gate CI with --fail-above")
+    d.add_argument("a", help="the baseline trace (.json or .pftrace); with --store, the baseline run id")
+    d.add_argument("b", help="the trace to compare with it; with --store, a run id")
+    add_store_argument(d)
     d.add_argument("--fail-above", type=_percent, metavar="PCT",
                    help="exit 1 when a region or kernel got slower per call by more than PCT percent")
     d.add_argument("--top", type=int, default=20, metavar="N", help="rows to list (default 20; 0: all)")
@@ -331,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_summary)
 
     add_analysis_commands(sub)
+    from .store import add_load_command
+
+    add_load_command(sub)
 
     r = sub.add_parser("run", help="trace an unmodified pyopencl script: cltrace run script.py [args...]")
     r.add_argument("--out", action="append",

@@ -48,7 +48,7 @@ from ..timeline.spans import Span
 from ..timeline.stats import Stats
 from ..timeline.steps import StepTable
 from ..timeline.tracks import TrackRegistry
-from . import heap, switch
+from . import heap, job, switch
 from .memory import Ledger
 
 log = logging.getLogger("cltrace")
@@ -355,6 +355,7 @@ class Recorder:
             "start_unix_ns": self.start_unix_ns,
             "pid": os.getpid(),
             "host": host.identity(),
+            "job": job.identity(),
             "dropped_spans": self.lost,
             "memory_dropped_spans": self.memory_dropped,
             "recorded_spans": self.recorded,

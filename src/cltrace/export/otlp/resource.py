@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from opentelemetry.sdk.resources import Resource
 
 from ..._version import version as _version
+from ...record import job
 
 
 def base_resource(service_name: str | None) -> dict[str, Any]:
@@ -49,5 +50,6 @@ def resource_attributes(recorder: Any, base: Mapping[str, Any]) -> dict[str, Any
         "cltrace.opencl.device.labels": [d.label for d in devices],
         "cltrace.opencl.device.indices": [d.index for d in devices],
         "cltrace.opencl.device.hardware_ids": [d.hardware_id for d in devices],
+        **job.resource_attributes(job.identity()),
     }
     return {**detected, **base}

@@ -1,0 +1,198 @@
+"""The store at scale: ``cltrace load`` of 16 ranks × 1M spans into the embedded store (chDB), then
+``analyze --store`` over all of them (per-rank table, stragglers, kernel pace, regions).
+
+Each rank's trace is synthesised as columns (a ``step`` region per step holding ten ``saxpy`` kernel
+launches on a busy in-order queue and a ``finish``; rank 5 runs its kernels 1.5× longer: the
+straggler) and written with the real ``.pftrace`` sink, the rank and run id in its metadata as a
+launcher's environment gives them. Loading and analysing each run in a fresh process (this one
+waits), which reports its own peak RSS; timed: the whole ``Store.load`` (read, map, insert, for
+every file) and each question's SQL. Targets (issue 29): load ≤ 2 min; per-rank table + stragglers
+≤ 10 s.
+
+    python benchmarks/bench_store.py [--ranks 16] [--spans 1000000] [--jobs 2] [--keep DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+PER_STEP = 12  # the step region, ten kernels, a finish
+LOAD_TARGET_S = 120.0
+ANALYZE_TARGET_S = 10.0
+
+
+def synthesise(n: int, rank: int, slow: bool, out: str) -> int:
+    """Write one rank's trace of about ``n`` spans to ``out`` (.pftrace); returns the span count."""
+    import pyopencl as cl
+
+    import cltrace
+    from cltrace.export.perfetto import PerfettoTraceSink
+    from cltrace.record.recorder import Recorder
+    from cltrace.timeline.batch import SpanBatch
+
+    queue = cltrace.profiling_queue(cl.Context([cltrace.default_device()]))
+    rec = Recorder()
+    ident = threading.get_ident()
+    th, dt = rec.tracks.host_thread(ident), rec.tracks.device_queue(queue, ident)
+    t = rec.tables
+    steps = max(n // PER_STEP, 1)
+    rng = np.random.default_rng(rank)
+    k = 10
+    kdur = rng.integers(20_000, 40_000, (steps, k)) * (3 if slow else 2) // 2  # device ns of each kernel
+    step_len = kdur.sum(1) + 30_000
+    s0 = rec.start_ns + 1_000_000 + np.r_[0, np.cumsum(step_len)[:-1]]  # each step's host begin
+    ids = np.arange(steps * PER_STEP, dtype=np.int64).reshape(steps, PER_STEP) + 1
+    parent = np.repeat(ids[:, :1], PER_STEP, 1)
+    parent[:, 0] = 0
+    hb = np.empty((steps, PER_STEP), np.int64)
+    he = np.empty_like(hb)
+    ds = np.zeros_like(hb)
+    de = np.zeros_like(hb)
+    kstart = s0[:, None] + 10_000 + np.c_[np.zeros(steps, np.int64), np.cumsum(kdur, 1)[:, :-1]]
+    hb[:, 1:1 + k] = s0[:, None] + 1_000 + np.arange(k) * 800
+    he[:, 1:1 + k] = hb[:, 1:1 + k] + 600
+    ds[:, 1:1 + k] = kstart
+    de[:, 1:1 + k] = kstart + kdur
+    hb[:, 1 + k] = s0 + 9_000
+    he[:, 1 + k] = s0 + step_len - 5_000  # finish: waits for the last kernel
+    hb[:, 0], he[:, 0] = s0, s0 + step_len - 4_000
+    ds[:, 0], de[:, 0] = s0 + 10_000, de[:, k]
+    track = np.zeros((steps, PER_STEP), np.int64)
+    track[:, :1 + k] = dt
+    cat = np.zeros((steps, PER_STEP), np.int16)
+    cat[:, 0], cat[:, 1:1 + k], cat[:, 1 + k] = t.cats.id("region"), t.cats.id("kernel"), t.cats.id("sync")
+    name = np.zeros((steps, PER_STEP), np.int32)
+    name[:, 0], name[:, 1:1 + k], name[:, 1 + k] = t.names.id("step"), t.names.id("saxpy"), t.names.id("finish")
+    path = np.zeros((steps, PER_STEP), np.int32)
+    path[:, 0] = t.paths.id(("step",))
+    path[:, 1:1 + k] = t.paths.id(("step", "saxpy"))
+    path[:, 1 + k] = t.paths.id(("step", "finish"))
+    shape, blocking = {"global_size": [65536], "local_size": [64]}, {"blocking": True}
+    attrs = ([None] + [shape] * k + [blocking]) * steps
+    cols = {"id": ids, "parent": parent, "name": name, "cat": cat, "thread": np.full_like(ids, th),
+            "host_begin": hb, "host_end": he, "track": track, "dev_queued": ds - 3_000 * (track != 0),
+            "dev_submit": ds - 1_000 * (track != 0), "dev_start": ds, "dev_end": de,
+            "raw_start": ds + 1_234 * (track != 0), "raw_end": de + 1_234 * (track != 0), "path": path}
+    batch = SpanBatch(t, {c: v.reshape(-1) for c, v in cols.items()}, attrs)
+    os.environ.update(RANK=str(rank), CLTRACE_RUN_ID="bench")
+    sink = PerfettoTraceSink(out)
+    sink.start(rec)
+    for lo in range(0, batch.n, 65_536):
+        sink.write(batch.take(slice(lo, lo + 65_536)))
+    meta = rec.metadata()
+    meta["recorded_spans"] = batch.n
+    sink.flush(meta)
+    sink.close(meta)
+    return batch.n
+
+
+def child_load(store: str, files: list[str], jobs: int) -> dict[str, Any]:
+    from cltrace.store import Store
+
+    t0 = time.perf_counter()
+    with Store(store) as s:
+        res = s.load(files, jobs=jobs)
+        rows = s.count()
+    return {"seconds": time.perf_counter() - t0, "spans": sum(r.spans for r in res), "rows": rows,
+            "cpu_s": resource.getrusage(resource.RUSAGE_SELF).ru_utime + resource.getrusage(resource.RUSAGE_SELF).ru_stime,
+            "per_file_s": [round(r.seconds, 2) for r in res]}
+
+
+def child_analyze(store: str) -> dict[str, Any]:
+    from cltrace.store import Store
+    from cltrace.store.questions import kernels, ranks, regions, stragglers
+    from cltrace.store.questions.common import Scope
+
+    out: dict[str, Any] = {}
+    with Store(store, create=False) as s:
+        scope = Scope()
+        for name, fn in (("ranks", lambda: ranks.rank_table(s.result, scope)),
+                         ("stragglers", lambda: stragglers.stragglers(s.result, scope)),
+                         ("kernels", lambda: kernels.kernel_pace(s.result, scope, 10)),
+                         ("regions", lambda: regions.region_table(s.result, scope, 10))):
+            t0 = time.perf_counter()
+            got = fn()
+            out[name] = time.perf_counter() - t0
+            if name == "stragglers":
+                slow, _steps = got
+                out["slowest"] = [(r.rank, r.steps, round(r.excess_ns / 1e9, 3), r.cause) for r in slow[:3]]
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out["cpu_s"] = ru.ru_utime + ru.ru_stime
+    return out
+
+
+def run_child(*args: str) -> dict[str, Any]:
+    p = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(p.stderr[-3000:])
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ranks", type=int, default=16)
+    ap.add_argument("--spans", type=int, default=1_000_000, help="spans per rank")
+    ap.add_argument("--jobs", type=int, default=2, help="files loaded at once")
+    ap.add_argument("--keep", metavar="DIR", help="write the traces and the store here and keep them")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        what, *rest = args.child
+        if what == "synth":
+            got: dict[str, Any] = {"spans": synthesise(int(rest[0]), int(rest[1]), rest[2] == "1", rest[3])}
+        elif what == "load":
+            got = child_load(rest[0], rest[2:], int(rest[1]))
+        else:
+            got = child_analyze(rest[0])
+        got["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(got))
+        return 0
+    base = args.keep or tempfile.mkdtemp(prefix="cltrace-bench-store-")
+    os.makedirs(base, exist_ok=True)
+    files = [os.path.join(base, f"rank{r}.pftrace") for r in range(args.ranks)]
+    t0 = time.perf_counter()
+    for r, f in enumerate(files):
+        if not os.path.exists(f):
+            run_child("synth", str(args.spans), str(r), "1" if r == 5 % args.ranks else "0", f)
+    mb = sum(os.path.getsize(f) for f in files) / 1e6
+    print(f"{args.ranks} rank traces of ~{args.spans} spans ({mb:.0f} MB of .pftrace) written in "
+          f"{time.perf_counter() - t0:.1f} s; rank {5 % args.ranks} the straggler")
+    store = os.path.join(base, "store")
+    shutil.rmtree(store, ignore_errors=True)
+    load = run_child("load", store, str(args.jobs), *files)
+    an = run_child("analyze", store)
+    n = load["spans"]
+    print(f"| figure | value | target |\n|---|---:|---|")
+    print(f"| load: {args.ranks} files, {n} spans ({args.jobs} at once) | {load['seconds']:.1f} s | "
+          f"<= {LOAD_TARGET_S:.0f} s |")
+    print(f"| load: spans/s | {n / load['seconds']:,.0f} | |")
+    print(f"| load: CPU seconds (all threads) | {load['cpu_s']:.1f} | |")
+    print(f"| load: peak RSS | {load['peak_rss_mb']:.0f} MB ({load['peak_rss_mb'] * 2**20 / (n / args.ranks * min(args.jobs, args.ranks)):.0f} B a span of the files in flight) | |")
+    print(f"| load: seconds per file | {min(load['per_file_s'])}-{max(load['per_file_s'])} | |")
+    for q in ("ranks", "stragglers", "kernels", "regions"):
+        print(f"| analyze --store: {q} | {an[q]:.2f} s | |")
+    both = an["ranks"] + an["stragglers"]
+    print(f"| analyze --store: per-rank table + stragglers | {both:.2f} s | <= {ANALYZE_TARGET_S:.0f} s |")
+    print(f"| analyze --store: CPU seconds, all four (all threads) | {an['cpu_s']:.1f} | |")
+    print(f"| analyze --store: peak RSS | {an['peak_rss_mb']:.0f} MB | |")
+    print("| slowest ranks found (rank, steps straggled, excess s, cause) | " +
+          "; ".join(f"{r} {n} {x} {c}" for r, n, x, c in an["slowest"]) + f" | rank {5 % args.ranks} first, kernels |")
+    print(f"| store on disk | {sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(store) for f in fs) / 1e6:.0f} MB | |")
+    if not args.keep:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Loading trace files into the store: rows as the collector's exporter writes them, a chunk at a time.
+
+A file is read into columns (``read.load_columns``), its attribute sets are mapped once each
+(``rows.attribute_sets``) into a small table, and its rows go in ``chunk_rows`` at a time: numpy
+columns into a staging table, then one ``INSERT ... SELECT`` that joins them to the sets and
+builds the exporter's row (hex ids, ``SPAN_KIND_*``/``STATUS_CODE_*``, maps, nested events) inside
+ClickHouse. Memory beyond the file's own columns is bounded by the chunk. Each file is loaded once:
+``cltrace_loads`` keeps its content hash, and loading it again is a no-op (a load cut short is
+cleared and redone). The rows' ``cltrace_spans`` rows (``derived``) are written beside them. Staging tables use the Memory engine, so on a cluster load through one node.
+The exporter's skip indexes (bloom filters over ids and attribute keys and values) are left to the
+table's merges instead of built at insert (``materialize_skip_indexes_on_insert = 0``): they cost
+three quarters of an insert's time here, and only speed lookups, never change an answer.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import TraceFileError
+from ..export.otlp.mapping import Mapper
+from ..read import detect, load_columns
+from ..timeline.batch import SpanBatch, Tables, as_batch
+from . import derived, rows, schema, values
+from .questions.common import quote
+
+CHUNK_ROWS = 100_000
+_STAGE_COLS = (("Ts", "Int64"), ("Dur", "UInt64"), ("Sid", "UInt64"), ("Pid", "UInt64"), ("HasParent", "UInt8"),
+               ("HostDur", "Int64"), ("Dev", "UInt8"), ("DevDur", "Int64"), ("Q", "Int64"), ("Su", "Int64"),
+               ("St", "Int64"), ("En", "Int64"), ("Set", "UInt32"), ("PerRow", "UInt8"))
+_SET_COLS = (("Set", "UInt32"), ("Name", "String"), ("Attrs", "Map(LowCardinality(String), String)"),
+             ("Code", "String"), ("Msg", "String"), ("TraceId", "String"), ("Service", "String"),
+             ("Resource", "Map(LowCardinality(String), String)"), ("Scope", "String"), ("ScopeVersion", "String"))
+
+
+@dataclass
+class LoadResult:
+    path: str
+    spans: int  # rows written (the cltrace.run root included); 0 when skipped
+    seconds: float
+    skipped: bool  # already in the store
+    trace_id: str
+    file_hash: str
+
+
+def file_hash(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def absolute(batch: SpanBatch, base: int) -> None:
+    """Chrome JSON keeps host and device-placement times as offsets from the recorder's ``start_ns``
+    (``export/chrome``: ``ts`` in µs since it) and ``queued_host_ns``/``submit_host_ns`` as they are:
+    put the former back on the host clock, as ``.pftrace`` and the recorder have them."""
+    if not base:
+        return
+    dev = batch.track != 0
+    for col in (batch.host_begin, batch.host_end):
+        col += base
+    for col in (batch.dev_start, batch.dev_end):
+        col[dev] += base
+
+
+def _ns(expr: str) -> str:
+    return f"fromUnixTimestamp64Nano({expr})"
+
+
+def _literal(resource: dict[str, str]) -> str:
+    """A resource's attributes as a ClickHouse Map literal: one constant for every row of the file
+    (a third faster than joining the same map onto each row)."""
+    pairs = ", ".join(f"{quote(k)}, {quote(v)}" for k, v in resource.items())
+    return f"CAST(map({pairs}), 'Map(LowCardinality(String), String)')"
+
+
+def _insert_sql(db: str, table: str, stage: str, sets: str, resource: dict[str, str]) -> str:
+    hex16 = "leftPad(lower(hex({})), 16, '0')"
+    events_attrs = "arrayResize(CAST([], 'Array(Map(LowCardinality(String), String))'), if(s.Dev, 4, 0))"
+    select = [
+        _ns("s.Ts"), "t.TraceId", hex16.format("s.Sid"), f"if(s.HasParent, {hex16.format('s.Pid')}, '')", "''",
+        "t.Name", f"'{values.SPAN_KINDS[1]}'", "t.Service", _literal(resource), "t.Scope", "t.ScopeVersion",
+        "if(s.PerRow, mapUpdate(t.Attrs, if(s.Dev, map('cltrace.host.duration_ns', toString(s.HostDur), "
+        "'cltrace.device.duration_ns', toString(s.DevDur)), map('cltrace.host.duration_ns', toString(s.HostDur)))), "
+        "t.Attrs)",
+        "s.Dur", "t.Code", "t.Msg",
+        f"if(s.Dev, [{_ns('s.Q')}, {_ns('s.Su')}, {_ns('s.St')}, {_ns('s.En')}], [])",
+        "if(s.Dev, ['QUEUED', 'SUBMIT', 'START', 'END'], [])", events_attrs,
+        "CAST([], 'Array(String)')", "CAST([], 'Array(String)')", "CAST([], 'Array(String)')",
+        "CAST([], 'Array(Map(LowCardinality(String), String))')",
+    ]
+    cols = ", ".join(f"`{c}`" for c in schema.insert_columns())
+    return (f'INSERT INTO "{db}"."{table}" ({cols}) SELECT {", ".join(select)} '
+            f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN "{db}"."{sets}" AS t ON s.Set = t.Set '
+            f"SETTINGS materialize_skip_indexes_on_insert = 0")
+
+
+def _derive_sql(db: str, stage: str, sets: str) -> str:
+    """The loaded rows' ``cltrace_spans`` rows: ``derived.PER_SET`` evaluated once per set (the sets table's
+    columns named as otel_traces's), the per-row columns from the values the rows were built from."""
+    named = (f'(SELECT Set, TraceId, Name AS SpanName, Attrs AS SpanAttributes, Resource AS ResourceAttributes, '
+             f'Service AS ServiceName FROM "{db}"."{sets}")')
+    rows = {"TraceId": "t.TraceId", "SpanId": "leftPad(lower(hex(s.Sid)), 16, '0')", "Begin": "s.Ts",
+            "End": "s.Ts + toInt64(s.Dur)", "HostNs": "if(s.PerRow, s.HostDur, toInt64(s.Dur))", "OnDevice": "s.Dev",
+            "DevStart": "s.St", "DevEnd": "s.En"}
+    cols = [f"t.{c}" for c, _, _ in derived.PER_SET] + [rows[c] for c, _, _ in derived.PER_ROW]
+    return (f'INSERT INTO "{db}"."{derived.TABLE}" ({", ".join(derived.NAMES)}) SELECT {", ".join(cols)} '
+            f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN ({derived.per_set(named)}) AS t ON s.Set = t.Set')
+
+
+def _create(client: Any, db: str, name: str, cols: tuple) -> None:
+    client.command(f'DROP TABLE IF EXISTS "{db}"."{name}"')
+    client.command(f'CREATE TABLE "{db}"."{name}" ({", ".join(f"{c} {t}" for c, t in cols)}) ENGINE = Memory')
+
+
+def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = schema.TABLE,
+              service_name: str | None = None, run_id: str | None = None, rank: str | int | None = None,
+              chunk_rows: int = CHUNK_ROWS) -> LoadResult:
+    """Load one ``.json``/``.pftrace`` file (see the module docstring). Raises TraceFileError for a
+    file cltrace cannot read."""
+    t0 = time.perf_counter()
+    if not os.path.isfile(path):
+        raise TraceFileError(f"{'is a directory' if os.path.isdir(path) else 'no such file'}: {path}")
+    digest = file_hash(path)
+    trace, salt = rows.ids_of(digest)
+    trace_hex = values.hex_id(trace, 16)
+    done = client.query(f'SELECT count() FROM "{db}"."{schema.LOADS}" WHERE FileHash = {{h:String}}',
+                        parameters={"h": digest}).result_rows[0][0]
+    if done:
+        return LoadResult(path, 0, time.perf_counter() - t0, True, trace_hex, digest)
+    spans, meta = load_columns(path)
+    batch = as_batch(spans, Tables())
+    if detect(path) == "json":
+        absolute(batch, int(meta.get("start_ns") or 0))
+    left = client.query(f'SELECT count() FROM "{db}"."{table}_trace_id_ts" WHERE TraceId = {{t:String}}',
+                        parameters={"t": trace_hex}).result_rows[0][0]  # the exporter's lookup table: by key
+    if left:  # a load cut short before it was recorded: clear its rows and load afresh
+        for t in (table, derived.TABLE):
+            client.command(f'DELETE FROM "{db}"."{t}" WHERE TraceId = {{t:String}}', parameters={"t": trace_hex})
+    extra: dict[str, Any] = {}  # the file's path and hash are in cltrace_loads, by TraceId: not on every row
+    if run_id is not None:
+        extra["cltrace.run.id"] = str(run_id)
+    if rank is not None:
+        extra["cltrace.rank"] = str(rank)
+    resource = rows.resource(meta, service_name, extra)
+    mapper = Mapper(rows.FileRun(meta), trace, salt)
+    sets = rows.attribute_sets(batch, mapper) if batch.n else rows.Sets(np.zeros(0, np.int64), [], [], [], [])
+    tag = f"{os.getpid()}_{digest[:12]}"
+    stage, set_table = f"cltrace_stage_{tag}", f"cltrace_sets_{tag}"
+    _create(client, db, stage, _STAGE_COLS)
+    _create(client, db, set_table, _SET_COLS)
+    try:
+        root_set = len(sets.names)
+        begin = int(meta.get("start_ns") or (batch.host_begin.min() if batch.n else 0))
+        end = max(int(batch.host_end.max()), int(batch.dev_end.max())) if batch.n else begin
+        name, sid, _pid, start, stop, attrs, _ev, code, msg = mapper.root(begin, end, meta, {"dropped": 0, "failed": 0})
+        k = root_set + 1
+        client.insert(f'"{db}"."{set_table}"',
+                      [list(range(k)), sets.names + [name], sets.attrs + [values.attributes(attrs)],
+                       sets.codes + [values.STATUS_CODES[code]], sets.messages + [msg or ""], [trace_hex] * k,
+                       [resource.get("service.name", "")] * k, [resource] * k, [rows.SCOPE_NAME] * k,
+                       [str(meta.get("cltrace.version") or "")] * k],
+                      column_names=[c for c, _ in _SET_COLS], column_oriented=True)
+        insert = _insert_sql(db, table, stage, set_table, resource)
+        derive = _derive_sql(db, stage, set_table)
+        names = [c for c, _ in _STAGE_COLS]
+        root = {"Ts": np.array([start], np.int64), "Dur": np.array([max(stop - start, 0)], np.uint64),
+                "Sid": np.array([sid], np.uint64), "Pid": np.zeros(1, np.uint64), "HasParent": np.zeros(1, np.uint8),
+                "HostDur": np.zeros(1, np.int64), "Dev": np.zeros(1, np.uint8), "DevDur": np.zeros(1, np.int64),
+                "Q": np.zeros(1, np.int64), "Su": np.zeros(1, np.int64), "St": np.zeros(1, np.int64),
+                "En": np.zeros(1, np.int64), "Set": np.array([root_set], np.uint32), "PerRow": np.zeros(1, np.uint8)}
+        chunks = _chunks(root, batch, mapper, sets, chunk_rows)
+        for cols in chunks:
+            client.command(f'TRUNCATE TABLE "{db}"."{stage}"')
+            client.insert(f'"{db}"."{stage}"', [cols[c] for c in names], column_names=names, column_oriented=True)
+            client.command(insert)
+            client.command(derive)
+        client.insert(f'"{db}"."{schema.LOADS}"',
+                      [[digest], [os.path.abspath(path)], [trace_hex], [batch.n + 1],
+                       [resource.get("cltrace.run.id", "")], [resource.get("cltrace.rank", "")]],
+                      column_names=["FileHash", "Path", "TraceId", "Spans", "RunId", "Rank"], column_oriented=True)
+    finally:
+        client.command(f'DROP TABLE IF EXISTS "{db}"."{stage}"')
+        client.command(f'DROP TABLE IF EXISTS "{db}"."{set_table}"')
+    return LoadResult(path, batch.n + 1, time.perf_counter() - t0, False, trace_hex, digest)
+
+
+def _chunks(root: dict[str, np.ndarray], batch: SpanBatch, mapper: Mapper, sets: rows.Sets, chunk_rows: int) -> Any:
+    """The root row, then the file's rows ``chunk_rows`` at a time, each built when it is asked for."""
+    yield root
+    for lo in range(0, batch.n, chunk_rows):
+        cols = rows.columns(batch, mapper, slice(lo, lo + chunk_rows))
+        cols["Set"] = sets.row_set[lo:lo + chunk_rows].astype(np.uint32)
+        cols["PerRow"] = np.ones(len(cols["Ts"]), np.uint8)
+        yield cols

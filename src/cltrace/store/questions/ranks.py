@@ -1,0 +1,70 @@
+"""Per rank, side by side: wall time, device busy and idle (the union of its kernels', transfers' and
+fills' device intervals, so overlap on several queues counts once), and where the host's time went:
+kernels' device time, transfers, waits for the device (``sync`` spans)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .common import DEVICE_NS, WORK, Scope, rows
+
+
+@dataclass
+class RankRow:
+    run: str
+    rank: str
+    service: str
+    host: str
+    pid: str
+    spans: int
+    wall_ns: int
+    busy_ns: int  # device busy: union of the rank's device intervals
+    idle_ns: int  # wall - busy
+    busy_pct: float
+    kernel_ns: int  # kernels' device time, summed
+    transfer_ns: int  # transfers' and fills' device time
+    wait_ns: int  # host time blocked waiting for the device
+    kernels: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sql(where: str) -> str:
+    work = ", ".join(f"'{c}'" for c in WORK)
+    return f"""
+WITH base AS (
+    SELECT Run AS run, Rank AS rank, Service AS service, Host AS host, Pid AS pid, Cat AS cat, Begin AS b,
+           End AS e, {DEVICE_NS} AS dev, HostNs AS host_ns, OnDevice AS on_dev, DevStart AS ds, DevEnd AS de
+    FROM {{derived}} WHERE {where}
+),
+busy AS (
+    SELECT run, rank, sum(greatest(toInt64(0), de - greatest(ds, prev))) AS busy_ns FROM (
+        SELECT run, rank, ds, de, max(de) OVER (PARTITION BY run, rank ORDER BY ds, de
+                                                ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+        FROM base WHERE on_dev AND cat IN ({work}))
+    GROUP BY run, rank
+)
+SELECT t.run AS run, t.rank AS rank, service, host, pid, spans, wall_ns, ifNull(busy.busy_ns, 0) AS busy_ns,
+       kernel_ns, transfer_ns, wait_ns, kernels
+FROM (
+    SELECT run, rank, any(service) AS service, any(host) AS host, any(pid) AS pid, count() AS spans,
+           max(greatest(e, de)) - min(b) AS wall_ns, sumIf(dev, cat = 'kernel') AS kernel_ns,
+           sumIf(dev, cat IN ('transfer', 'fill')) AS transfer_ns, sumIf(host_ns, cat = 'sync') AS wait_ns,
+           countIf(cat = 'kernel') AS kernels
+    FROM base GROUP BY run, rank) AS t
+LEFT JOIN busy ON t.run = busy.run AND t.rank = busy.rank
+ORDER BY run, length(rank), rank
+SETTINGS join_use_nulls = 1"""
+
+
+def rank_table(query: Any, scope: Scope) -> list[RankRow]:
+    where, params = scope.where()
+    out = []
+    for r in rows(query, _sql(where), params):
+        wall, busy = int(r["wall_ns"]), int(r["busy_ns"] or 0)
+        out.append(RankRow(str(r["run"]), str(r["rank"]), str(r["service"]), str(r["host"]), str(r["pid"]),
+                           int(r["spans"]), wall, busy, max(wall - busy, 0),
+                           round(100.0 * busy / wall, 2) if wall else 0.0, int(r["kernel_ns"]),
+                           int(r["transfer_ns"]), int(r["wait_ns"]), int(r["kernels"])))
+    return out

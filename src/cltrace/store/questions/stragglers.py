@@ -1,0 +1,157 @@
+"""Stragglers: per step, the ranks whose step took longest beyond the median of all ranks, and why.
+
+A step is a span of category ``step`` (a scheduled session's) or a span named ``step_name`` (a user's
+``region("step")``); each rank's steps are numbered in time order, so step k of every rank is
+compared. A rank straggles at step k when its step took more than ``threshold_pct`` over the median
+of the ranks at k. Its time is split as the rank spent it inside the step (spans it began there):
+kernels (device time), transfers and fills (device time), waits for the device (``sync`` host time)
+and the host's own time (the step's host time less that of every OpenCL call recorded in it:
+launches, transfers, fills, waits; a launch that blocks while the device works counts as the device's,
+and so does the part of the step after its host side returned, until its device work ended); each part is compared
+with the median rank's. The cause is the device (kernels or transfers, the larger) where their excess
+explains at least half of the step's: device work is what a host waits for, in calls or between them,
+so host time that grows with it is its effect; else the host, where its own excess does; else
+"waiting" (waiting on something the
+trace does not show, such as another rank). A span's step is the latest step begun at or before it on
+its rank: one window pass in the table's own order (run, rank, time: no sort, no join); a step span
+begins before the spans inside it, so the order needs no tie-break. Only aggregates come
+back: per rank that straggled its steps, excess and cause, with its ``top`` worst steps as evidence
+(their span ids looked up afterwards for those steps alone). Evidence: the step span's trace and span id, and where it
+starts on its rank's timeline (seconds from the rank's first span), to find it in Perfetto.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .common import DEVICE_NS, Scope, quote, rows
+
+PARTS = ("kernels", "transfers", "host", "waiting")
+
+
+@dataclass
+class Straggler:
+    run: str
+    rank: str
+    step: int
+    step_ns: int
+    median_ns: float
+    excess_ns: float
+    excess_pct: float
+    cause: str
+    excess_by_part: dict[str, float] = field(default_factory=dict)  # the part's time less the median rank's
+    trace_id: str = ""
+    span_id: str = ""
+    at_s: float = 0.0  # where the step starts: seconds after the rank's first span
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SlowRank:
+    """A rank that straggled: at how many steps, by how much in all, its parts' excess summed, the
+    cause of the sum, and its worst step."""
+
+    run: str
+    rank: str
+    steps: int
+    excess_ns: float
+    cause: str
+    excess_by_part: dict[str, float] = field(default_factory=dict)
+    worst_step: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _sql(where: str, step_name: str, per_rank: int) -> str:
+    step = f"(Cat = 'step' OR Name = {quote(step_name)})"
+    parts = ", ".join(f"x_{p}" for p in PARTS)
+    return f"""
+WITH tagged AS (
+    SELECT Run AS run, Rank AS rank, Cat AS cat, Begin AS b, End - Begin AS d, {DEVICE_NS} AS dev,
+           HostNs AS host_ns, {step} AS is_step,
+           sum(toInt64({step})) OVER w - 1 AS step, max(if({step}, End, 0)) OVER w AS step_end
+    FROM {{derived}} WHERE {where}
+    WINDOW w AS (PARTITION BY Run, Rank ORDER BY Begin ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+),
+per AS (
+    SELECT run, rank, step, anyIf(d, is_step) AS sd, anyIf(b, is_step) AS sb,
+           sumIf(dev, inside AND cat = 'kernel') AS kernels, sumIf(dev, inside AND cat IN ('transfer', 'fill')) AS transfers,
+           sumIf(host_ns, inside AND cat = 'sync') AS waiting,
+           greatest(toInt64(0), anyIf(host_ns, is_step) -
+                    sumIf(host_ns, inside AND cat IN ('kernel', 'transfer', 'fill', 'sync'))) AS host
+    FROM (SELECT *, NOT is_step AND b < step_end AS inside FROM tagged WHERE step >= 0)
+    GROUP BY run, rank, step
+),
+med AS (
+    SELECT run, step, median(sd) AS m_sd, median(kernels) AS m_k, median(transfers) AS m_t, median(host) AS m_h,
+           median(waiting) AS m_w, count() AS n
+    FROM per GROUP BY run, step
+),
+slow AS (
+    SELECT per.run AS run, per.rank AS rank, per.step AS step, sd, m_sd, sd - m_sd AS excess, kernels - m_k AS x_kernels,
+           transfers - m_t AS x_transfers, host - m_h AS x_host, waiting - m_w AS x_waiting, sb
+    FROM per JOIN med ON per.run = med.run AND per.step = med.step
+    WHERE n >= 2 AND sd > m_sd * (1 + {{threshold:Float64}} / 100)
+)
+SELECT run, rank, count() AS steps, sum(excess) AS total_excess, {", ".join(f"sum(x_{p}) AS sum_{p}" for p in PARTS)},
+       argMax(step, excess) AS worst,
+       arraySlice(arraySort(t -> -t.4, groupArray((step, sd, m_sd, excess, {parts}, sb))),
+                  1, {int(per_rank)}) AS top
+FROM slow GROUP BY run, rank ORDER BY total_excess DESC"""
+
+
+def cause(excess: dict[str, float], total: float) -> str:
+    """The part that explains the excess (see the module docstring)."""
+    device = max(("kernels", "transfers"), key=lambda k: excess[k])
+    if excess[device] > 0 and excess["kernels"] + excess["transfers"] >= 0.5 * total:
+        return device
+    if excess["host"] > 0 and excess["host"] >= 0.5 * total:
+        return "host"
+    return "waiting"
+
+
+def stragglers(query: Any, scope: Scope, step_name: str = "step", threshold_pct: float = 10.0,
+               top: int = 10) -> tuple[list[SlowRank], list[Straggler]]:
+    """(the ranks that straggled, slowest first; the ``top`` straggling steps of all, largest excess first)."""
+    where, params = scope.where()
+    params = {**params, "threshold": float(threshold_pct)}
+    ranks, steps = [], []
+    for r in rows(query, _sql(where, step_name, top or 1_000_000), params):
+        summed = {p: float(r[f"sum_{p}"] or 0) for p in PARTS}
+        total = float(r["total_excess"])
+        ranks.append(SlowRank(str(r["run"]), str(r["rank"]), int(r["steps"]), total, cause(summed, total), summed,
+                              int(r["worst"])))
+        for step, sd, med, excess, *rest in r["top"]:
+            x = dict(zip(PARTS, (float(v or 0) for v in rest[:len(PARTS)])))
+            steps.append((Straggler(str(r["run"]), str(r["rank"]), int(step), int(sd), float(med), float(excess),
+                                    round(100.0 * excess / med, 2) if med else 0.0, cause(x, float(excess)), x),
+                          int(rest[len(PARTS)])))
+    steps.sort(key=lambda s: -s[0].excess_ns)
+    steps = steps[:top] if top else steps
+    _evidence(query, scope, step_name, steps)
+    return ranks, [s for s, _ in steps]
+
+
+def _evidence(query: Any, scope: Scope, step_name: str, steps: list[tuple[Straggler, int]]) -> None:
+    """Each step's span ids and place on its rank's timeline, looked up for these steps alone (carrying
+    the ids through the window pass would carry 48 bytes of every span)."""
+    if not steps:
+        return
+    where, params = scope.where()
+    keys = sorted({(s.run, s.rank, b) for s, b in steps})
+    ranks = sorted({(r, k) for r, k, _ in keys})
+    params = {**params, "keys": keys, "ranks": ranks}
+    got = {(r["run"], r["rank"], int(r["b"])): r for r in rows(query, f"""
+SELECT s.Run AS run, s.Rank AS rank, s.Begin AS b, s.TraceId AS trace_id, s.SpanId AS span_id, o.t0 AS t0
+FROM {{derived}} AS s
+JOIN (SELECT Run, Rank, min(Begin) AS t0 FROM {{derived}} WHERE {where} AND (Run, Rank) IN {{ranks:Array(Tuple(String, String))}}
+      GROUP BY Run, Rank) AS o ON s.Run = o.Run AND s.Rank = o.Rank
+WHERE (s.Run, s.Rank, s.Begin) IN {{keys:Array(Tuple(String, String, Int64))}} AND (s.Cat = 'step' OR s.Name = {quote(step_name)})""",
+        params)}
+    for s, b in steps:
+        r = got.get((s.run, s.rank, b))
+        if r is not None:
+            s.trace_id, s.span_id, s.at_s = str(r["trace_id"]), str(r["span_id"]), round((b - int(r["t0"])) / 1e9, 6)

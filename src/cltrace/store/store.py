@@ -1,0 +1,127 @@
+"""``Store``: one ClickHouse store of spans, embedded or a server, with loading and the questions."""
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
+
+from . import derived, schema
+from .analysis import StoreAnalysis, analyse, totals
+from .questions.common import Scope
+from .connect import StoreError, open_client, resolve
+from .load import CHUNK_ROWS, LoadResult, load_file
+
+
+@contextmanager
+def guard(what: str) -> Iterator[None]:
+    """The driver's and the engine's errors as one-line ``StoreError``s (cltrace's own pass through)."""
+    from ..errors import CltraceError
+
+    try:
+        yield
+    except CltraceError:
+        raise
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] not in ("clickhouse_connect", "chdb"):
+            raise
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StoreError(f"the store failed {what}: {text}") from None
+
+
+class Store:
+    """Spans in ClickHouse. ``Store("traces.db")`` opens (creating) an embedded store in that folder;
+    ``Store("http://host:8123")`` a server; ``Store()`` the one ``CLTRACE_STORE`` names. The exporter's
+    tables are created where missing; ``create=False``: a missing folder is an error, not a new store.
+    Use as a context manager, or ``close()``."""
+
+    def __init__(self, store: str | os.PathLike[str] | None = None, database: str | None = None,
+                 table: str = schema.TABLE, create: bool = True) -> None:
+        dsn, db = resolve(store, create)
+        self.dsn = dsn
+        self.database = database or db or schema.DATABASE
+        self.table = table
+        self.client = open_client(dsn)
+        try:
+            schema.apply(self.client, self.database, self.table)
+        except Exception as exc:
+            self.close()
+            raise StoreError(f"cannot create the tables in {dsn}: {str(exc).strip().splitlines()[0]}") from None
+
+    def close(self) -> None:
+        client, self.client = getattr(self, "client", None), None
+        if client is not None:
+            client.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def load(self, paths: Iterable[str | os.PathLike[str]], service_name: str | None = None,
+             run_id: str | None = None, rank: str | int | None = None,
+             chunk_rows: int = CHUNK_ROWS, jobs: int = 1) -> list[LoadResult]:
+        """Load trace files, each once (see ``load.load_file``), ``jobs`` at a time (threads, each with
+        a client of its own: reading a file and the engine's inserts both run outside the GIL);
+        ``run_id``/``rank`` name the job and rank for files that do not carry them (recorded before
+        cltrace wrote them). Results in the order of ``paths``."""
+        paths = [os.fspath(p) for p in paths]
+        if jobs <= 1 or len(paths) <= 1:
+            return [self._load_one(self.client, p, service_name, run_id, rank, chunk_rows) for p in paths]
+        # a client runs one query at a time (the driver locks its engine handle): a client per thread
+        local, clients, lock = threading.local(), [], threading.Lock()
+
+        def one(p: str) -> LoadResult:
+            client = getattr(local, "client", None)
+            if client is None:
+                client = local.client = open_client(self.dsn)
+                with lock:
+                    clients.append(client)
+            return self._load_one(client, p, service_name, run_id, rank, chunk_rows)
+
+        try:
+            with ThreadPoolExecutor(min(jobs, len(paths)), thread_name_prefix="cltrace-load") as pool:
+                return list(pool.map(one, paths))
+        finally:
+            for c in clients:
+                c.close()
+
+    def _load_one(self, client: Any, path: str, service_name: str | None, run_id: str | None,
+                  rank: str | int | None, chunk_rows: int) -> LoadResult:
+        with guard(f"loading {path}"):
+            return load_file(client, path, self.database, self.table, service_name, run_id, rank, chunk_rows)
+
+    def query(self, sql: str, parameters: dict[str, Any] | None = None) -> list[tuple]:
+        """Rows of a SQL query; ``{spans}`` in it names the exporter's spans table, ``{derived}``
+        ``cltrace_spans``."""
+        return self.result(sql, parameters).result_rows
+
+    def result(self, sql: str, parameters: dict[str, Any] | None = None) -> Any:
+        """The driver's result of a SQL query (rows and ``column_names``); ``{spans}`` as in ``query``."""
+        sql = sql.replace("{spans}", f'"{self.database}"."{self.table}"')
+        sql = sql.replace("{derived}", f'"{self.database}"."{derived.TABLE}"')
+        with guard("a query"):
+            return self.client.query(sql, parameters=parameters)
+
+    def analyze(self, run: str | None = None, rank: str | int | None = None, service: str | None = None,
+                step_name: str = "step", threshold_pct: float = 10.0, top: int = 10) -> StoreAnalysis:
+        """Per-rank utilisation, stragglers and their causes, kernel pace across ranks, region totals,
+        for the spans of ``run``/``rank``/``service`` (None: all), computed inside ClickHouse."""
+        scope = Scope(run, None if rank is None else str(rank), service)
+        self.sync()
+        return analyse(self.result, scope, step_name, threshold_pct, top)
+
+    def totals(self, run: str | None = None) -> StoreAnalysis:
+        """Kernel and region tables alone, every row (``cltrace diff --store`` compares two runs' of them)."""
+        self.sync()
+        return totals(self.result, Scope(run))
+
+    def sync(self) -> int:
+        """Derive the ``cltrace_spans`` rows of spans a collector wrote since (``derived.sync``)."""
+        with guard("deriving the collector's rows"):
+            return derived.sync(self.client, self.database, self.table)
+
+    def count(self) -> int:
+        return int(self.query("SELECT count() FROM {spans}")[0][0])
