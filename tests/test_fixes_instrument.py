@@ -100,14 +100,16 @@ def test_every_exported_enqueue_is_traced_or_listed(cl_ctx: Any, instrumented: N
 
 def test_cltrace_own_markers_are_not_commands_of_the_program(queue: Any, instrumented: None) -> None:
     with cltrace.trace():
+        cltrace.configure(regions="markers")
         with cltrace.region("r", queue):  # two bracketing markers
             pass
-        timer = cltrace.EventTimer(queue)  # two markers
+        timer = cltrace.EventTimer(queue)  # two markers (the interval is a region span of its own)
         timer.start()
         timer.stop()
         cltrace.timing(lambda: None, queue=queue, n_warmup=0, n=2)  # markers around each call
         cl.enqueue_marker(queue)  # the program's own
-    assert sorted(s.cat for s in RECORDER.spans()) == ["marker", "region"]
+    assert sorted((s.cat, s.name) for s in RECORDER.spans()) == [("marker", "marker"), ("region", "EventTimer"),
+                                                                 ("region", "r")]
 
 
 def test_failed_command_is_recorded_and_raises(cl_ctx: Any, instrumented: None) -> None:
