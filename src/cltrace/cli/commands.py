@@ -197,19 +197,19 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from ..analyze.analysis import analyze
-    from ..analyze.diff import diff, regressions, render_diff
+    from ..analyze.diff import DEFAULT_PCT, diff, regressions, render_diff
 
-    rows = diff(analyze(args.a), analyze(args.b))
-    bad = regressions(rows, args.fail_above) if args.fail_above is not None else []
+    pct = DEFAULT_PCT if args.fail_above is None else args.fail_above
+    rows = diff(args.a, args.b, pct)
+    bad = regressions(rows) if args.fail_above is not None else []
     if args.json:
-        print(json.dumps({"a": args.a, "b": args.b, "rows": [r.as_dict() for r in rows],
-                          "regressions": [r.name for r in bad]}, indent=2))
+        print(json.dumps({"a": args.a, "b": args.b, "threshold_pct": pct, "gate": args.fail_above is not None,
+                          "rows": [r.as_dict() for r in rows], "regressions": [r.name for r in bad]}, indent=2))
     else:
-        print(render_diff(rows, args.a, args.b, top=args.top or None))
+        print(render_diff(rows, args.a, args.b, pct, top=args.top or None))
         if args.fail_above is not None:
             print(f"\n{len(bad)} regression(s) above {args.fail_above:g}%" +
-                  "".join(f"\n  {r.kind} {r.name}: {r.change_pct:+.1f}%" for r in bad))
+                  "".join(f"\n  {r.kind} {r.name}: {r.reason}" for r in bad))
     return 1 if bad else 0
 
 
@@ -228,6 +228,7 @@ def _png(value: str) -> str:
 
 def add_analysis_commands(sub: Any) -> None:
     """``cltrace analyze`` and ``cltrace diff``."""
+    from ..analyze.diff import DEFAULT_PCT
     from ..analyze.kernels import GROUPS, SORT_KEYS
 
     a = sub.add_parser("analyze", help="where the time went: utilisation, idle causes, kernels, launches, findings")
@@ -245,7 +246,9 @@ def add_analysis_commands(sub: Any) -> None:
     d.add_argument("a", help="the baseline trace (.json or .pftrace)")
     d.add_argument("b", help="the trace to compare with it")
     d.add_argument("--fail-above", type=_percent, metavar="PCT",
-                   help="exit 1 when a region or kernel got slower per call by more than PCT percent")
+                   help="exit 1 on a regression above PCT percent: the run's device time, a region or a kernel "
+                        "slower beyond the runs' spread, or a new kernel taking more than PCT%% of A's device time "
+                        f"(without it rows are judged at {DEFAULT_PCT:g}%% and nothing fails)")
     d.add_argument("--top", type=int, default=20, metavar="N", help="rows to list (default 20; 0: all)")
     d.add_argument("--json", action="store_true", help="print the rows as JSON")
     d.set_defaults(fn=cmd_diff)
