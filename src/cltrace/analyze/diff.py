@@ -85,8 +85,8 @@ def compare(ra: RunSamples, rb: RunSamples, pct: float = DEFAULT_PCT) -> list[Di
     """Rows of two runs' samples, judged at ``pct`` percent."""
     scale = ra.steps / rb.steps if ra.steps and rb.steps else 1.0
     # new kernels' time less removed kernels' (a kernel renamed or fused at no extra cost nets out)
-    net = sum(r.total_ns * scale for k, r in rb.rows.items() if k[0] == "kernel" and k not in ra.rows) - \
-        sum(r.total_ns for k, r in ra.rows.items() if k[0] == "kernel" and k not in rb.rows)
+    net = sum(r.typical_ns * scale for k, r in rb.rows.items() if k[0] == "kernel" and k not in ra.rows) - \
+        sum(r.typical_ns for k, r in ra.rows.items() if k[0] == "kernel" and k not in rb.rows)
     rows = []
     for key in sorted(set(ra.rows) | set(rb.rows)):
         x, y = ra.rows.get(key), rb.rows.get(key)
@@ -94,7 +94,7 @@ def compare(ra: RunSamples, rb: RunSamples, pct: float = DEFAULT_PCT) -> list[Di
         if x is not None and y is not None:
             v = gate.matched(x, y, pct, base, kind)
         elif y is not None:
-            v = gate.new(y, scale, pct, base, net if key[0] == "kernel" else y.total_ns * scale, kind)
+            v = gate.new(y, scale, pct, base, net if key[0] == "kernel" else y.typical_ns * scale, kind)
         else:
             v = gate.removed(x, base, kind)  # type: ignore[arg-type]
         rows.append(_row(key, x, y, v))

@@ -8,13 +8,18 @@ first apart); a region's one occurrence; the run's device time in one step (``sa
 - **In both runs, with at least ``MIN_SAMPLES`` samples each**: a regression when its median
   (p50) AND its mean (the time it takes per sample) both grew by more than the threshold, AND the
   change is beyond the runs' own spread: B's median above A's p75 and A's median below B's p25
-  (each median outside the other run's middle half). ``faster`` is the same the other way.
+  (each median outside the other run's middle half), AND the time it adds, ``(mean B - mean A) x
+  A's samples``, is at least ``MIN_SHARE`` of A's time of that kind (a small kernel 15 % slower
+  between two identical runs is the machine, not the program; the run's own total is a row too).
+  ``faster`` is the same the other way.
 - **Fewer samples** (a region run once, a kernel launched a few times): the spread cannot be
   told, so the row is judged by the time it adds, ``(mean B - mean A) x A's samples``, against the
   threshold's share of A's time of that kind (device time of A's commands, or A's wall time).
-- **New in B**: a regression when its time (per step of A where both runs mark steps) exceeds
-  the threshold's share of A's device time, and the new rows' time less the removed ones' does
-  too (a kernel renamed or fused at no extra cost is not a regression). **Removed**: never one.
+- **New in B**: a regression when its time exceeds the threshold's share of A's device time, and
+  the new kernels' time less the removed ones' does too (a kernel renamed or fused at no extra
+  cost is not a regression). Its time is typical: the median sample times the samples (an
+  outlier step does not count), at A's number of steps where both runs mark steps. **Removed**:
+  never one (that work is no longer spent).
 - Rows holding less than ``MIN_SHARE`` of their run's time are listed, not gated (``small``).
 """
 from __future__ import annotations
@@ -24,7 +29,7 @@ from dataclasses import dataclass
 from .samples import RowSamples
 from .text import fmt_ns
 
-MIN_SHARE = 0.01  # of the run's time of the row's kind
+MIN_SHARE = 0.01  # of the run's time of the row's kind: a row smaller, or a change adding less, is no regression
 MIN_SAMPLES = 5  # per run, to read a spread from its quartiles
 
 REGRESSION, FASTER, OK, SMALL, NEW, REMOVED = "regression", "faster", "ok", "small", "new", "removed"
@@ -71,9 +76,13 @@ def matched(x: RowSamples, y: RowSamples, pct: float, base_ns: int, kind: str) -
     if med is None or mean is None:
         return Verdict(OK, f"{figures}: A's p50 is 0")
     if med > pct and mean > pct:
-        if b50 > a75 and a50 < b25:
-            return Verdict(REGRESSION, f"{figures} (> {pct:g}%), beyond both runs' p25-p75")
-        return Verdict(OK, f"{figures} (> {pct:g}%) but within the runs' p25-p75 spread")
+        if not (b50 > a75 and a50 < b25):
+            return Verdict(OK, f"{figures} (> {pct:g}%) but within the runs' p25-p75 spread")
+        added = 100.0 * (y.mean_ns - x.mean_ns) * len(x.values) / base_ns if base_ns else 100.0
+        if added < 100 * MIN_SHARE:
+            return Verdict(OK, f"{figures} (> {pct:g}%), beyond both runs' p25-p75, but adds {added:.2f}% "
+                               f"of A's {kind} time (< {100 * MIN_SHARE:g}%)")
+        return Verdict(REGRESSION, f"{figures} (> {pct:g}%), beyond both runs' p25-p75")
     if med < -pct and mean < -pct:
         if b50 < a25 and a50 > b75:
             return Verdict(FASTER, f"{figures} (< -{pct:g}%), beyond both runs' p25-p75")
@@ -86,9 +95,9 @@ def matched(x: RowSamples, y: RowSamples, pct: float, base_ns: int, kind: str) -
 
 
 def new(y: RowSamples, scale: float, pct: float, base_ns: int, net_ns: float, kind: str) -> Verdict:
-    """A row only B has: ``scale`` brings B's time to A's number of steps; ``net_ns``: the time of
-    every new row less every removed one's (of this kind of row), at the same scale."""
-    t = y.total_ns * scale
+    """A row only B has: ``scale`` brings B's time to A's number of steps; ``net_ns``: the typical
+    time of every new kernel less every removed one's (for a region, its own), at the same scale."""
+    t = y.typical_ns * scale
     at = 100.0 * t / base_ns if base_ns else float("inf")
     head = f"new in B: {fmt_ns(t)}, {at:.1f}% of A's {kind} time"
     if at <= pct:

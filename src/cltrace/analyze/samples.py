@@ -42,6 +42,11 @@ class RowSamples:
         return float(p25), float(p50), float(p75)
 
     @property
+    def typical_ns(self) -> float:
+        """Its time with every sample at the median: what it costs, an outlier step or launch apart."""
+        return self.p50_ns * len(self.values) if len(self.values) else 0.0
+
+    @property
     def mean_ns(self) -> float:
         """The mean per sample (per call, or per step where the samples are steps)."""
         return float(self.values.mean()) if len(self.values) else 0.0
