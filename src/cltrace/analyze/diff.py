@@ -43,7 +43,7 @@ class DiffRow:
     self_change_ns: int  # orders the rows: a region slower only through a child ranks below it
     change_pct: float | None  # of the median (p50) sample; None where one side is missing
     mean_change_pct: float | None  # of the mean sample: the time per call (or step)
-    verdict: str  # regression, faster, ok, small (not gated), new, removed
+    verdict: str  # regression, faster, ok, new, removed; not gated: small, listed (host time, few samples)
     reason: str  # why: the figures and the rule that decided (gate)
     gated: bool  # judged by the gate (not a row too small to count)
 
@@ -78,7 +78,7 @@ def _row(key: tuple[str, str, str], x: RowSamples | None, y: RowSamples | None, 
     return DiffRow(key[0], key[1], key[2], get(x or y, "per"), get(x, "count"), get(y, "count"), ta, tb, p50a, p50b,
                    get(x, "p99_ns", None), get(y, "p99_ns", None), sa, sb, tb - ta, sb - sa, _pct(p50b, p50a),
                    _pct(get(y, "mean_ns", None), get(x, "mean_ns", None)) if x and y else None,
-                   v.verdict, v.reason, v.verdict != gate.SMALL)
+                   v.verdict, v.reason, v.gated)
 
 
 def compare(ra: RunSamples, rb: RunSamples, pct: float = DEFAULT_PCT) -> list[DiffRow]:

@@ -13,7 +13,8 @@ first apart); a region's one occurrence; the run's device time in one step (``sa
   between two identical runs is the machine, not the program; the run's own total is a row too).
   ``faster`` is the same the other way.
 - **Fewer samples** (a region run once, a kernel launched a few times): the spread cannot be
-  told, so the row is judged by the time it adds, ``(mean B - mean A) x A's samples``, against the
+  told. Host time (a one-off set-up, its builds) is listed, not gated: one occurrence on a busy
+  host is no measurement. Device time is judged by the time it adds, ``(mean B - mean A) x A's samples``, against the
   threshold's share of A's time of that kind (device time of A's commands, or A's wall time).
 - **New in B**: a regression when its time exceeds the threshold's share of A's device time, and
   the new kernels' time less the removed ones' does too (a kernel renamed or fused at no extra
@@ -32,17 +33,22 @@ from .text import fmt_ns
 MIN_SHARE = 0.01  # of the run's time of the row's kind: a row smaller, or a change adding less, is no regression
 MIN_SAMPLES = 5  # per run, to read a spread from its quartiles
 
-REGRESSION, FASTER, OK, SMALL, NEW, REMOVED = "regression", "faster", "ok", "small", "new", "removed"
+REGRESSION, FASTER, OK, NEW, REMOVED = "regression", "faster", "ok", "new", "removed"
+SMALL, LISTED = "small", "listed"  # not gated: too small a share; host time without a spread
 
 
 @dataclass
 class Verdict:
-    verdict: str  # REGRESSION, FASTER, OK, SMALL, NEW (new and no regression), REMOVED
+    verdict: str  # REGRESSION, FASTER, OK, NEW (new, no regression), REMOVED; not gated: SMALL, LISTED
     reason: str  # one line: the figures and the rule that decided
 
     @property
     def regressed(self) -> bool:
         return self.verdict == REGRESSION
+
+    @property
+    def gated(self) -> bool:
+        return self.verdict not in (SMALL, LISTED)
 
 
 def _pct(new: float, old: float) -> float | None:
@@ -58,6 +64,9 @@ def matched(x: RowSamples, y: RowSamples, pct: float, base_ns: int, kind: str) -
     share = max(x.total_ns, y.total_ns) / base_ns if base_ns else 1.0
     if share < MIN_SHARE:
         return Verdict(SMALL, f"{100 * share:.2f}% of the run's {kind} time (< {100 * MIN_SHARE:g}%): listed, not gated")
+    if (len(x.values) < MIN_SAMPLES or len(y.values) < MIN_SAMPLES) and kind != "device":
+        return Verdict(LISTED, f"{min(len(x.values), len(y.values))} sample(s) of host time (< {MIN_SAMPLES}): "
+                           "no spread to read, listed, not gated")
     if len(x.values) < MIN_SAMPLES or len(y.values) < MIN_SAMPLES:
         added = (y.mean_ns - x.mean_ns) * len(x.values)
         at = 100.0 * added / base_ns if base_ns else 0.0

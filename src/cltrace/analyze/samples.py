@@ -1,11 +1,12 @@
 """What ``cltrace diff`` compares: each row's samples, one duration per occurrence, from a trace's columns.
 
-A row is a kernel (its device time in each step where the run marks steps; else its launches' device
-times, the first launch apart as in the kernel table: driver JIT and cold caches are not the kernel's
-speed), a region (its occurrences: device time
-where the region has it, host time otherwise) or the run's device time (the device time of its
-commands in each step, where the run marks steps; else the whole run as one sample). Samples are
-kept whole, not summarised, so the gate can use medians and quartiles of both runs.
+A row is a kernel (its device time in each step where the run marks steps; else each launch's, the
+first apart as in the kernel table: driver JIT and cold caches are not the kernel's speed), a region
+(per occurrence, the device time of the commands launched inside it; host time where it launched
+none) or the run's device time (its commands' in each step where the run marks steps; else the whole
+run as one sample). Device rows measure the device's work, not how fast the host kept it fed: a host
+slowed by a busy machine leaves the device idle between commands, which ``analyze`` reports. Samples
+are kept whole, not summarised, so the gate can use medians and quartiles of both runs.
 """
 from __future__ import annotations
 
@@ -78,16 +79,19 @@ def _row(vals: np.ndarray, count: int | None = None, total: float | None = None,
                       per, float(np.percentile(v, 99)) if len(v) else None)
 
 
+def _within(begin: np.ndarray, end: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Each time's interval among ``[begin, end)`` (sorted by begin), -1 where none holds it."""
+    at = np.searchsorted(begin, t, side="right") - 1
+    return np.where((at >= 0) & (t < end[np.maximum(at, 0)]), at, -1)
+
+
 def _step_of(td: TraceData, rows: np.ndarray) -> np.ndarray:
     """Each row's step (its index among the run's steps, by host begin), -1 outside every step."""
     steps = np.flatnonzero(td.cat_mask(STEP))
     if not len(steps):
         return np.full(len(rows), -1, np.int64)
     order = steps[np.argsort(td.host_begin[steps], kind="stable")]
-    begin, end = td.host_begin[order], td.host_end[order]
-    t = td.host_begin[rows]
-    at = np.searchsorted(begin, t, side="right") - 1
-    return np.where((at >= 0) & (t < end[np.maximum(at, 0)]), at, -1)
+    return _within(td.host_begin[order], td.host_end[order], td.host_begin[rows])
 
 
 def _kernels(td: TraceData, selfs: np.ndarray, per_device: bool) -> dict[Key, RowSamples]:
@@ -119,18 +123,27 @@ def _kernels(td: TraceData, selfs: np.ndarray, per_device: bool) -> dict[Key, Ro
 
 
 def _regions(td: TraceData) -> dict[Key, RowSamples]:
+    """Per region path and occurrence: the device time of the commands launched inside it; a
+    region that launched none has its host time."""
     paths, group = path_groups(td)
     selfs = {(r["path"], r["source"]): r["self_ns"] for r in region_rows(region_tree(td))}
     is_region = td.regions
+    work = np.flatnonzero(td.work)
+    wdur = (td.dev_end[work] - td.dev_start[work]).astype(np.float64)
     out = {}
     for k, path in enumerate(paths):
         rows = np.flatnonzero((group == k) & is_region)
         if not len(rows):
             continue
         name = "/".join(path)
-        dev = rows[td.on_device[rows]]
-        if len(dev):
-            vals, src = (td.dev_end[dev] - td.dev_start[dev]), "device"
+        under = np.array([v[:len(path)] == path for v in td.path_values] or [False], bool)
+        mine = work[under[td.path[work]]] if len(work) else work
+        if len(mine):
+            rows = rows[np.argsort(td.host_begin[rows], kind="stable")]
+            at = _within(td.host_begin[rows], td.host_end[rows], td.host_begin[mine])
+            inside = at >= 0
+            vals = np.bincount(at[inside], weights=wdur[under[td.path[work]]][inside], minlength=len(rows))
+            src = "device"
         else:
             vals, src = (td.host_end[rows] - td.host_begin[rows]), "host"
         out[("region", name, src)] = _row(vals, self_ns=selfs.get((name, src)))
