@@ -122,7 +122,7 @@ def test_a_kernel_made_slower_for_real_fails_naming_it(runs: dict[str, Any]) -> 
     doc = json.loads(cli(runs["same"][0], runs["slow"], "--fail-above", "10", "--json").stdout)
     spin = next(r for r in doc["rows"] if r["name"] == "spin")
     assert spin["verdict"] == "regression" and spin["regressed"] and spin["per"] == "step"
-    assert 10 < spin["change_pct"] < 60
+    assert spin["change_pct"] > 10
     total = doc["rows"][0]
     assert total["kind"] == "total" and total["regressed"]  # the run's device time per step too
 

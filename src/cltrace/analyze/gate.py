@@ -14,8 +14,8 @@ first apart); a region's one occurrence; the run's device time in one step (``sa
   ``faster`` is the same the other way.
 - **Fewer samples** (a region run once, a kernel launched a few times): the spread cannot be
   told. Host time (a one-off set-up, its builds) is listed, not gated: one occurrence on a busy
-  host is no measurement. Device time is judged by the time it adds, ``(mean B - mean A) x A's samples``, against the
-  threshold's share of A's time of that kind (device time of A's commands, or A's wall time).
+  host is no measurement. Device time is judged by the time it adds, ``(mean B - mean A) x A's
+  samples``, against the threshold's share of A's device time (that of all A's commands).
 - **New in B**: a regression when its time exceeds the threshold's share of A's device time, and
   the new kernels' time less the removed ones' does too (a kernel renamed or fused at no extra
   cost is not a regression). Its time is typical: the median sample times the samples (an
