@@ -53,10 +53,13 @@ class Loop:
         self.k = {name: cl.Kernel(prg, name) for name in ("spin", "spin_renamed", "add1")}
         self.buf = cl.Buffer(self.ctx, cl.mem_flags.READ_WRITE, 4 * N)
 
-    def record(self, path: Path, iters: int = ITERS, spin: str = "spin", extra: str | None = None) -> Path:
-        """``STEPS`` active steps after one warm-up step; ``extra``: a kernel only this run launches."""
+    def record(self, path: Path, iters: int = ITERS, spin: str = "spin", extra: str | None = None,
+               steps: bool = True) -> Path:
+        """``STEPS`` active steps after one warm-up step (without ``steps``, no schedule: nothing
+        marks them); ``extra``: a kernel only this run launches."""
         q = self.q
-        with cltrace.trace(str(path), quiet=True, schedule=cltrace.schedule(wait=0, warmup=1, active=STEPS)):
+        schedule = cltrace.schedule(wait=0, warmup=1, active=STEPS) if steps else None
+        with cltrace.trace(str(path), quiet=True, schedule=schedule):
             for _ in cltrace.steps(range(STEPS + 1), q):
                 cltrace.launch(self.k[spin], q, (N,), None, self.buf, np.int32(iters))
                 cltrace.launch(self.k["add1"], q, (N,), None, self.buf)
@@ -73,6 +76,7 @@ def runs(tmp_path_factory: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"same": [loop.record(d / f"same{i}.pftrace") for i in range(7)]}
     out["slow"] = loop.record(d / "slow.pftrace", iters=ITERS * 5 // 4)  # spin ~25 % slower, for real
     out["new"] = loop.record(d / "new.pftrace", extra="spin_renamed")  # a new kernel as long as spin
+    out["no_steps"] = loop.record(d / "no_steps.pftrace", steps=False)
     out["demo"] = [Path(run_demo(out_dir=str(d / f"demo{i}"), steps=12, formats=("pftrace",)).paths[0])
                    for i in range(5)]
     cltrace.RECORDER.clear()
@@ -98,6 +102,17 @@ def test_identical_runs_pass_the_gate(runs: dict[str, Any]) -> None:
     p = cli(runs["demo"][0], runs["demo"][1], "--fail-above", "25")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "0 regression(s) above 25%" in p.stdout
+
+
+def test_a_run_without_steps_is_compared_as_a_whole_run(runs: dict[str, Any]) -> None:
+    """One run marks steps, the other does not (no schedule): rows whose samples are not alike (per
+    step, per launch) compare the two runs' totals, one sample each, not a new and a removed row."""
+    rows = diff(runs["same"][0], runs["no_steps"], 25.0)
+    total = [r for r in rows if r.kind == "total"]
+    assert len(total) == 1 and total[0].per == "run" and total[0].count_a and total[0].count_b
+    assert total[0].verdict in ("ok", "regression") and "1 sample" in total[0].reason
+    assert next(r for r in rows if r.name == "spin").per == "run"  # per step against per launch: whole runs
+    assert not {r.verdict for r in rows if r.kind != "region"} & {"new", "removed"}  # the step spans are A's only
 
 
 def test_one_outlier_launch_is_no_regression(runs: dict[str, Any]) -> None:

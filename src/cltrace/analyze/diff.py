@@ -16,7 +16,7 @@ from typing import Any, Union
 
 from . import gate
 from .model import TraceData
-from .samples import RowSamples, RunSamples, devices, run_samples
+from .samples import RowSamples, RunSamples, devices, run_samples, whole
 from .text import Column, table, terminal_width
 
 DEFAULT_PCT = 10.0  # the threshold reasons are given at without --fail-above
@@ -26,7 +26,7 @@ Side = Union[str, "os.PathLike[str]", TraceData]
 @dataclass
 class DiffRow:
     kind: str  # "total", "region" or "kernel"
-    name: str  # region path, kernel name, or the total's ("device time per step")
+    name: str  # region path, kernel name, or the total's ("device time": per step, or the run's)
     source: str  # "device" or "host"
     per: str  # what one sample (p50, p99, mean) is: a "call", a "step", the "run"
     count_a: int
@@ -90,6 +90,8 @@ def compare(ra: RunSamples, rb: RunSamples, pct: float = DEFAULT_PCT) -> list[Di
     rows = []
     for key in sorted(set(ra.rows) | set(rb.rows)):
         x, y = ra.rows.get(key), rb.rows.get(key)
+        if x is not None and y is not None and x.per != y.per:  # steps in one run only: whole runs
+            x, y = whole(x), whole(y)
         base, kind = ra.base_ns(key[2]), "device" if key[2] == "device" else "wall"
         if x is not None and y is not None:
             v = gate.matched(x, y, pct, base, kind)

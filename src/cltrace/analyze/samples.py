@@ -67,9 +67,7 @@ class RunSamples:
         return self.device_ns if source == "device" else self.wall_ns
 
 
-TOTAL = "device time per step"
-TOTAL_RUN = "device time of the run"
-
+TOTAL = "device time"  # the total row's name: per step where the run marks steps, else the run's
 
 def _row(vals: np.ndarray, count: int | None = None, total: float | None = None,
          self_ns: float | None = None, per: str = "call") -> RowSamples:
@@ -158,11 +156,11 @@ def _total(td: TraceData) -> tuple[dict[Key, RowSamples], int]:
     if not len(work):
         return {}, nsteps
     if not nsteps:
-        return {("total", TOTAL_RUN, "device"): _row(np.array([dur.sum()]), 1, per="run")}, 0
+        return {("total", TOTAL, "device"): _row(np.array([dur.sum()]), 1, per="run")}, 0
     step = _step_of(td, work)
     inside = step >= 0
     per_step = np.bincount(step[inside], weights=dur[inside], minlength=nsteps)
-    return {("total", TOTAL, "device"): _row(per_step, per="step")}, nsteps
+    return {("total", TOTAL, "device"): _row(per_step, total=float(dur.sum()), per="step")}, nsteps
 
 
 def run_samples(td: TraceData, per_device: bool = False) -> RunSamples:
@@ -179,4 +177,9 @@ def devices(td: TraceData) -> int:
     return len(set(device_codes(td, idx)[1].tolist())) if len(idx) else 0
 
 
-__all__ = ["Key", "RowSamples", "RunSamples", "TOTAL", "TOTAL_RUN", "devices", "run_samples"]
+def whole(r: RowSamples) -> RowSamples:
+    """A total row as one sample of the whole run (to compare a run with steps to one without)."""
+    return RowSamples(r.count, r.total_ns, r.self_ns, np.array([float(r.total_ns)]), "run", float(r.total_ns))
+
+
+__all__ = ["Key", "RowSamples", "RunSamples", "TOTAL", "devices", "run_samples", "whole"]
