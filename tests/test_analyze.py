@@ -361,8 +361,9 @@ def test_cli_diff_against_itself_and_a_slowed_run(traces: dict[str, Path], tmp_p
     assert all(r["change_ns"] == 0 and r["change_pct"] in (0.0, None) for r in j["rows"])
     slow = cli("diff", str(traces["fast"]), str(traces["slow"]), "--fail-above", "20", cwd=tmp_path)
     assert slow.returncode == 1, slow.stdout + slow.stderr
-    first = slow.stdout.splitlines()[4]
-    assert first.split()[:2] == ["kernel", "spin"], slow.stdout
+    total, first = slow.stdout.splitlines()[4:6]
+    assert total.split()[:3] == ["total:", "device", "time"], slow.stdout  # the run's device time heads the table
+    assert first.split()[:3] == ["kernel", "spin", "device"] and "regression" in first.split(), slow.stdout
     assert "kernel spin" in slow.stdout.split("regression(s) above 20%")[1]
     ok = cli("diff", str(traces["fast"]), str(traces["slow"]), cwd=tmp_path)
     assert ok.returncode == 0  # without --fail-above nothing gates

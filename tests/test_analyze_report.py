@@ -3,13 +3,17 @@ a tree sorted by total time per level, self and total, shares of parent and run,
 time column, names never cut, a command's host row labelled as its enqueue cost, devices by name."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
 
 import cltrace
 from cltrace.analyze.report import footer, region_rows
+from cltrace.analyze.summary import summarize
 from cltrace.analyze.text import Column, fmt_ns, table, unit_for
 
 LONG = "a_region_name_long_enough_that_an_old_fixed_width_column_would_have_cut_it_off"
@@ -41,6 +45,38 @@ def test_tree_sorted_by_total_with_self_and_shares(queue: Any, kernels: Any) -> 
     spin = next(r for r in rows if r["name"] == "spin" and r["source"] == "host")
     assert spin["label"] == "enqueue"
     assert next(r for r in rows if r["name"] == "outer" and r["source"] == "host")["label"] == "host"
+
+
+def test_a_kernel_under_a_region_without_a_queue_shares_the_runs_device_time(queue: Any, kernels: Any,
+                                                                             tmp_path: Any) -> None:
+    """The README's decorator (a region with no queue) around launches, then a region with one: the
+    kernels under the host-only region are top-level device time, so every % run is at most 100 and
+    the outermost device rows add up to 100 (the kernel's row read 1500 % when only regions with a
+    queue counted as the run's device time)."""
+    @cltrace.region("train_step")
+    def train_step() -> None:
+        kernels.launch_spin(queue, 2000)
+
+    path = tmp_path / "deco.json"
+    with cltrace.trace(str(path)):
+        for _ in range(4):
+            train_step()
+        with cltrace.region("eval", queue):
+            kernels.launch_add(queue)
+        queue.finish()
+    for tree in (cltrace.PerfCounter().as_dict(), summarize(path)[0].as_dict()):
+        rows = region_rows(tree)
+        dev = {r["path"]: r for r in rows if r["source"] == "device"}
+        assert set(dev) == {"train_step/spin", "eval", "eval/add"}
+        assert all(r["run_pct"] is not None and 0 <= r["run_pct"] <= 100.0 for r in rows), rows
+        assert dev["train_step/spin"]["run_pct"] + dev["eval"]["run_pct"] == np.float64(100.0)
+        assert dev["train_step/spin"]["run_pct"] > dev["eval"]["run_pct"]
+    out = subprocess.run([sys.executable, "-m", "cltrace", "summary", str(path)], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "200"}).stdout
+    head = out.splitlines()[1].split("  ")
+    at = [h.strip() for h in head if h.strip()].index("% run")
+    spin = next(ln for ln in out.splitlines() if ln.strip().startswith("spin"))
+    assert 50.0 < float(spin.split()[at]) <= 100.0, out
 
 
 def test_report_text_one_unit_per_column_and_names_whole(queue: Any, kernels: Any) -> None:
@@ -96,9 +132,6 @@ def test_units_and_single_durations() -> None:
 
 
 def test_devices_command_writes_drift_per_second_and_counts_calibrations(tmp_path: Any) -> None:
-    import subprocess
-    import sys
-
     out = subprocess.run([sys.executable, "-m", "cltrace", "devices", "--samples", "8"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120).stdout
     clock = next(ln for ln in out.splitlines() if "clock:" in ln)

@@ -255,8 +255,7 @@ def test_kernel_table_is_split_per_device(two_devices: dict[str, Path], ext: str
 def test_diff_keeps_kernels_of_two_devices_apart(two_devices: dict[str, Path]) -> None:
     from cltrace.analyze.diff import diff
 
-    a = analyze(two_devices[".json"])
-    names = sorted(r.name for r in diff(a, a) if r.kind == "kernel")
+    names = sorted(r.name for r in diff(two_devices[".json"], two_devices[".json"]) if r.kind == "kernel")
     assert names == [f"add on {POCL} #0", f"add on {POCL} #1", f"spin on {POCL} #1"]
 
 

@@ -366,6 +366,12 @@ def test_cli_load_analyze_diff(tmp_path: Path, job: list[str], capsys: Any, monk
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["forward"]["count_a"] == 5 * (2 + 12 + 2) and rows["forward"]["count_b"] == 5
     assert rows["step"]["count_a"] == 15 and rows["step"]["count_b"] == 5
+    # the same gate as for files: a run against itself passes; the job against its lighter rerun fails on its kernel
+    assert main(["diff", "--store", folder, "job-7", "job-7", "--fail-above", "10"]) == 0
+    capsys.readouterr()
+    assert main(["diff", "--store", folder, "job-8", "job-7", "--fail-above", "10", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert "forward" in doc["regressions"] and all(r["reason"] for r in doc["rows"])
 
 
 def test_cli_store_errors_are_one_line(tmp_path: Path, capsys: Any, monkeypatch: Any) -> None:

@@ -1,30 +1,34 @@
-"""``cltrace diff A B``: what got slower or faster between two runs, per region and per kernel.
+"""``cltrace diff A B``: what got slower or faster between two runs, and whether it is a regression.
 
-Rows are matched by region path (device time where the region has it, host time otherwise) and
-by kernel name. Rows are ordered by the change of their self time (a region that got slower
-only because a kernel in it did ranks below that kernel), ``change_ns`` is the change in total
-time, and ``change_pct`` is
-the change of the mean per call, so a run with more steps is not a regression by itself. A row
-regresses when ``change_pct`` exceeds the threshold and it holds at least ``MIN_SHARE`` of its
-run's time (smaller rows are listed, not gated: their noise is not a regression).
+Rows: the run's device time (per step where the runs mark steps, ``cltrace.steps``/``step()``),
+each region by path (device time where the region has it, host time otherwise) and each kernel by
+name (and device, where either run has more than one). Each row carries its verdict and the reason
+for it, decided by ``gate`` on the rows' samples (medians, quartiles, time added; see there), so
+the text and ``--json`` say the same. The total row comes first, then regressions, then the rest,
+each by the change of its self time (a region slower only because a kernel in it is ranks below
+that kernel).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Union
 
-from ..timeline.spans import REGION_CATS
-from .analysis import Analysis
+from . import gate
+from .model import TraceData
+from .samples import RowSamples, RunSamples, devices, run_samples, whole
 from .text import Column, table, terminal_width
 
-MIN_SHARE = 0.01
+DEFAULT_PCT = 10.0  # the threshold reasons are given at without --fail-above
+Side = Union[str, "os.PathLike[str]", TraceData]
 
 
 @dataclass
 class DiffRow:
-    kind: str  # "region" or "kernel"
-    name: str  # region path or kernel name
+    kind: str  # "total", "region" or "kernel"
+    name: str  # region path, kernel name, or the total's ("device time": per step, or the run's)
     source: str  # "device" or "host"
+    per: str  # what one sample (p50, p99, mean) is: a "call", a "step", the "run"
     count_a: int
     count_b: int
     total_a_ns: int
@@ -33,80 +37,107 @@ class DiffRow:
     p50_b_ns: float | None
     p99_a_ns: float | None
     p99_b_ns: float | None
-    self_a_ns: int  # regions: total minus children; kernels: the total
+    self_a_ns: int  # regions: total minus children; kernels: their share of device busy time
     self_b_ns: int
     change_ns: int  # of the total
     self_change_ns: int  # orders the rows: a region slower only through a child ranks below it
-    change_pct: float | None  # of the mean per call; None where one side is missing
-    gated: bool  # large enough to count as a regression
+    change_pct: float | None  # of the median (p50) sample; None where one side is missing
+    mean_change_pct: float | None  # of the mean sample: the time per call (or step)
+    verdict: str  # regression, faster, ok, new, removed; not gated: small, listed (host time, few samples)
+    reason: str  # why: the figures and the rule that decided (gate)
+    gated: bool  # judged by the gate (not a row too small to count)
+
+    @property
+    def regressed(self) -> bool:
+        return self.verdict == gate.REGRESSION
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "regressed": self.regressed}
 
 
-def _regions(a: Analysis) -> dict[tuple[str, str, str], dict[str, Any]]:
-    out = {}
-    for r in a.regions:
-        if r["cat"] not in REGION_CATS:
-            continue
-        key = ("region", r["path"], r["source"])
-        if r["source"] == "device" or ("region", r["path"], "device") not in out:
-            out[key] = r
-    paths_with_device = {k[1] for k in out if k[2] == "device"}
-    return {k: v for k, v in out.items() if k[2] == "device" or k[1] not in paths_with_device}
+def _columns(side: Side) -> TraceData:
+    if isinstance(side, TraceData):
+        return side
+    from ..read import load_columns
+
+    spans, meta = load_columns(side)
+    return TraceData(spans, meta)
 
 
-def _kernels(a: Analysis, per_device: bool = False) -> dict[tuple[str, str, str], dict[str, Any]]:
-    """Kernel rows by name (and shape; and device where either run has more than one)."""
-    return {("kernel", r["name"] + (f" [{r['shape']}]" if r.get("shape") else "") +
-             (f" on {r.get('device', '')}" if per_device else ""), "device"): r for r in a.kernels}
+def _pct(new: float | None, old: float | None) -> float | None:
+    return None if new is None or old is None or not old else round(100.0 * (new / old - 1.0), 3)
 
 
-def _devices(a: Analysis) -> int:
-    return len({r.get("device", "") for r in a.kernels})
+def _row(key: tuple[str, str, str], x: RowSamples | None, y: RowSamples | None, v: gate.Verdict) -> DiffRow:
+    def get(r: RowSamples | None, f: str, default: Any = 0) -> Any:
+        return default if r is None else getattr(r, f)
+
+    ta, tb = get(x, "total_ns"), get(y, "total_ns")
+    sa, sb = get(x, "self_ns"), get(y, "self_ns")
+    p50a, p50b = get(x, "p50_ns", None), get(y, "p50_ns", None)
+    return DiffRow(key[0], key[1], key[2], get(x or y, "per"), get(x, "count"), get(y, "count"), ta, tb, p50a, p50b,
+                   get(x, "p99_ns", None), get(y, "p99_ns", None), sa, sb, tb - ta, sb - sa, _pct(p50b, p50a),
+                   _pct(get(y, "mean_ns", None), get(x, "mean_ns", None)) if x and y else None,
+                   v.verdict, v.reason, v.gated)
 
 
-def diff(a: Analysis, b: Analysis, min_share: float = MIN_SHARE) -> list[DiffRow]:
-    """Rows for every region and kernel of either run, largest absolute change first."""
+def compare(ra: RunSamples, rb: RunSamples, pct: float = DEFAULT_PCT) -> list[DiffRow]:
+    """Rows of two runs' samples, judged at ``pct`` percent."""
+    scale = ra.steps / rb.steps if ra.steps and rb.steps else 1.0
+    # new kernels' time less removed kernels' (a kernel renamed or fused at no extra cost nets out)
+    net = sum(r.typical_ns * scale for k, r in rb.rows.items() if k[0] == "kernel" and k not in ra.rows) - \
+        sum(r.typical_ns for k, r in ra.rows.items() if k[0] == "kernel" and k not in rb.rows)
     rows = []
-    per_device = max(_devices(a), _devices(b)) > 1
-    for pick in (_regions, lambda x: _kernels(x, per_device)):
-        ra, rb = pick(a), pick(b)
-        totals = {src: max(sum(r["total_ns"] for k, r in side.items() if k[2] == src) for side in (ra, rb)) or 1
-                  for src in ("device", "host")}
-        for key in sorted(set(ra) | set(rb)):
-            x, y = ra.get(key), rb.get(key)
-            ca, cb = (x or {}).get("count", 0), (y or {}).get("count", 0)
-            ta, tb = (x or {}).get("total_ns", 0), (y or {}).get("total_ns", 0)
-            pct = 100.0 * ((tb / cb) / (ta / ca) - 1.0) if ca and cb and ta else None
-            share = max(ta, tb) / totals[key[2]]
-            sa, sb = (x or {}).get("self_ns", ta), (y or {}).get("self_ns", tb)
-            rows.append(DiffRow(key[0], key[1], key[2], ca, cb, int(ta), int(tb), (x or {}).get("p50_ns"),
-                                (y or {}).get("p50_ns"), (x or {}).get("p99_ns"), (y or {}).get("p99_ns"),
-                                int(sa), int(sb), int(tb - ta), int(sb - sa), None if pct is None else round(pct, 3),
-                                share >= min_share))
-    rows.sort(key=lambda r: (-abs(r.self_change_ns), -abs(r.change_ns), r.kind, r.name))
+    for key in sorted(set(ra.rows) | set(rb.rows)):
+        x, y = ra.rows.get(key), rb.rows.get(key)
+        if x is not None and y is not None and x.per != y.per:  # steps in one run only: whole runs
+            x, y = whole(x), whole(y)
+        base, kind = ra.base_ns(key[2]), "device" if key[2] == "device" else "wall"
+        if x is not None and y is not None:
+            v = gate.matched(x, y, pct, base, kind)
+        elif y is not None:
+            v = gate.new(y, scale, pct, base, net if key[0] == "kernel" else y.typical_ns * scale, kind)
+        else:
+            v = gate.removed(x, base, kind)  # type: ignore[arg-type]
+        rows.append(_row(key, x, y, v))
+    rows.sort(key=lambda r: (r.kind != "total", not r.regressed, -abs(r.self_change_ns), -abs(r.change_ns),
+                             r.kind, r.name))
     return rows
 
 
-def regressions(rows: list[DiffRow], fail_above_pct: float) -> list[DiffRow]:
-    return [r for r in rows if r.gated and r.change_pct is not None and r.change_pct > fail_above_pct]
+def diff(a: Side, b: Side, pct: float = DEFAULT_PCT) -> list[DiffRow]:
+    """Rows for the run's device time and every region and kernel of either run (trace files or
+    ``TraceData``), each with its verdict and reason at ``pct`` percent."""
+    ta, tb = _columns(a), _columns(b)
+    per_device = max(devices(ta), devices(tb)) > 1
+    return compare(run_samples(ta, per_device), run_samples(tb, per_device), pct)
 
 
-def render_diff(rows: list[DiffRow], a: str, b: str, width: int | None = None, top: int | None = 20) -> str:
+def regressions(rows: list[DiffRow]) -> list[DiffRow]:
+    return [r for r in rows if r.regressed]
+
+
+def render_diff(rows: list[DiffRow], a: str, b: str, pct: float, width: int | None = None,
+                top: int | None = 20) -> str:
     shown = rows[:top] if top else rows
-    cols = [Column("region / kernel", keep=9), Column("src", keep=8, left=True), Column("count A", keep=4),
-            Column("count B", keep=4), Column("total A", time=True, keep=7), Column("total B", time=True, keep=7),
-            Column("self change", time=True, keep=8), Column("change", time=True, keep=9), Column("change %", keep=9), Column("p50 A", time=True, keep=3),
-            Column("p50 B", time=True, keep=3), Column("p99 A", time=True, keep=2), Column("p99 B", time=True, keep=2)]
-    data = [(("kernel " if r.kind == "kernel" else "") + r.name, r.source, r.count_a, r.count_b, r.total_a_ns,
-             r.total_b_ns, r.self_change_ns, r.change_ns, "-" if r.change_pct is None else f"{r.change_pct:+.1f}",
-             r.p50_a_ns, r.p50_b_ns, r.p99_a_ns, r.p99_b_ns) for r in shown]
+    cols = [Column("region / kernel", keep=9), Column("src", keep=8, left=True), Column("verdict", keep=10, left=True),
+            Column("per", keep=6, left=True),
+            Column("count A", keep=4), Column("count B", keep=4), Column("total A", time=True, keep=7),
+            Column("total B", time=True, keep=7), Column("self change", time=True, keep=5),
+            Column("p50 A", time=True, keep=6), Column("p50 B", time=True, keep=6), Column("p50 %", keep=8),
+            Column("mean %", keep=7), Column("p99 A", time=True, keep=2), Column("p99 B", time=True, keep=2),
+            Column("reason", keep=9, left=True)]
+    label = {"kernel": "kernel ", "total": "total: "}
+    data = [(label.get(r.kind, "") + r.name, r.source, r.verdict, r.per, r.count_a, r.count_b, r.total_a_ns, r.total_b_ns,
+             r.self_change_ns, r.p50_a_ns, r.p50_b_ns, "-" if r.change_pct is None else f"{r.change_pct:+.1f}",
+             "-" if r.mean_change_pct is None else f"{r.mean_change_pct:+.1f}", r.p99_a_ns, r.p99_b_ns, r.reason)
+            for r in shown]
     head = [f"cltrace diff: A = {a}", f"              B = {b}",
-            "ordered by self change (B - A of the time not in children); change: of the total; "
-            "change %: of the mean per call"]
+            f"judged at {pct:g}%: a regression is a p50 and a mean both up more than that and beyond both runs' "
+            "p25-p75 (few samples, new rows: the time added against A's); per: what a sample is (p50, p99, mean); "
+            "self change: B - A of the time not in children"]
     more = [f"({len(rows) - len(shown)} more rows; --top 0 shows all)"] if len(rows) > len(shown) else []
     return "\n".join(head + table(cols, data, width=width or terminal_width()) + more)
 
 
-__all__ = ["DiffRow", "diff", "regressions", "render_diff"]
+__all__ = ["DEFAULT_PCT", "DiffRow", "compare", "diff", "regressions", "render_diff"]

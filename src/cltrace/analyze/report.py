@@ -33,7 +33,8 @@ def format_ns(ns: float | None) -> str:
 
 def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
     """The tree as rows in display order: each level sorted by total time (device time where the
-    node has it, host time otherwise), with self time and shares of parent and run per source."""
+    node has it, host time otherwise), with self time and shares of parent and run per source.
+    A share of run is of the time of its kind in the nodes that have it and no ancestor with it."""
     children: dict[str, list[str]] = {}
     roots: list[str] = []
     for path, row in tree.items():
@@ -48,7 +49,19 @@ def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
         d, h = total(path, "device"), total(path, "host")
         return -(d if d is not None else h or 0)
 
-    run = {src: sum(total(p, src) or 0 for p in roots) for src in SOURCES}
+    def outermost(path: str, src: str) -> bool:
+        """Whether the node has time of this kind and no ancestor has."""
+        if tree[path][src] is None:
+            return False
+        for _ in range(tree[path]["depth"]):
+            path = path.rpartition("/")[0]
+            if path in tree and tree[path][src] is not None:
+                return False
+        return True
+
+    # the run's time of each kind: its outermost nodes' (a kernel under a region without a queue is
+    # top-level device time), so every share is of time that contains the row's and none passes 100
+    run = {src: sum(total(p, src) or 0 for p in tree if outermost(p, src)) for src in SOURCES}
     out: list[dict[str, Any]] = []
 
     def visit(path: str, parent: str | None) -> None:
@@ -109,7 +122,7 @@ def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str 
     lines.append(body[0])
     lines.append("-" * len(body[0]))
     lines.extend(body[1:])
-    lines.append("self: total minus its children's; % run: of all top-level time of that kind; "
+    lines.append("self: total minus its children's; % run: of the run's time of that kind (its outermost rows); "
                  "enqueue: host time to issue a command")
     if meta:
         lines.append("")

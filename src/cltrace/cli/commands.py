@@ -207,24 +207,32 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from ..analyze.analysis import analyze
-    from ..analyze.diff import diff, regressions, render_diff
+    from ..analyze.diff import DEFAULT_PCT, diff
 
     if args.store is not None:
         from .store import cmd_diff_store
 
         return cmd_diff_store(args)
 
-    rows = diff(analyze(args.a), analyze(args.b))
-    bad = regressions(rows, args.fail_above) if args.fail_above is not None else []
+    pct = DEFAULT_PCT if args.fail_above is None else args.fail_above
+    return print_diff(diff(args.a, args.b, pct), args.a, args.b, pct, args)
+
+
+def print_diff(rows: list[Any], a: str, b: str, pct: float, args: argparse.Namespace) -> int:
+    """A diff's rows as text or ``--json`` (files or runs in a store alike); 1 where ``--fail-above`` gates
+    and a row regressed."""
+    from ..analyze.diff import regressions, render_diff
+
+    bad = regressions(rows) if args.fail_above is not None else []
     if args.json:
-        print(json.dumps({"a": args.a, "b": args.b, "rows": [r.as_dict() for r in rows],
-                          "regressions": [r.name for r in bad]}, indent=2))
+        print(json.dumps({"a": a, "b": b, "threshold_pct": pct, "gate": args.fail_above is not None,
+                          "rows": [r.as_dict() for r in rows], "regressions": [r.name for r in bad]}, indent=2))
     else:
-        print(render_diff(rows, args.a, args.b, top=args.top or None))
+        print(render_diff(rows, a, b, pct, top=args.top or None))
         if args.fail_above is not None:
             print(f"\n{len(bad)} regression(s) above {args.fail_above:g}%" +
-                  "".join(f"\n  {r.kind} {r.name}: {r.change_pct:+.1f}%" for r in bad))
+                  "".join(f"\n  {r.kind} {r.name}: {r.reason}" for r in bad))
+    sys.stdout.flush()
     return 1 if bad else 0
 
 
@@ -243,6 +251,7 @@ def _png(value: str) -> str:
 
 def add_analysis_commands(sub: Any) -> None:
     """``cltrace analyze`` and ``cltrace diff``."""
+    from ..analyze.diff import DEFAULT_PCT
     from ..analyze.kernels import GROUPS, SORT_KEYS
     from .store import add_scope_arguments, add_store_argument
 
@@ -266,7 +275,9 @@ def add_analysis_commands(sub: Any) -> None:
     d.add_argument("b", help="the trace to compare with it; with --store, a run id")
     add_store_argument(d)
     d.add_argument("--fail-above", type=_percent, metavar="PCT",
-                   help="exit 1 when a region or kernel got slower per call by more than PCT percent")
+                   help="exit 1 on a regression above PCT percent: the run's device time, a region or a kernel "
+                        "slower beyond the runs' spread, or a new kernel taking more than PCT%% of A's device time "
+                        f"(without it rows are judged at {DEFAULT_PCT:g}%% and nothing fails)")
     d.add_argument("--top", type=int, default=20, metavar="N", help="rows to list (default 20; 0: all)")
     d.add_argument("--json", action="store_true", help="print the rows as JSON")
     d.set_defaults(fn=cmd_diff)

@@ -67,22 +67,11 @@ def cmd_analyze_store(args: argparse.Namespace) -> int:
 
 
 def cmd_diff_store(args: argparse.Namespace) -> int:
-    import json
-
-    from ..analyze.diff import diff, regressions, render_diff
+    from ..analyze.diff import DEFAULT_PCT, compare
     from ..store import Store
+    from .commands import print_diff
 
     with Store(args.store, create=False) as store:
-        a, b = (store.totals(r).diffable() for r in (args.a, args.b))
-    rows = diff(a, b)  # type: ignore[arg-type]
-    bad = regressions(rows, args.fail_above) if args.fail_above is not None else []
-    if args.json:
-        print(json.dumps({"a": args.a, "b": args.b, "rows": [r.as_dict() for r in rows],
-                          "regressions": [r.name for r in bad]}, indent=2))
-    else:
-        print(render_diff(rows, f"run {args.a}", f"run {args.b}", top=args.top or None))
-        if args.fail_above is not None:
-            print(f"\n{len(bad)} regression(s) above {args.fail_above:g}%" +
-                  "".join(f"\n  {r.kind} {r.name}: {r.change_pct:+.1f}%" for r in bad))
-    sys.stdout.flush()
-    return 1 if bad else 0
+        ra, rb = (store.totals(r).run_samples() for r in (args.a, args.b))
+    pct = DEFAULT_PCT if args.fail_above is None else args.fail_above
+    return print_diff(compare(ra, rb, pct), f"run {args.a}", f"run {args.b}", pct, args)

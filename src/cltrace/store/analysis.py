@@ -33,14 +33,26 @@ class StoreAnalysis:
                 "slowest_ranks": self.slowest_ranks(), "stragglers": [s.as_dict() for s in self.stragglers],
                 "kernels": [k.as_dict() for k in self.kernels], "regions": [r.as_dict() for r in self.regions]}
 
-    def diffable(self) -> Any:
-        """The regions and kernels in the shape ``analyze.diff.diff`` reads, so a diff of two runs in a
-        store is the same definition as a diff of two files (host time for regions)."""
-        regions = [{"cat": "region", "path": r.path, "source": "host", "count": r.count, "total_ns": r.total_ns,
-                    "p50_ns": None, "p99_ns": None} for r in self.regions]
-        kernels = [{"name": k.name, "device": k.device, "count": k.count, "total_ns": k.total_ns,
-                    "p50_ns": k.p50_ns, "p99_ns": k.p99_ns} for k in self.kernels]
-        return SimpleNamespace(regions=regions, kernels=kernels)
+    def run_samples(self) -> Any:
+        """The run as ``cltrace diff``'s gate reads it (``analyze.samples.RunSamples``), so a diff of two
+        runs in a store is judged by the same rules as a diff of two files. The store's tables are totals:
+        each row is one sample of the whole run (the gate then judges the time a row adds against the
+        run's device time, or its wall time for a region's host time), kernels by device time, regions
+        by host time, and the run's device time its kernels'."""
+        import numpy as np
+
+        from ..analyze.samples import TOTAL, RowSamples, RunSamples
+
+        def one(count: int, total: int) -> RowSamples:
+            return RowSamples(count, total, total, np.array([float(total)]), "run", float(total))
+
+        rows = {("kernel", k.name, "device"): one(k.count, k.total_ns) for k in self.kernels}
+        rows.update({("region", r.path, "host"): one(r.count, r.total_ns) for r in self.regions})
+        device = sum(k.total_ns for k in self.kernels)
+        if device:
+            rows[("total", TOTAL, "device")] = one(1, device)
+        wall = sum(r.total_ns for r in self.regions if "/" not in r.path)  # the outermost regions' host time
+        return RunSamples(rows, 0, device, wall)
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.as_dict(), indent=indent, default=str)
