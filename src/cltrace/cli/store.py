@@ -69,7 +69,7 @@ def cmd_analyze_store(args: argparse.Namespace) -> int:
 def cmd_diff_store(args: argparse.Namespace) -> int:
     from ..analyze.diff import DEFAULT_PCT, compare
     from ..store import Store
-    from .commands import print_diff
+    from .diff_report import print_diff
 
     with Store(args.store, create=False) as store:
         ra, rb = (store.totals(r).run_samples() for r in (args.a, args.b))
