@@ -170,7 +170,7 @@ def test_fuzz_pftrace(originals: dict[str, bytes], tmp_path: Any) -> None:
 
 def test_track_names_with_invalid_utf8_are_read(originals: dict[str, bytes], tmp_path: Any) -> None:
     """A counter or thread track whose name is not UTF-8 (proto2 gives bytes) is still read, with replacements."""
-    data = expand(originals[".pftrace"])  # the names as plain bytes, to damage them in place
+    data = expand(originals[".pftrace"]).data  # the names as plain bytes, to damage them in place
     assert b"device memory" in data and b"MainThread" in data
     data = data.replace(b"device memory", b"\x80evice memory").replace(b"MainThread", b"\xffainThread")
     path = tmp_path / "names.pftrace"

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..errors import TraceFileError
 
-_LIMIT_NS = 1 << 62  # times and durations beyond ~146 years are not stamps
+LIMIT_NS = _LIMIT_NS = 1 << 62  # times and durations beyond ~146 years are not stamps
 
 
 def _show(v: Any) -> str:
@@ -64,16 +64,27 @@ def mapping(v: Any, what: str) -> dict[str, Any]:
 
 
 def metadata(meta: Any) -> dict[str, Any]:
-    """The run's metadata, its counts and per-device tables checked for the report."""
-    meta = mapping(meta, "the cltrace.metadata")
-    for key in ("dropped_spans", "recorded_spans"):
-        if key in meta:
-            meta[key] = integer(meta[key], f"metadata {key!r}")
-    for key in ("clocks", "devices"):
-        if key in meta:
-            for dev, entry in mapping(meta[key], f"metadata {key!r}").items():
-                mapping(entry, f"metadata {key!r} of {dev!r}")
-    return meta
+    """The run's metadata, checked field by field (``schema``): what the analysis reads can be trusted."""
+    from .schema import metadata as checked
+
+    return checked(meta)
+
+
+def attrs(a: dict[str, Any], where: str) -> dict[str, Any]:
+    """A span's attributes with the ones the analysis computes from checked (``bytes`` a count) and their
+    text printable (a lone surrogate becomes U+FFFD)."""
+    out = {}
+    for k, v in a.items():
+        if isinstance(k, str):
+            k = text(k, where)
+        if isinstance(v, str):
+            v = text(v, f"{where}: {k!r:.40}")
+        elif k == "bytes" and v is not None:
+            v = integer(v, f"{where}: 'bytes'")
+            if v < 0:
+                raise TraceFileError(f"{where}: 'bytes' is {v}, not a count (negative)")
+        out[k] = v
+    return out
 
 
 def cut_off(meta: dict[str, Any], read_bytes: int, file_bytes: int, events: int, skipped: int, unit: str) -> None:

@@ -166,7 +166,8 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
                   checks.text(ev.get("name", "?"), f"{where}: 'name'"), checks.text(ev.get("cat", "?"), f"{where}: 'cat'"),
                   checks.integer(ev.get("tid", 0), f"{where}: 'tid'"),
                   hb, hb + checks.micros_to_ns(ev.get("dur", 0), f"{where}: 'dur'"),
-                  attrs={k: v for k, v in a.items() if k not in _RESERVED and k not in sites.KEYS} or None,
+                  attrs=checks.attrs({k: v for k, v in a.items() if k not in _RESERVED and k not in sites.KEYS},
+                                     f"{where}: 'args'") or None,
                   status="error" if status == "error" else "ok",
                   error=None if error is None else checks.text(error, f"{where}: 'args.error'"),
                   site=sites.from_attrs(a))
