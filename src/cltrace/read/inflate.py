@@ -133,9 +133,9 @@ def expand(data: bytes) -> Expanded:
             rest = found[k:]
             got.skipped = {"streams": len(rest), "file_bytes": sum(e - a for a, _, e in rest),
                            "first_at": at, "limit": budget(len(data))}
-            for (_, _, e), nxt in zip(rest, [*(a for a, _, _ in rest[1:]), len(data)]):
+            for (a, _, e), nxt in zip(rest, [*(a for a, _, _ in rest[1:]), len(data)]):
+                got.blocks.append((size, a, 0, e - a))
                 parts.append(view[e:nxt])  # the plain packets between the skipped streams are kept
-                got.blocks.append((size, at, 0, e - at))
                 size += nxt - e
             pos = len(data)
             break
