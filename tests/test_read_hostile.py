@@ -203,6 +203,7 @@ def test_a_truncated_note_in_the_file_is_not_taken_as_the_readers(demo: dict[str
 
 def test_transfer_bytes_of_the_wrong_type_are_refused_in_one_line(demo: dict[str, str], path_kind: str,
                                                                   tmp_path: Any) -> None:
+    """The analysis sums a transfer's ``bytes``: one that is not a count is refused where it is read."""
     with open(demo[".json"]) as fh:
         events = json.load(fh)
     ev = next(e for e in events if isinstance(e, dict) and isinstance(e.get("args"), dict) and "bytes" in e["args"])
@@ -212,10 +213,19 @@ def test_transfer_bytes_of_the_wrong_type_are_refused_in_one_line(demo: dict[str
     check_outcome(run_all(str(bad), demo[".json"], tmp_path), "'bytes' is {'a': 1}, not an integer")
 
     packets = packets_of(demo[".pftrace"])
-    names = {e.iid: e.name for p in packets for e in p.interned_data.debug_annotation_names}
-    host = next(p for p in packets if p.HasField("track_event") and p.track_event.type == pb.TrackEvent.TYPE_SLICE_BEGIN
-                and not any(names.get(a.name_iid) == "device.start" for a in p.track_event.debug_annotations))
-    host.track_event.debug_annotations.add(name="bytes", legacy_json_value='{"a": 1}')
+    names: dict[tuple[int, int], str] = {}  # (sequence, iid) -> interned annotation name
+    cats: dict[tuple[int, int], str] = {}
+    for p in packets:
+        seq = p.trusted_packet_sequence_id
+        names.update(((seq, e.iid), e.name) for e in p.interned_data.debug_annotation_names)
+        cats.update(((seq, e.iid), e.name) for e in p.interned_data.event_categories)
+        te = p.track_event
+        if p.HasField("track_event") and any(cats.get((seq, c)) == "transfer" for c in te.category_iids):
+            a = next(a for a in te.debug_annotations if names.get((seq, a.name_iid)) == "bytes")
+            a.legacy_json_value = '{"a": 1}'  # in place of its int_value
+            break
+    else:
+        raise AssertionError("no transfer in the demo's .pftrace")
     bad = tmp_path / "bytes.pftrace"
     write_packets(str(bad), packets)
     check_outcome(run_all(str(bad), demo[".pftrace"], tmp_path), "'bytes' is {'a': 1}, not an integer")
@@ -350,3 +360,13 @@ def test_a_stream_of_zeros_reads_as_cut_off_with_byte_counts_of_the_file(demo: d
         assert main(["summary", path]) == 0
     (line,) = err.err.splitlines()
     assert "cut off" in line and f"first {info['read_bytes']:,} of {info['file_bytes']:,} bytes" in line
+
+
+def test_a_regions_own_bytes_attribute_may_be_anything(path_kind: str, tmp_path: Any) -> None:
+    """Only a transfer's ``bytes`` is the analysis's: a user's region may carry its own, of any type."""
+    path = str(tmp_path / "r.json")
+    with cltrace.trace(path):
+        with cltrace.region("load", attrs={"bytes": "1 MB"}):
+            pass
+    assert main(["analyze", path]) == 0
+    assert cltrace.analyze(path).spans == 1

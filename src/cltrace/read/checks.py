@@ -70,19 +70,37 @@ def metadata(meta: Any) -> dict[str, Any]:
     return checked(meta)
 
 
-def attrs(a: dict[str, Any], where: str) -> dict[str, Any]:
-    """A span's attributes with the ones the analysis computes from checked (``bytes`` a count) and their
-    text printable (a lone surrogate becomes U+FFFD)."""
+def _shallow(v: Any) -> Any:
+    """A list or object of texts (a launch shape, a list of devices) with each text printable; deeper
+    values are printed by ``repr``, which escapes a lone surrogate itself."""
+    if isinstance(v, list):
+        return [text(x, "text") if isinstance(x, str) else x for x in v]
+    if isinstance(v, dict):
+        return {text(k, "text") if isinstance(k, str) else k: text(x, "text") if isinstance(x, str) else x
+                for k, x in v.items()}
+    return v
+
+
+def is_count(v: Any) -> bool:
+    """Whether ``v`` is a count the analysis can sum (a transfer's ``bytes``): a non-negative int in range."""
+    return v is None or (type(v) is int and 0 <= v < _LIMIT_NS)
+
+
+def attrs(a: dict[str, Any], where: str, transfer: bool = False) -> dict[str, Any]:
+    """A span's attributes, their text printable (a lone surrogate becomes U+FFFD); a transfer's ``bytes``,
+    which the analysis sums, checked to be a count (a region's own attributes may be anything)."""
     out = {}
     for k, v in a.items():
         if isinstance(k, str):
             k = text(k, where)
-        if isinstance(v, str):
-            v = text(v, f"{where}: {k!r:.40}")
-        elif k == "bytes" and v is not None:
+        if transfer and k == "bytes" and v is not None:
             v = integer(v, f"{where}: 'bytes'")
             if v < 0:
                 raise TraceFileError(f"{where}: 'bytes' is {v}, not a count (negative)")
+        elif isinstance(v, str):
+            v = text(v, f"{where}: {k!r:.40}")
+        elif isinstance(v, (list, dict)):
+            v = _shallow(v)
         out[k] = v
     return out
 
