@@ -63,13 +63,6 @@ def mapping(v: Any, what: str) -> dict[str, Any]:
     return v
 
 
-def metadata(meta: Any) -> dict[str, Any]:
-    """The run's metadata, checked field by field (``schema``): what the analysis reads can be trusted."""
-    from .schema import metadata as checked
-
-    return checked(meta)
-
-
 def _shallow(v: Any) -> Any:
     """A list or object of texts (a launch shape, a list of devices) with each text printable; deeper
     values are printed by ``repr``, which escapes a lone surrogate itself."""

@@ -15,7 +15,7 @@ from ..errors import TraceFileError
 from ..record.memory import COUNTER_ARG, COUNTER_PREFIX
 from ..timeline import sites
 from ..timeline.spans import TRANSFER, Span
-from . import checks
+from . import checks, schema
 from .tree import fill_paths
 
 # Args members the reader takes as span fields rather than attributes.
@@ -113,7 +113,7 @@ class Others:
             elif name == "process_name":
                 self.processes[ev.get("pid")] = str(margs.get("name", ""))
         elif ph == "i" and ev.get("name") == "cltrace.metadata":
-            self.meta = checks.metadata(ev.get("args"))
+            self.meta = schema.metadata(ev.get("args"))
         elif ph == "C" and ev.get("name") == "cltrace.dropped_spans":
             args = checks.mapping(ev.get("args"), f"{where}: 'args'")
             self.dropped = max(self.dropped, checks.integer(args.get("dropped", 0), f"{where}: 'args.dropped'"))

@@ -23,7 +23,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ..errors import TraceFileError
 from ..record.memory import COUNTER_PREFIX
-from . import checks
+from . import checks, schema
 from .inflate import expand, varint_at as _varint
 from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
                                     DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET, uv)
@@ -99,7 +99,7 @@ def metadata_of(te: Any) -> Iterator[dict[str, Any]]:
                 meta = json.loads(a.string_value)
             except (ValueError, RecursionError):
                 raise TraceFileError("corrupt Perfetto trace: cltrace.metadata is not JSON") from None
-            yield checks.metadata(meta)
+            yield schema.metadata(meta)
 
 
 def _site(loc: Any) -> sites.CallSite:
