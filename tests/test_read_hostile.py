@@ -214,7 +214,7 @@ def test_transfer_bytes_of_the_wrong_type_are_refused_in_one_line(demo: dict[str
     ev["args"]["bytes"] = {"a": 1}
     bad = tmp_path / "bytes.json"
     bad.write_text(json.dumps(events))
-    check_outcome(run_all(str(bad), demo[".json"], tmp_path), "'bytes' is {'a': 1}, not an integer")
+    check_outcome(run_all(str(bad), demo[".json"], tmp_path), "'bytes' is {'a': 1}, not a count")
 
     packets = packets_of(demo[".pftrace"])
     names: dict[tuple[int, int], str] = {}  # (sequence, iid) -> interned annotation name
@@ -232,7 +232,20 @@ def test_transfer_bytes_of_the_wrong_type_are_refused_in_one_line(demo: dict[str
         raise AssertionError("no transfer in the demo's .pftrace")
     bad = tmp_path / "bytes.pftrace"
     write_packets(str(bad), packets)
-    check_outcome(run_all(str(bad), demo[".pftrace"], tmp_path), "'bytes' is {'a': 1}, not an integer")
+    check_outcome(run_all(str(bad), demo[".pftrace"], tmp_path), "'bytes' is {'a': 1}, not a count")
+
+
+def test_a_build_keyed_by_a_list_is_refused_in_one_line(demo: dict[str, str], path_kind: str, tmp_path: Any) -> None:
+    """Builds are grouped by source hash, options and device: a list there is refused where it is read
+    (found by the campaign: TypeError unhashable type in findings/builds.py)."""
+    with open(demo[".json"]) as fh:
+        events = json.load(fh)
+    ev = next(e for e in events if isinstance(e, dict) and e.get("cat") in ("compile", "build")
+              and isinstance(e.get("args"), dict) and "options" in e["args"])
+    ev["args"]["options"] = ["-O2"]
+    bad = tmp_path / "options.json"
+    bad.write_text(json.dumps(events))
+    check_outcome(run_all(str(bad), demo[".json"], tmp_path), "'options' is ['-O2'], not a text or a number")
 
 
 def test_a_timestamp_of_2_to_the_64_minus_1_is_refused_in_one_line(demo: dict[str, str], path_kind: str,

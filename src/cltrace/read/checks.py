@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from ..errors import TraceFileError
+from ..timeline.spans import BUILD, COMPILE, TRANSFER
 
 LIMIT_NS = _LIMIT_NS = 1 << 62  # times and durations beyond ~146 years are not stamps
 
@@ -79,18 +80,37 @@ def is_count(v: Any) -> bool:
     return v is None or (type(v) is int and 0 <= v < _LIMIT_NS)
 
 
-def attrs(a: dict[str, Any], where: str, transfer: bool = False) -> dict[str, Any]:
-    """A span's attributes, their text printable (a lone surrogate becomes U+FFFD); a transfer's ``bytes``,
-    which the analysis sums, checked to be a count (a region's own attributes may be anything)."""
+def _is_key(v: Any) -> bool:
+    """Whether ``v`` can key a group (a build's source hash, options, device): a scalar."""
+    return v is None or isinstance(v, (str, int, float))
+
+
+_BUILD_KEYS = {"source_hash": _is_key, "options": _is_key, "device": _is_key}
+# The attributes the analysis computes from, by span category, and what each must be.
+_OWN: dict[str, dict[str, Any]] = {TRANSFER: {"bytes": is_count}, COMPILE: _BUILD_KEYS, BUILD: _BUILD_KEYS}
+_WHAT = {is_count: "a count", _is_key: "a text or a number"}
+
+
+def plain(a: dict[str, Any]) -> bool:
+    """Whether the attributes the analysis computes from are what it takes them for, whatever the span's
+    category (the columns readers, which do not know it per attribute set, leave the rest to the
+    general reader)."""
+    return all(fits(a.get(k)) for own in _OWN.values() for k, fits in own.items())
+
+
+def attrs(a: dict[str, Any], where: str, cat: str | None = None) -> dict[str, Any]:
+    """A span's attributes, their text printable (a lone surrogate becomes U+FFFD); the ones the analysis
+    computes from for the span's category checked (a transfer's ``bytes`` a count, a build's source hash,
+    options and device scalars). A region's own attributes may be anything."""
+    own = _OWN.get(cat or "", {})
     out = {}
     for k, v in a.items():
         if isinstance(k, str):
             k = text(k, where)
-        if transfer and k == "bytes" and v is not None:
-            v = integer(v, f"{where}: 'bytes'")
-            if v < 0:
-                raise TraceFileError(f"{where}: 'bytes' is {v}, not a count (negative)")
-        elif isinstance(v, str):
+        fits = own.get(k)
+        if fits is not None and not fits(v):
+            raise TraceFileError(f"{where}: {k!r} is {_show(v)}, not {_WHAT[fits]}")
+        if isinstance(v, str):
             v = text(v, f"{where}: {k!r:.40}")
         elif isinstance(v, (list, dict)):
             v = _shallow(v)

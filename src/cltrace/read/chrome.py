@@ -14,7 +14,7 @@ from ..export.chrome import OWN_ARGS
 from ..errors import TraceFileError
 from ..record.memory import COUNTER_ARG, COUNTER_PREFIX
 from ..timeline import sites
-from ..timeline.spans import TRANSFER, Span
+from ..timeline.spans import Span
 from . import checks, schema
 from .tree import fill_paths
 
@@ -167,7 +167,7 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
                   checks.integer(ev.get("tid", 0), f"{where}: 'tid'"),
                   hb, hb + checks.micros_to_ns(ev.get("dur", 0), f"{where}: 'dur'"),
                   attrs=checks.attrs({k: v for k, v in a.items() if k not in _RESERVED and k not in sites.KEYS},
-                                     f"{where}: 'args'", ev.get("cat") == TRANSFER) or None,
+                                     f"{where}: 'args'", ev.get("cat")) or None,
                   status="error" if status == "error" else "ok",
                   error=None if error is None else checks.text(error, f"{where}: 'args.error'"),
                   site=sites.from_attrs(a))

@@ -91,7 +91,7 @@ def _extras(data: bytes, raw: tuple[bytes, bytes, bytes]) -> tuple[list[Any], li
         if not isinstance(d, dict) or any(k in _RESERVED and k not in _TEXT_ARGS for k in d):
             return None
         status, error = d.get("status"), d.get("error")
-        if not checks.is_count(d.get("bytes")):
+        if not checks.plain(d):
             return None  # the general reader, which knows each span's category, says whether it matters
         attrs.append(checks.attrs({k: v for k, v in d.items() if k not in _RESERVED and k not in sites.KEYS},
                                   "'args'") or None)

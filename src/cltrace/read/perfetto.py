@@ -28,7 +28,7 @@ from .inflate import expand, varint_at as _varint
 from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
                                     DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET, uv)
 from ..timeline import sites
-from ..timeline.spans import STATUS_ERROR, STATUS_OK, TRANSFER, Span
+from ..timeline.spans import STATUS_ERROR, STATUS_OK, Span
 from .tree import fill_paths
 
 _RESERVED = {A_SPAN, A_PARENT, A_STATUS, A_ERROR, A_DEV_START, A_DEV_END, sites.STACK}
@@ -267,7 +267,7 @@ class _Reader:
             error = ann.get(A_ERROR) if failed else None
             sp = Span(sid, checks.integer(ann.get(A_PARENT, 0), f"{where}: parent"), name, cat, uuid, hb, he,
                       attrs=checks.attrs({k: v for k, v in ann.items() if k not in _RESERVED}, where,
-                                         cat == TRANSFER) or None,
+                                         cat) or None,
                       status=STATUS_ERROR if failed else STATUS_OK,
                       error=None if error is None else checks.text(error, f"{where}: error"), site=site)
             d = device.get(sid)

@@ -216,7 +216,7 @@ def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interne
             return None
         bad = ann.get(A_STATUS) == STATUS_ERROR
         error = ann.get(A_ERROR) if bad else None
-        if not checks.is_count(ann.get("bytes")):
+        if not checks.plain(ann):
             return None  # the general reader, which knows each span's category, says whether it matters
         attrs.append(checks.attrs({k2: v for k2, v in ann.items() if k2 not in _RESERVED}, "annotations") or None)
         failed.append(bad)
