@@ -8,7 +8,8 @@ errors count in the expanded data.
 
 What one file may inflate to is bounded (a file from someone else may be a decompression bomb): at most
 ``MAX_RATIO`` times the file's size and never more than ``MAX_INFLATED`` bytes in all. Each stream is
-inflated in steps bounded by what is left of that budget, so a bomb costs no more memory than the budget;
+inflated no further than what is left of that budget (zlib's output bounded), so a bomb costs no more
+memory than the budget;
 the stream that would pass it, and every compressed packet after it, are skipped and said in one line
 (``Expanded.skipped``, ``describe_skipped``). cltrace's own files inflate about 2.5 to 4 times.
 """
