@@ -203,7 +203,11 @@ def mutated_pftrace(draw: Any, packets: list[bytes]) -> bytes:
             anns[0].string_value = json.dumps(draw(json_values))
             packets[i] = p.SerializeToString()
         elif kind == "meta_field" and anns and p.track_event.name == "cltrace.metadata":
-            meta = mutate_metadata(draw, json.loads(anns[0].string_value))
+            try:
+                meta = json.loads(anns[0].string_value)
+            except ValueError:  # already replaced by an earlier mutation
+                meta = {}
+            meta = mutate_metadata(draw, meta)
             anns[0].string_value = json.dumps(meta).replace("Infinity", "1e400")
             packets[i] = p.SerializeToString()
         elif kind == "timestamp" and p.HasField("track_event"):
