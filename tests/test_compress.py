@@ -68,7 +68,7 @@ def test_packed_frames_one_compressed_packet(plain_trace: bytes) -> None:
     out = compress.packed(plain_trace)
     (at, start, end), = compressed_packets(out)
     assert (at, end) == (0, len(out))
-    assert zlib.decompress(out[start:end]) == plain_trace == expand(out)
+    assert zlib.decompress(out[start:end]) == plain_trace == expand(out).data
 
 
 def test_a_list_of_pieces_packs_as_their_concatenation(plain_trace: bytes) -> None:

@@ -138,7 +138,7 @@ def test_cut_files_are_read_by_the_scanner_itself(demo: dict[str, Path], tmp_pat
     """Cut between events (a run killed after a flush), the columns do the reading, not the fallback."""
     for ext, data in ((e, p.read_bytes()) for e, p in demo.items()):
         if ext == ".pftrace":  # as a plain one (``compress=False``): cut between packets, not inside a packed chunk
-            data = expand(data)
+            data = expand(data).data
         path = tmp_path / f"cut{ext}"
         path.write_bytes(data[:len(data) // 2])
         batch = same_spans(path)

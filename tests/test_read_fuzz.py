@@ -1,9 +1,11 @@
-"""Trace files as users hand them to ``cltrace summary``: cut off, corrupt, wrongly typed.
+"""Trace files as users hand them to ``cltrace summary`` and ``cltrace analyze``: cut off, corrupt, wrongly typed.
 
-Whatever the damage, the summary either reports (a cut-off file with a warning saying how much
-was read) or exits 2 with a one-line reason; never a traceback. Hypothesis mutates a real
-trace of each format: fields replaced by values of any JSON type, events and packets corrupted,
-files cut at any byte.
+Whatever the damage, the summary and the analysis either report (a cut-off file with a warning saying
+how much was read) or exit 2 with a one-line reason; never a traceback, on the native scanner and on
+the general readers alike. Hypothesis mutates a real trace of each format: fields replaced by values of
+any JSON type (in events, annotations and anywhere in the run's metadata), events and packets
+corrupted, files cut at any byte. ``CLTRACE_FUZZ_EXAMPLES`` sets the examples per test (150 in CI; a
+campaign runs thousands).
 """
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
+from cltrace.analyze.analysis import analyze
+from cltrace.analyze.render import render_analysis
 from cltrace.analyze.report import render
 from cltrace.analyze.summary import summarize
 from cltrace.cli import main
 from cltrace.errors import TraceFileError
-from cltrace.read import load
+from cltrace.read import load, scan
 from cltrace.read.inflate import expand
 from cltrace.read.perfetto import iter_packets
 from cltrace.export.protowire import varint
@@ -49,16 +53,68 @@ def originals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     return files
 
 
+@pytest.fixture(params=["native", "python"])
+def path_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The native scanner, or the general readers (``CLTRACE_NATIVE=0``'s path)."""
+    if request.param == "native":
+        if scan.NATIVE is None:
+            pytest.skip("the native scanner is not in use (CLTRACE_NATIVE=0 or not built)")
+    else:
+        monkeypatch.setattr(scan, "NATIVE", None)
+    return request.param
+
+
+def refused(exc: TraceFileError) -> None:
+    msg = str(exc)
+    assert msg and "\n" not in msg, f"not a one-line reason: {msg!r}"
+
+
 def summary_of(path: str) -> dict[str, Any] | None:
     """What ``cltrace summary`` computes (text and --json); None where it refused the file with one line."""
     try:
         stats, meta = summarize(path)
     except TraceFileError as exc:
-        msg = str(exc)
-        assert msg and "\n" not in msg, f"not a one-line reason: {msg!r}"
+        refused(exc)
         return None
-    render(stats.as_dict(), meta)
+    text = render(stats.as_dict(), meta)
+    text.encode("utf-8")  # printable on a strict UTF-8 terminal
     json.dumps({"regions": stats.as_dict(), "meta": meta}, default=str)
+    return meta
+
+
+def analysis_of(path: str) -> None:
+    """What ``cltrace analyze`` computes (text and --json), or its one-line refusal."""
+    try:
+        a = analyze(path)
+    except TraceFileError as exc:
+        refused(exc)
+        return
+    render_analysis(a, width=120).encode("utf-8")
+    a.to_json()
+
+
+def both(path: str) -> None:
+    summary_of(path)
+    analysis_of(path)
+
+
+def mutate_metadata(draw: Any, meta: Any) -> Any:
+    """``meta`` with one field somewhere inside it replaced by any JSON value, or deleted."""
+    node, steps = meta, draw(st.integers(0, 4))
+    for _ in range(steps):
+        kids = list(node.items()) if isinstance(node, dict) else list(enumerate(node)) if isinstance(node, list) else []
+        kids = [(k, v) for k, v in kids if isinstance(v, (dict, list)) and v]
+        if not kids:
+            break
+        node = draw(st.sampled_from(kids))[1]
+    if isinstance(node, dict) and node:
+        key = draw(st.sampled_from(sorted(node)))
+        if draw(st.booleans()):
+            del node[key]
+        else:
+            node[key] = draw(json_values | st.sampled_from([1e400, -1, 1 << 64, "\ud800", [1, 2], {"a": 1}]))
+    elif isinstance(node, list) and node:
+        node[draw(st.integers(0, len(node) - 1))] = draw(json_values)
     return meta
 
 
@@ -73,8 +129,12 @@ def mutated_json(draw: Any, events: list[Any]) -> bytes:
     for _ in range(draw(st.integers(1, 3))):
         i = draw(st.integers(0, len(events) - 1))
         ev = events[i]
-        kind = draw(st.sampled_from(["field", "arg", "delete", "event"]))
-        if kind == "event" or not isinstance(ev, dict):
+        kind = draw(st.sampled_from(["field", "arg", "delete", "event", "meta"]))
+        metas = [e for e in events if isinstance(e, dict) and e.get("name") == "cltrace.metadata"]
+        if kind == "meta" and metas:
+            m = draw(st.sampled_from(metas))
+            m["args"] = mutate_metadata(draw, m.get("args"))
+        elif kind == "event" or not isinstance(ev, dict):
             events[i] = draw(json_values)
         elif kind == "delete" and ev:
             del ev[draw(st.sampled_from(sorted(ev)))]
@@ -84,13 +144,13 @@ def mutated_json(draw: Any, events: list[Any]) -> bytes:
         else:
             key = draw(st.sampled_from(sorted(ev) + ["ts", "dur", "args", "name", "tid"]))
             ev[key] = draw(json_values)
-    data = json_lines(events)
+    data = json_lines(events).replace(b"Infinity", b"1e400")
     if draw(st.booleans()):
         data = data[:draw(st.integers(0, len(data)))]
     return data
 
 
-def test_fuzz_json(originals: dict[str, bytes], tmp_path: Any) -> None:
+def test_fuzz_json(originals: dict[str, bytes], path_kind: str, tmp_path: Any) -> None:
     events = json.loads(originals[".json"])
     path = str(tmp_path / "fuzz.json")
 
@@ -99,7 +159,7 @@ def test_fuzz_json(originals: dict[str, bytes], tmp_path: Any) -> None:
     def check(data: bytes) -> None:
         with open(path, "wb") as fh:
             fh.write(data)
-        summary_of(path)
+        both(path)
 
     check()
 
@@ -114,7 +174,7 @@ def mutated_pftrace(draw: Any, packets: list[bytes]) -> bytes:
     packets = list(packets)
     for _ in range(draw(st.integers(1, 3))):
         i = draw(st.integers(0, len(packets) - 1))
-        kind = draw(st.sampled_from(["annotation", "metadata", "bytes"]))
+        kind = draw(st.sampled_from(["annotation", "metadata", "meta_field", "timestamp", "bytes"]))
         try:
             p = pb.TracePacket.FromString(packets[i])
         except Exception:  # already corrupted by an earlier mutation
@@ -142,6 +202,18 @@ def mutated_pftrace(draw: Any, packets: list[bytes]) -> bytes:
         elif kind == "metadata" and anns and p.track_event.name == "cltrace.metadata":
             anns[0].string_value = json.dumps(draw(json_values))
             packets[i] = p.SerializeToString()
+        elif kind == "meta_field" and anns and p.track_event.name == "cltrace.metadata":
+            try:
+                meta = json.loads(anns[0].string_value)
+            except ValueError:  # already replaced by an earlier mutation
+                meta = {}
+            meta = mutate_metadata(draw, meta)
+            anns[0].string_value = json.dumps(meta).replace("Infinity", "1e400")
+            packets[i] = p.SerializeToString()
+        elif kind == "timestamp" and p.HasField("track_event"):
+            p.timestamp = draw(st.sampled_from([0, (1 << 63) - 1, 1 << 63, (1 << 64) - 1])
+                               | st.integers(0, (1 << 64) - 1))
+            packets[i] = p.SerializeToString()
         else:
             raw = bytearray(packets[i])
             for _ in range(draw(st.integers(1, 4))):
@@ -154,7 +226,7 @@ def mutated_pftrace(draw: Any, packets: list[bytes]) -> bytes:
     return data
 
 
-def test_fuzz_pftrace(originals: dict[str, bytes], tmp_path: Any) -> None:
+def test_fuzz_pftrace(originals: dict[str, bytes], path_kind: str, tmp_path: Any) -> None:
     packets = [raw for _, raw in iter_packets(originals[".pftrace"])]
     path = str(tmp_path / "fuzz.pftrace")
 
@@ -163,14 +235,14 @@ def test_fuzz_pftrace(originals: dict[str, bytes], tmp_path: Any) -> None:
     def check(data: bytes) -> None:
         with open(path, "wb") as fh:
             fh.write(data)
-        summary_of(path)
+        both(path)
 
     check()
 
 
 def test_track_names_with_invalid_utf8_are_read(originals: dict[str, bytes], tmp_path: Any) -> None:
     """A counter or thread track whose name is not UTF-8 (proto2 gives bytes) is still read, with replacements."""
-    data = expand(originals[".pftrace"])  # the names as plain bytes, to damage them in place
+    data = expand(originals[".pftrace"]).data  # the names as plain bytes, to damage them in place
     assert b"device memory" in data and b"MainThread" in data
     data = data.replace(b"device memory", b"\x80evice memory").replace(b"MainThread", b"\xffainThread")
     path = tmp_path / "names.pftrace"

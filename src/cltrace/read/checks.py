@@ -6,8 +6,9 @@ import math
 from typing import Any
 
 from ..errors import TraceFileError
+from ..timeline.spans import BUILD, COMPILE, TRANSFER
 
-_LIMIT_NS = 1 << 62  # times and durations beyond ~146 years are not stamps
+LIMIT_NS = _LIMIT_NS = 1 << 62  # times and durations beyond ~146 years are not stamps
 
 
 def _show(v: Any) -> str:
@@ -63,17 +64,58 @@ def mapping(v: Any, what: str) -> dict[str, Any]:
     return v
 
 
-def metadata(meta: Any) -> dict[str, Any]:
-    """The run's metadata, its counts and per-device tables checked for the report."""
-    meta = mapping(meta, "the cltrace.metadata")
-    for key in ("dropped_spans", "recorded_spans"):
-        if key in meta:
-            meta[key] = integer(meta[key], f"metadata {key!r}")
-    for key in ("clocks", "devices"):
-        if key in meta:
-            for dev, entry in mapping(meta[key], f"metadata {key!r}").items():
-                mapping(entry, f"metadata {key!r} of {dev!r}")
-    return meta
+def _shallow(v: Any) -> Any:
+    """A list or object of texts (a launch shape, a list of devices) with each text printable; deeper
+    values are printed by ``repr``, which escapes a lone surrogate itself."""
+    if isinstance(v, list):
+        return [text(x, "text") if isinstance(x, str) else x for x in v]
+    if isinstance(v, dict):
+        return {text(k, "text") if isinstance(k, str) else k: text(x, "text") if isinstance(x, str) else x
+                for k, x in v.items()}
+    return v
+
+
+def is_count(v: Any) -> bool:
+    """Whether ``v`` is a count the analysis can sum (a transfer's ``bytes``): a non-negative int in range."""
+    return v is None or (type(v) is int and 0 <= v < _LIMIT_NS)
+
+
+def _is_key(v: Any) -> bool:
+    """Whether ``v`` can key a group (a build's source hash, options, device): a scalar."""
+    return v is None or isinstance(v, (str, int, float))
+
+
+_BUILD_KEYS = {"source_hash": _is_key, "options": _is_key, "device": _is_key}
+# The attributes the analysis computes from, by span category, and what each must be.
+_OWN: dict[str, dict[str, Any]] = {TRANSFER: {"bytes": is_count}, COMPILE: _BUILD_KEYS, BUILD: _BUILD_KEYS}
+_WHAT = {is_count: "a count", _is_key: "a text or a number"}
+
+
+def plain(a: dict[str, Any]) -> bool:
+    """Whether the attributes the analysis computes from are what it takes them for, whatever the span's
+    category (the columns readers, which do not know it per attribute set, leave the rest to the
+    general reader)."""
+    return all(fits(a.get(k)) for own in _OWN.values() for k, fits in own.items())
+
+
+def attrs(a: dict[str, Any], where: str, cat: str | None = None) -> dict[str, Any]:
+    """A span's attributes, their text printable (a lone surrogate becomes U+FFFD); the ones the analysis
+    computes from for the span's category checked (a transfer's ``bytes`` a count, a build's source hash,
+    options and device scalars). A region's own attributes may be anything."""
+    own = _OWN.get(cat or "", {})
+    out = {}
+    for k, v in a.items():
+        if isinstance(k, str):
+            k = text(k, where)
+        fits = own.get(k)
+        if fits is not None and not fits(v):
+            raise TraceFileError(f"{where}: {k!r} is {_show(v)}, not {_WHAT[fits]}")
+        if isinstance(v, str):
+            v = text(v, f"{where}: {k!r:.40}")
+        elif isinstance(v, (list, dict)):
+            v = _shallow(v)
+        out[k] = v
+    return out
 
 
 def cut_off(meta: dict[str, Any], read_bytes: int, file_bytes: int, events: int, skipped: int, unit: str) -> None:

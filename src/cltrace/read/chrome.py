@@ -15,7 +15,7 @@ from ..errors import TraceFileError
 from ..record.memory import COUNTER_ARG, COUNTER_PREFIX
 from ..timeline import sites
 from ..timeline.spans import Span
-from . import checks
+from . import checks, schema
 from .tree import fill_paths
 
 # Args members the reader takes as span fields rather than attributes.
@@ -113,7 +113,7 @@ class Others:
             elif name == "process_name":
                 self.processes[ev.get("pid")] = str(margs.get("name", ""))
         elif ph == "i" and ev.get("name") == "cltrace.metadata":
-            self.meta = checks.metadata(ev.get("args"))
+            self.meta = schema.metadata(ev.get("args"))
         elif ph == "C" and ev.get("name") == "cltrace.dropped_spans":
             args = checks.mapping(ev.get("args"), f"{where}: 'args'")
             self.dropped = max(self.dropped, checks.integer(args.get("dropped", 0), f"{where}: 'args.dropped'"))
@@ -166,7 +166,8 @@ def load_chrome(path: str) -> tuple[list[Span], dict[str, Any]]:
                   checks.text(ev.get("name", "?"), f"{where}: 'name'"), checks.text(ev.get("cat", "?"), f"{where}: 'cat'"),
                   checks.integer(ev.get("tid", 0), f"{where}: 'tid'"),
                   hb, hb + checks.micros_to_ns(ev.get("dur", 0), f"{where}: 'dur'"),
-                  attrs={k: v for k, v in a.items() if k not in _RESERVED and k not in sites.KEYS} or None,
+                  attrs=checks.attrs({k: v for k, v in a.items() if k not in _RESERVED and k not in sites.KEYS},
+                                     f"{where}: 'args'", ev.get("cat")) or None,
                   status="error" if status == "error" else "ok",
                   error=None if error is None else checks.text(error, f"{where}: 'args.error'"),
                   site=sites.from_attrs(a))

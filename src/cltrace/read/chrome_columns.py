@@ -91,7 +91,10 @@ def _extras(data: bytes, raw: tuple[bytes, bytes, bytes]) -> tuple[list[Any], li
         if not isinstance(d, dict) or any(k in _RESERVED and k not in _TEXT_ARGS for k in d):
             return None
         status, error = d.get("status"), d.get("error")
-        attrs.append({k: v for k, v in d.items() if k not in _RESERVED and k not in sites.KEYS} or None)
+        if not checks.plain(d):
+            return None  # the general reader, which knows each span's category, says whether it matters
+        attrs.append(checks.attrs({k: v for k, v in d.items() if k not in _RESERVED and k not in sites.KEYS},
+                                  "'args'") or None)
         found.append(sites.from_attrs(d))
         failed.append(status == "error")
         errors.append(None if error is None else checks.text(error, "'args.error'"))

@@ -1,6 +1,7 @@
 """Loading a trace file of either format: the format is told from the file's first bytes."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -8,6 +9,8 @@ from ..errors import TraceFileError
 from ..timeline.batch import SpanBatch
 from ..timeline.spans import Span
 from .chrome import load_chrome
+
+log = logging.getLogger("cltrace")
 
 
 def detect(path: str) -> str:
@@ -61,14 +64,25 @@ def load_columns(path: str | os.PathLike[str], scanner: Any = "default") -> tupl
             except OSError as exc:
                 raise TraceFileError(f"cannot read {p}: {exc.strerror}") from None
             if got is not None:
-                return got
-    return _load(p, kind)
+                return _said(p, got)
+    return _said(p, _load(p, kind))
+
+
+def _said(p: str, got: Any) -> Any:
+    """``got``, after one warning line where the file's compressed packets were skipped (past the budget)."""
+    skipped = got[1].get("inflate_skipped")
+    if skipped:
+        from .inflate import describe_skipped
+
+        log.warning("cltrace: warning: %s: %s", p, describe_skipped(skipped))
+    return got
 
 
 def load(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, Any]]:
     """Spans and metadata of a ``.json`` or ``.pftrace`` file, as ``Span`` objects. Raises TraceFileError
     with a one-line reason."""
-    return _load(*_check(path))
+    p, kind = _check(path)
+    return _said(p, _load(p, kind))
 
 
 def _load(p: str, kind: str) -> tuple[list[Span], dict[str, Any]]:

@@ -23,7 +23,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ..errors import TraceFileError
 from ..record.memory import COUNTER_PREFIX
-from . import checks
+from . import checks, schema
 from .inflate import expand, varint_at as _varint
 from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN, COUNTER,
                                     DROPPED_TRACK, END, INSTANT, METADATA_EVENT, MONOTONIC, PACKET, uv)
@@ -37,7 +37,7 @@ _RESERVED = {A_SPAN, A_PARENT, A_STATUS, A_ERROR, A_DEV_START, A_DEV_END, sites.
 def iter_packets(data: bytes) -> list[tuple[int, bytes]]:
     """(offset, bytes) of each complete ``Trace.packet``, compressed packets expanded in place (offsets
     count in the expanded data); a cut-off last packet is left out."""
-    return _frames(expand(data))
+    return _frames(expand(data).data)
 
 
 def _frames(data: bytes) -> list[tuple[int, bytes]]:
@@ -99,7 +99,7 @@ def metadata_of(te: Any) -> Iterator[dict[str, Any]]:
                 meta = json.loads(a.string_value)
             except (ValueError, RecursionError):
                 raise TraceFileError("corrupt Perfetto trace: cltrace.metadata is not JSON") from None
-            yield checks.metadata(meta)
+            yield schema.metadata(meta)
 
 
 def _site(loc: Any) -> sites.CallSite:
@@ -201,6 +201,8 @@ class _Reader:
     def track_event(self, p: Any, st: _Sequence, index: int) -> None:
         te = p.track_event
         ts = st.timestamp(p)
+        if not -checks.LIMIT_NS < ts < checks.LIMIT_NS:
+            raise TraceFileError(f"corrupt Perfetto trace: the timestamp of packet {index} is {ts}, out of range")
         uuid = te.track_uuid if te.HasField("track_uuid") else st.uuid
         if te.type == END:
             self.events.setdefault(uuid, []).append((ts, index, END, None))
@@ -264,7 +266,8 @@ class _Reader:
             failed = ann.get(A_STATUS) == STATUS_ERROR
             error = ann.get(A_ERROR) if failed else None
             sp = Span(sid, checks.integer(ann.get(A_PARENT, 0), f"{where}: parent"), name, cat, uuid, hb, he,
-                      attrs={k: v for k, v in ann.items() if k not in _RESERVED} or None,
+                      attrs=checks.attrs({k: v for k, v in ann.items() if k not in _RESERVED}, where,
+                                         cat) or None,
                       status=STATUS_ERROR if failed else STATUS_OK,
                       error=None if error is None else checks.text(error, f"{where}: error"), site=site)
             d = device.get(sid)
@@ -290,7 +293,8 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
     if not data:
         raise TraceFileError("file is empty")
     file_bytes = len(data)
-    data = expand(data)
+    expanded = expand(data)
+    data = expanded.data
     packets = _frames(data)
     if not packets:
         raise TraceFileError("not a Perfetto trace: the file ends before its first complete packet")
@@ -315,6 +319,7 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
     offset, raw = packets[-1]
     end = offset + 1 + len(uv(len(raw))) + len(raw)
     if end < len(data) or not reader.closed:  # the tail after the last complete packet is the file's own
-        checks.cut_off(meta, end - (len(data) - file_bytes), file_bytes, len(packets), 0, "packets")
+        checks.cut_off(meta, expanded.file_offset(end), file_bytes, len(packets), 0, "packets")
+    expanded.note(meta)
     return spans, meta
 

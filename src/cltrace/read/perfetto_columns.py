@@ -21,13 +21,13 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ..errors import TraceFileError
 from ..export.perfetto.wire import (A_DEV_END, A_DEV_START, A_ERROR, A_PARENT, A_SPAN, A_STATUS, BEGIN,
-                                    DROPPED_TRACK, INSTANT, METADATA_EVENT)
+                                    DROPPED_TRACK, INSTANT, METADATA_EVENT, uv)
 from ..record.memory import COUNTER_PREFIX
 from ..timeline import sites
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.spans import STATUS_ERROR
 from . import checks
-from .inflate import expand
+from .inflate import Expanded, expand
 from .perfetto import metadata_of, _annotation_value, _site, _str, note_track, with_callers
 from .scan import C_COLS, P_COLS
 from .tree import path_ids
@@ -137,13 +137,13 @@ def load_pftrace_columns(path: str, scanner: Any) -> tuple[SpanBatch, dict[str, 
         data = fh.read()
     if not data:
         return None
-    file_bytes = len(data)
-    data = expand(data)
+    expanded = expand(data)
+    data = expanded.data
     got = scanner.pftrace(data)
     if got is None or not got["packets"] or not got["first_snapshot"]:
         return None
     try:
-        return _build(data, got, file_bytes)
+        return _build(data, got, expanded)
     except (TraceFileError, DecodeError, ValueError, RecursionError):
         return None  # the general reader says what is wrong
 
@@ -187,6 +187,15 @@ def _sites(data: bytes, got: dict[str, Any], site: np.ndarray, extra: np.ndarray
     return out
 
 
+_TRACK_EVENT_TAG = bytes([pb.TracePacket.DESCRIPTOR.fields_by_name["track_event"].number << 3 | 2])
+
+
+def _track_event(raw: bytes) -> Any:
+    """A packet's TrackEvent, parsed inside its TracePacket as the general reader parses it, so that
+    annotations nested past protobuf's depth limit are refused on both paths alike."""
+    return pb.TracePacket.FromString(_TRACK_EVENT_TAG + uv(len(raw)) + raw).track_event
+
+
 def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interned
             ) -> tuple[list[Any], list[bool], list[str | None], list[Any]] | None:
     """Per distinct run of other annotations: attributes (None: none), failed, error text, call stack."""
@@ -198,7 +207,7 @@ def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interne
     for o, n, k in zip(off, ln, key):
         names = dnames.get((k >> 20, k & 0xFFFFF), {})
         values = strings.get((k >> 20, k & 0xFFFFF), {})
-        te = pb.TrackEvent.FromString(data[o:o + n])
+        te = _track_event(data[o:o + n])
         ann: dict[str, Any] = {}
         for a in te.debug_annotations:
             name = _str(a.name) if a.HasField("name") else names.get(a.name_iid, f"#{a.name_iid}")
@@ -207,14 +216,16 @@ def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interne
             return None
         bad = ann.get(A_STATUS) == STATUS_ERROR
         error = ann.get(A_ERROR) if bad else None
-        attrs.append({k2: v for k2, v in ann.items() if k2 not in _RESERVED} or None)
+        if not checks.plain(ann):
+            return None  # the general reader, which knows each span's category, says whether it matters
+        attrs.append(checks.attrs({k2: v for k2, v in ann.items() if k2 not in _RESERVED}, "annotations") or None)
         failed.append(bad)
         errors.append(None if error is None else checks.text(error, "error"))
         stacks.append(ann.get(sites.STACK))
     return attrs, failed, errors, stacks
 
 
-def _build(data: bytes, got: dict[str, Any], file_bytes: int) -> tuple[SpanBatch, dict[str, Any]] | None:
+def _build(data: bytes, got: dict[str, Any], expanded: Expanded) -> tuple[SpanBatch, dict[str, Any]] | None:
     rest = _Rest()
     for o, n, index in zip(*(np.frombuffer(b, np.int64).tolist() for b in got["python"])):
         rest.packet(pb.TracePacket.FromString(data[o:o + n]), index)
@@ -291,5 +302,7 @@ def _build(data: bytes, got: dict[str, Any], file_bytes: int) -> tuple[SpanBatch
     meta.setdefault("tracks", {str(u): {"name": nm, "process": tn.get(parent, ("", 0))[0]}
                                for u, (nm, parent) in tn.items()})
     if got["end"] < len(data) or not rest.closed:  # the tail after the last complete packet is the file's own
-        checks.cut_off(meta, int(got["end"]) - (len(data) - file_bytes), file_bytes, int(got["packets"]), 0, "packets")
+        checks.cut_off(meta, expanded.file_offset(int(got["end"])), expanded.file_bytes, int(got["packets"]), 0,
+                       "packets")
+    expanded.note(meta)
     return batch, meta
