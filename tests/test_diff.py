@@ -1,5 +1,5 @@
 """``cltrace diff --fail-above`` as a CI gate, on real PoCL runs made here: identical runs pass (the
-demo and a scheduled loop, ten pairs), a kernel made ~25 % slower for real fails naming it, a new
+demo and a scheduled loop, ten pairs), a kernel made twice as slow for real fails naming it, a new
 kernel is counted by its time (a renamed one nets out, a removed one is no regression), one
 outlier launch moves no verdict, the text and ``--json`` say the same; and the rule on samples."""
 from __future__ import annotations
@@ -74,7 +74,7 @@ def runs(tmp_path_factory: Any) -> dict[str, Any]:
     d = tmp_path_factory.mktemp("diff")
     loop = Loop()
     out: dict[str, Any] = {"same": [loop.record(d / f"same{i}.pftrace") for i in range(7)]}
-    out["slow"] = loop.record(d / "slow.pftrace", iters=ITERS * 5 // 4)  # spin ~25 % slower, for real
+    out["slow"] = loop.record(d / "slow.pftrace", iters=ITERS * 2)  # spin twice as slow, for real: past any drift here
     out["new"] = loop.record(d / "new.pftrace", extra="spin_renamed")  # a new kernel as long as spin
     out["no_steps"] = loop.record(d / "no_steps.pftrace", steps=False)
     out["demo"] = [Path(run_demo(out_dir=str(d / f"demo{i}"), steps=12, formats=("pftrace",)).paths[0])
@@ -90,18 +90,19 @@ def cli(*args: Any) -> subprocess.CompletedProcess[str]:
 
 def test_identical_runs_pass_the_gate(runs: dict[str, Any]) -> None:
     """Ten pairs of identical runs, each run against the next (four of the demo, six of the loop)
-    pass, and one demo pair on the command line. At 25 %: on this 2-core machine shared with other
-    test runs the device (PoCL on the same cores) is 10-30 % slower from one run to the next now and
-    then, which no gate can tell from a slowdown (one launch's outlier, the issue's +285 %, is tested
-    at 10 % below, and a real slowdown of 25 % at 10 %)."""
+    pass, and one demo pair on the command line. At 50 %: the device here is PoCL on the same two
+    cores as the test, and a whole run of it is now and then 30 % slower than the one before (seen in
+    a clean CI run: a region +30.8 % at its median, beyond both runs' spread), which no gate can tell
+    from a slowdown; the means of main's gate moved +104-285 % on such pairs. One launch's outlier is
+    tested at 10 % below, on one run's own trace; a real slowdown at 10 %, and 20 % on samples."""
     for group in ("demo", "same"):
         for a, b in zip(runs[group], runs[group][1:]):
-            rows = diff(a, b, 25.0)
+            rows = diff(a, b, 50.0)
             assert not regressions(rows), [(r.name, r.reason) for r in regressions(rows)]
             assert rows[0].kind == "total" and rows[0].per == "step" and rows[0].gated
-    p = cli(runs["demo"][0], runs["demo"][1], "--fail-above", "25")
+    p = cli(runs["demo"][0], runs["demo"][1], "--fail-above", "50")
     assert p.returncode == 0, p.stdout + p.stderr
-    assert "0 regression(s) above 25%" in p.stdout
+    assert "0 regression(s) above 50%" in p.stdout
 
 
 def test_a_run_without_steps_is_compared_as_a_whole_run(runs: dict[str, Any]) -> None:
