@@ -80,7 +80,8 @@ def default_device() -> Any:
 
 def choose(candidates: Sequence[Any], verdict: Callable[[Any], probe.Verdict] = probe.verdict) -> Any:
     """The first of ``candidates`` whose compiler builds (``verdict(device).compiles``). Each one passed
-    by is named on stderr with the compiler's reason, once per process; none: ``DeviceError``."""
+    by is named on stderr with the compiler's reason when its probe ran (once per machine, driver and
+    probe: later processes read the kept verdict quietly, ``cltrace devices`` shows it); none: ``DeviceError``."""
     failed: list[probe.Verdict] = []
     for device in candidates:
         v = verdict(device)
@@ -88,7 +89,7 @@ def choose(candidates: Sequence[Any], verdict: Callable[[Any], probe.Verdict] = 
             failed.append(v)
             continue
         for f in failed:
-            if f.device not in _skipped:
+            if f.device not in _skipped and not f.cached:
                 _skipped.add(f.device)
                 print(f"cltrace: skipping {f.device}: its OpenCL compiler fails ({f.reason}); "
                       f"using {v.device}", file=sys.stderr, flush=True)
