@@ -83,6 +83,19 @@ def region_mode() -> Iterator[Callable[[str], None]]:
     regions.set_region_mode("auto")
 
 
+@pytest.fixture(params=["native", "python"])
+def path_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test on the native trace scanner and on the general readers (``CLTRACE_NATIVE=0``'s path)."""
+    from cltrace.read import scan
+
+    if request.param == "native":
+        if scan.NATIVE is None:
+            pytest.skip("the native scanner is not in use (CLTRACE_NATIVE=0 or not built)")
+    else:
+        monkeypatch.setattr(scan, "NATIVE", None)
+    return request.param
+
+
 @pytest.fixture(autouse=True)
 def clean_cltrace() -> Iterator[None]:
     reset_cltrace()

@@ -26,7 +26,7 @@ from cltrace.analyze.report import render
 from cltrace.analyze.summary import summarize
 from cltrace.cli import main
 from cltrace.errors import TraceFileError
-from cltrace.read import load, scan
+from cltrace.read import load
 from cltrace.read.inflate import expand
 from cltrace.read.perfetto import iter_packets
 from cltrace.export.protowire import varint
@@ -51,17 +51,6 @@ def originals(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
         with open(p, "rb") as fh:
             files[os.path.splitext(p)[1]] = fh.read()
     return files
-
-
-@pytest.fixture(params=["native", "python"])
-def path_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The native scanner, or the general readers (``CLTRACE_NATIVE=0``'s path)."""
-    if request.param == "native":
-        if scan.NATIVE is None:
-            pytest.skip("the native scanner is not in use (CLTRACE_NATIVE=0 or not built)")
-    else:
-        monkeypatch.setattr(scan, "NATIVE", None)
-    return request.param
 
 
 def refused(exc: TraceFileError) -> None:

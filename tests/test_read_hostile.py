@@ -29,7 +29,6 @@ from cltrace.read.inflate import MAX_RATIO, budget, expand
 from cltrace.read.perfetto import iter_packets
 
 Meta = dict[str, Any]
-PATHS = ["native", "python"]
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +39,6 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     out = tmp_path_factory.mktemp("demo")
     res = run_demo(out_dir=str(out), steps=2, formats=("json", "pftrace"))
     return {os.path.splitext(p)[1]: p for p in res.paths}
-
-
-@pytest.fixture(params=PATHS)
-def path_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each test on the native scanner and on the general readers (``CLTRACE_NATIVE=0``'s path)."""
-    if request.param == "native":
-        if scan.NATIVE is None:
-            pytest.skip("the native scanner is not in use (CLTRACE_NATIVE=0 or not built)")
-    else:
-        monkeypatch.setattr(scan, "NATIVE", None)
-    return request.param
 
 
 def frame(raw: bytes) -> bytes:
