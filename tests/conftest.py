@@ -77,6 +77,16 @@ def instrumented() -> Iterator[None]:
 
 
 @pytest.fixture()
+def leave_pyopencl() -> Iterator[None]:
+    """``cltrace.configure(record_pyopencl=False)`` for the test: tracing leaves pyopencl alone."""
+    cltrace.configure(record_pyopencl=False)
+    try:
+        yield
+    finally:
+        cltrace.configure(record_pyopencl=True)
+
+
+@pytest.fixture()
 def region_mode() -> Iterator[Callable[[str], None]]:
     """Set how regions get their device span for the test (``regions.set_region_mode``); "auto" after."""
     yield regions.set_region_mode

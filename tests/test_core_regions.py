@@ -73,7 +73,7 @@ def test_threads_get_own_host_tracks_and_nothing_misnests(tmp_path, cl_ctx, queu
     assert tr.misnested() == []
     assert tr.children_outside_parents() == []
 
-    placements = tr.placements()
+    placements = {k: pl for k, pl in tr.placements().items() if pl["host"]["cat"] != "sync"}  # own.finish()
     assert len(placements) == n_threads * steps * 8
     host_tids = {}
     for pl in placements.values():

@@ -14,7 +14,7 @@ import pyopencl._cl as _cl
 import pytest
 
 import cltrace
-from cltrace.cli import instrument as ins
+from cltrace.capture import instrument as ins
 from cltrace.record.recorder import RECORDER
 
 # Exported enqueue_* functions that enqueue no command of their own. Empty today: each one either

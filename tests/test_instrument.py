@@ -13,7 +13,7 @@ import pyopencl._cl as _cl
 import pytest
 
 import cltrace
-from cltrace.cli.instrument import instrumented as is_instrumented
+from cltrace.capture.instrument import instrumented as is_instrumented
 from cltrace.record.recorder import RECORDER
 from cltrace.timeline.tracks import COMPILE
 
@@ -126,7 +126,7 @@ def test_old_queue_without_profiling_gives_host_only_spans_and_one_warning(
             plain_queue.finish()
     ours = [w for w in caught if "PROFILING_ENABLE" in str(w.message)]
     assert len(ours) == 1
-    assert "cltrace.instrument()" in str(ours[0].message)  # names the fix
+    assert "cltrace.profiling_queue(ctx)" in str(ours[0].message)  # names the fix
     spans = [s for s in RECORDER.spans() if s.cat in ("kernel", "transfer", "fill")]
     assert [s.cat for s in spans] == ["transfer", "kernel", "kernel", "kernel", "fill"]
     for s in spans:

@@ -202,13 +202,22 @@ def test_a_trace_without_allocations_has_no_memory_section(tmp_path: Path) -> No
     assert "memory" not in load(path)[1]
 
 
-def test_cltraces_own_buffer_is_counted_without_instrument(ctx: Any) -> None:
+def test_cltraces_own_buffer_is_counted_without_instrument(ctx: Any, leave_pyopencl: None) -> None:
     with cltrace.trace():
         buf = cltrace.Buffer(ctx, RW, 4096)
-        plain = cl.Buffer(ctx, RW, 4096)  # pyopencl's own, not instrumented: not seen
+        plain = cl.Buffer(ctx, RW, 4096)  # pyopencl left alone: not seen
         del buf, plain
         gc.collect()
     assert live_values(ctx) == [4096, 0]
+
+
+def test_pyopencls_buffers_are_counted_while_tracing_by_default(ctx: Any) -> None:
+    with cltrace.trace():
+        buf = cltrace.Buffer(ctx, RW, 4096)
+        plain = cl.Buffer(ctx, RW, 4096)  # pyopencl's own: hooked while tracing
+        del buf, plain
+        gc.collect()
+    assert live_values(ctx) == [4096, 8192, 4096, 0]
 
 
 def test_migration_is_a_transfer_that_says_where_to(ctx: Any, instrumented: None) -> None:

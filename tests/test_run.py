@@ -14,7 +14,7 @@ import pytest
 
 import cltrace
 from cltrace import read as tracefile
-from cltrace.cli.instrument import instrumented
+from cltrace.capture.instrument import instrumented
 from cltrace.cli.run import run_script
 
 HELPER = '''

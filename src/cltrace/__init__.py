@@ -16,6 +16,7 @@ from .record.recorder import RECORDER
 from .record.allocations import Buffer, Image, SVMAllocation
 from .record.regions import copy, launch, record_launch, region, timing_region
 from .analyze.report import PerfCounter
+from .capture import session as _session
 from .capture.session import enabled, start, stop, trace
 from .capture.schedule import Schedule, schedule
 from .capture.stepper import Cycle, step, steps
@@ -23,7 +24,7 @@ from .capture import children as _children  # noqa: F401  (forked children trace
 from .timeline.spans import Span
 from .record.timing import EventTimer, timing
 from .programs.compiler import BuildError, Kernel, Program, ProgramCache, compile
-from .cli.instrument import instrument, uninstrument
+from .capture.instrument import instrument, uninstrument
 from .record.profile import LaunchProfile
 from .tune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, autotune
 
@@ -40,13 +41,18 @@ __all__ = [
 CallSite = _callsite.CallSite
 
 
-def configure(*, library_modules: Any = None, stack_depth: int | None = None, regions: str | None = None) -> None:
+def configure(*, library_modules: Any = None, stack_depth: int | None = None, regions: str | None = None,
+              record_pyopencl: bool | None = None) -> None:
     """Call-site and region settings. ``library_modules``: import names of modules (packages included) whose
     frames are not call sites, like cltrace's and pyopencl's own: a span then points at the line
     that called into them. ``stack_depth``: user frames a site records (1 by default; 0: none).
     ``regions``: how a region on a queue gets its device span, ``"auto"`` (the default), ``"projected"``
-    or ``"markers"`` (see the README). None leaves a setting as it is. A module that does not import or
-    an unknown mode is a ``ValueError`` naming it."""
+    or ``"markers"`` (see the README). ``record_pyopencl``: whether tracing records every command the
+    program enqueues through pyopencl (True, the default; ``CLTRACE_PYOPENCL=0``) or leaves pyopencl
+    alone, recording only cltrace's own launches and regions. None leaves a setting as it is. A module
+    that does not import or an unknown mode is a ``ValueError`` naming it."""
+    if record_pyopencl is not None:
+        _session.record_pyopencl(record_pyopencl)
     if regions is not None:
         _regions.set_region_mode(regions)
     _callsite.configure(library_modules=library_modules, stack_depth=stack_depth)

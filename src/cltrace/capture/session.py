@@ -30,7 +30,7 @@ from ..export.base import partial_path, put_in_place
 from ..export.formats import format_for, register_format, sink_for
 from ..record import heap, regions, switch
 from ..record.recorder import RECORDER
-from . import sigwake, stepper
+from . import instrument as _instrument, sigwake, stepper
 from .schedule import Schedule
 from .stepper import Cycle
 
@@ -44,6 +44,7 @@ _session_sinks: list[Any] = []
 # stop does not depend on the working folder then)
 _session_paths: dict[int, tuple[str, bool, str]] = {}
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 def _open(out: str | os.PathLike[str]) -> tuple[Any, str]:
@@ -113,6 +114,7 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
                     os.unlink(partial_path(full))
         raise
     _session_sinks.extend(added)
+    _hook_pyopencl()
     _state.ENABLED = True
     RECORDER.activate()
     if schedule is not None:
@@ -122,6 +124,50 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
     elif stepper.current() is not None:  # an output added to a scheduled session: the step decides
         _state.ENABLED = stepper.current().tracing()
     _install_sigterm()
+
+
+_hooked_here = False  # start() installed pyopencl's hooks: stop() takes them off
+
+
+def record_pyopencl(on: bool | None = None) -> bool:
+    """Whether ``start()`` hooks pyopencl so every command the program enqueues through it is
+    recorded (default: yes; ``CLTRACE_PYOPENCL=0`` or ``cltrace.configure(record_pyopencl=False)``
+    leaves pyopencl alone: then only ``cltrace.launch``, ``cltrace.compile``'s kernels and regions
+    are). Sets it when ``on`` is given; returns the setting."""
+    global _record_pyopencl
+    if on is not None:
+        _record_pyopencl = bool(on)
+    return _record_pyopencl
+
+
+def _setting_from_env() -> bool:
+    raw = os.environ.get("CLTRACE_PYOPENCL", "").strip().lower()
+    if raw in ("", *_TRUE):
+        return True
+    if raw in _FALSE:
+        return False
+    log.warning("cltrace: CLTRACE_PYOPENCL=%r is not 0/1/true/false: pyopencl's commands are recorded "
+                "(CLTRACE_PYOPENCL=0 leaves pyopencl alone)", raw[:40])
+    return True
+
+
+_record_pyopencl = _setting_from_env()
+
+
+def _hook_pyopencl() -> None:
+    """Hooks pyopencl for the session unless the user (or ``cltrace run``) already did, or said not to.
+    The hooks read the tracing flag first: outside a session they are taken off, and cost nothing."""
+    global _hooked_here
+    if _record_pyopencl and not _instrument.instrumented():
+        _instrument.instrument()
+        _hooked_here = True
+
+
+def _unhook_pyopencl() -> None:
+    global _hooked_here
+    if _hooked_here:
+        _hooked_here = False
+        _instrument.uninstrument()
 
 
 def _file_outputs() -> list[str]:
@@ -152,6 +198,7 @@ def _stop(failed: bool) -> None:
     if st is not None:
         st.finish(failed)  # the last step ends, a cycle cut short is handed out
     _state.ENABLED = False
+    _unhook_pyopencl()
     RECORDER.flush(block=True)
     wrote, kept = [], []
     while _session_sinks:

@@ -19,7 +19,7 @@ from ..capture.schedule import Schedule
 from ..errors import TraceFileError
 from ..export.formats import format_for
 from . import steps_from as steps_from_region
-from .instrument import instrument, instrumented, uninstrument
+from ..capture.instrument import instrument, instrumented, uninstrument
 
 BOOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")  # children's sitecustomize
 CHILD_WAIT_S = 2.0  # how long the merge waits for children still writing their traces

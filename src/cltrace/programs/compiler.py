@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from typing import Any, Mapping, Sequence
 
@@ -38,15 +37,9 @@ __all__ = [
 ]
 
 _perf = time.perf_counter_ns
+from ..record.sources import kernel_names
+
 log = logging.getLogger("cltrace")
-
-_KERNEL_RE = re.compile(r"\b(?:__)?kernel\b[^;{}()]*?\bvoid\s+(\w+)\s*\(")
-
-
-def kernel_names(source: str) -> list[str]:
-    """Names of the ``__kernel`` functions in OpenCL C source (for span names)."""
-    return _KERNEL_RE.findall(source)
-
 
 def _program_label(source: str, src_hash: str) -> str:
     names = kernel_names(source)

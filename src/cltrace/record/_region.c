@@ -1212,6 +1212,34 @@ call_kernel(PyObject *kernel, PyObject *const *args, Py_ssize_t n, PyObject *wai
     return ev;
 }
 
+/* Set while ``launch``/``copy`` enqueue (this thread's): pyopencl's hooks, installed while tracing,
+ * then leave the command to them, which record it under its own name (``own()``). */
+static _Thread_local int t_own;
+
+static PyObject *
+call_own(PyObject *kernel, PyObject *const *args, Py_ssize_t n, PyObject *wait_for)
+{
+    const int was = t_own;
+    t_own = 1;
+    PyObject *ev = call_kernel(kernel, args, n, wait_for);
+    t_own = was;
+    return ev;
+}
+
+static PyObject *
+mod_own(PyObject *mod, PyObject *unused)
+{
+    return PyBool_FromLong(t_own);
+}
+
+static PyObject *
+mod_set_own(PyObject *mod, PyObject *flag)
+{
+    const int was = t_own;
+    t_own = PyObject_IsTrue(flag) > 0;
+    return PyBool_FromLong(was);
+}
+
 static int
 state_flag(PyObject *name)
 {
@@ -1222,6 +1250,84 @@ state_flag(PyObject *name)
     Py_DECREF(v);
     return on;
 }
+
+/* Gate(original, hook): what pyopencl's hooked entry points become. A call goes straight to ``original``
+ * with tracing off or inside ``launch``/``copy`` (``t_own``), without a Python frame; else to ``hook``. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *original, *hook;
+    vectorcallfunc vectorcall;
+} Gate;
+
+static PyObject *
+gate_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Gate *g = (Gate *)self;
+    int on = t_own ? 0 : (g_state == NULL ? 1 : state_flag(s_enabled));
+    if (on < 0)
+        return NULL;
+    return PyObject_Vectorcall(on ? g->hook : g->original, args, nargsf, kwnames);
+}
+
+static PyObject *
+gate_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *original, *hook;
+    if (!PyArg_ParseTuple(args, "OO:Gate", &original, &hook))
+        return NULL;
+    Gate *g = (Gate *)type->tp_alloc(type, 0);
+    if (g == NULL)
+        return NULL;
+    g->original = Py_NewRef(original);
+    g->hook = Py_NewRef(hook);
+    g->vectorcall = gate_vectorcall;
+    return (PyObject *)g;
+}
+
+static int
+gate_traverse(Gate *g, visitproc visit, void *arg)
+{
+    Py_VISIT(g->original);
+    Py_VISIT(g->hook);
+    return 0;
+}
+
+static int
+gate_clear(Gate *g)
+{
+    Py_CLEAR(g->original);
+    Py_CLEAR(g->hook);
+    return 0;
+}
+
+static void
+gate_dealloc(Gate *g)
+{
+    PyObject_GC_UnTrack(g);
+    gate_clear(g);
+    Py_TYPE(g)->tp_free((PyObject *)g);
+}
+
+static PyMemberDef gate_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(Gate, original), READONLY, "the entry point the gate stands in front of"},
+    {"hook", T_OBJECT, offsetof(Gate, hook), READONLY, "what records the call while tracing"},
+    {NULL},
+};
+
+static PyTypeObject GateType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cltrace.record._region.Gate",
+    .tp_basicsize = sizeof(Gate),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Gate(original, hook): calls original with tracing off or inside launch/copy, else hook.",
+    .tp_new = gate_new,
+    .tp_dealloc = (destructor)gate_dealloc,
+    .tp_traverse = (traverseproc)gate_traverse,
+    .tp_clear = (inquiry)gate_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Gate, vectorcall),
+    .tp_members = gate_members,
+};
 
 /* The shared attrs dict of a launch shape (regions._launch_attrs), a new reference. */
 static PyObject *
@@ -1289,11 +1395,9 @@ mod_launch(PyObject *mod, PyObject *const *args, size_t nargsf, PyObject *kwname
     if (unusual) /* Python raises the TypeError a wrong call deserves */
         return PyObject_Vectorcall(g_launch_py, args, nargsf, kwnames);
     PyObject *kernel = args[0];
-    int on = state_flag(s_enabled);
-    if (on > 0) {
-        int instrumented = state_flag(s_instrumented);
-        on = instrumented < 0 ? -1 : !instrumented;
-    }
+    int on = state_flag(s_enabled), hooked = 0;
+    if (on > 0 && (hooked = state_flag(s_instrumented)) < 0)
+        return NULL;
     if (on < 0)
         return NULL;
     if (!on)
@@ -1319,7 +1423,8 @@ mod_launch(PyObject *mod, PyObject *const *args, size_t nargsf, PyObject *kwname
         Py_DECREF(name);
         return NULL;
     }
-    PyObject *ev = call_kernel(kernel, args + 1, nargs - 1, wait_for);
+    PyObject *ev = hooked ? call_own(kernel, args + 1, nargs - 1, wait_for)
+                          : call_kernel(kernel, args + 1, nargs - 1, wait_for);
     if (ev == NULL) {
         if (PyErr_ExceptionMatches(g_cl_error))
             launch_failed(name, args, hb, kernel);
@@ -1405,6 +1510,8 @@ static PyMethodDef methods[] = {
      "own launches, so then this records nothing more (``name`` is not used). A failed enqueue leaves a\n"
      "failed span and raises the same pyopencl error, naming the kernel and its sizes.\n"
      "(regions.launch in C: a kernel seen before is launched and recorded without a Python frame.)"},
+    {"own", mod_own, METH_NOARGS, "own(): whether this thread is inside launch/copy's enqueue (pyopencl's hooks stand aside)."},
+    {"set_own", mod_set_own, METH_O, "set_own(flag): set it (launch/copy's Python side); returns what it was."},
     {"launch_init", mod_launch_init, METH_VARARGS,
      "launch_init(state, kernels, attrs_cache, launch_py, launch_attrs, failed_launch, cl_error, kernel_cat): "
      "share regions' state with launch."},
@@ -1425,7 +1532,8 @@ PyMODINIT_FUNC
 PyInit__region(void)
 {
     QuietTupleType.tp_base = &PyTuple_Type;
-    if (PyType_Ready(&QuietTupleType) < 0 || PyType_Ready(&EnterExitType) < 0 || PyType_Ready(&RegionType) < 0)
+    if (PyType_Ready(&QuietTupleType) < 0 || PyType_Ready(&EnterExitType) < 0 || PyType_Ready(&RegionType) < 0 ||
+        PyType_Ready(&GateType) < 0)
         return NULL;
     for (int i = 0; i < 2; i++) {
         EnterExit *d = PyObject_New(EnterExit, &EnterExitType);
@@ -1472,7 +1580,9 @@ PyInit__region(void)
     if (m == NULL)
         return NULL;
     Py_INCREF(&RegionType);
-    if (PyModule_AddObject(m, "Region", (PyObject *)&RegionType) < 0 ||
+    Py_INCREF(&GateType);
+    if (PyModule_AddObject(m, "Gate", (PyObject *)&GateType) < 0 ||
+        PyModule_AddObject(m, "Region", (PyObject *)&RegionType) < 0 ||
         PyModule_AddIntConstant(m, "NATIVE_CLOCK", NATIVE_CLOCK) < 0) {
         Py_DECREF(&RegionType);
         Py_DECREF(m);

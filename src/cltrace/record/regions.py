@@ -293,6 +293,27 @@ def _open(name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> "_Re
 
 region = timing_region
 
+class _Own(threading.local):
+    on = False  # inside launch/copy's enqueue (the pure-Python path's flag; C keeps its own)
+    hooked: Any = None  # the event of the last command the hooks recorded on this thread, and its span id
+    hooked_sid = 0
+
+
+OWN = _Own()
+Gate: Any = None  # the C gate in front of pyopencl's hooked entry points (capture/instrument.py), where built
+
+
+def own_on() -> bool:
+    """Whether this thread is inside ``launch``/``copy``'s enqueue: pyopencl's hooks
+    (``capture/instrument.py``) then leave the command to them, which record it under its own name."""
+    return OWN.on
+
+
+def set_own(flag: bool) -> bool:
+    """Set ``own_on()`` for this thread; returns what it was."""
+    was, OWN.on = OWN.on, bool(flag)
+    return was
+
 REGION_MODES = ("auto", "projected", "markers")
 _region_mode = "auto"
 
@@ -329,9 +350,22 @@ def record_launch(name: str, queue: Any, event: Any, host_begin: int, host_end: 
     The event is resolved later in a batch; nothing waits here. Pass ``queue=None``
     (or ``event=None``) for an explicitly host-only span. ``site`` is the call site
     (``callsite.capture()``), by default the caller's; a cltrace helper that has it passes
-    it, saving the walk through its own frame.
+    it, saving the walk through its own frame. An event that pyopencl's hooks recorded already (the
+    last command this thread enqueued through pyopencl while tracing) is not recorded twice: its span's
+    id is returned.
     """
+    if event is not None and OWN.hooked is event:
+        return OWN.hooked_sid
     return _record(name, queue, event, host_begin, host_end, cat, attrs, _site(2) if site is _CALLER else site)
+
+
+def record_hooked(name: str, queue: Any, event: Any, host_begin: int, host_end: int, cat: str,
+                  attrs: dict[str, Any] | None, site: Any) -> int:
+    """``record_launch`` for pyopencl's hooks: the command is remembered as this thread's last hooked
+    one, so a ``record_launch`` of the same event by the program adds no second span."""
+    sid = _record(name, queue, event, host_begin, host_end, cat, attrs, site)
+    OWN.hooked, OWN.hooked_sid = event, sid
+    return sid
 
 
 def _record_py(name: str, queue: Any, event: Any, host_begin: int, host_end: int, cat: str,
@@ -375,22 +409,25 @@ def _launch_py(kernel: Any, queue: Any, global_size: Any, local_size: Any, *args
                wait_for: Any = None, name: str | None = None) -> Any:
     """Enqueue a pyopencl kernel and record it (when tracing is on). Returns the event.
 
-    Under ``cltrace.instrument()`` pyopencl's own launch is recorded, and a ``cltrace.Kernel``
-    records its own launches, so then this records nothing more (``name`` is not used). A
-    failed enqueue leaves a failed span and raises the same pyopencl error, naming the
-    kernel and its sizes.
+    A ``cltrace.Kernel`` records its own launches, so then this records nothing more. While
+    pyopencl is hooked (tracing records its enqueues), the hooks leave this launch to this
+    function (``OWN``), so ``name`` holds. A failed enqueue leaves a failed span and raises the
+    same pyopencl error, naming the kernel and its sizes.
     """
-    if not _state.ENABLED or _state.INSTRUMENTED:
+    if not _state.ENABLED:
         return kernel(queue, global_size, local_size, *args, wait_for=wait_for)
     known = _KERNELS.get(id(kernel))
     own = known[1] if known is not None and known[0] is kernel else _learn(kernel)
     if own is None:  # a cltrace.Kernel: it records its own launches
         return kernel(queue, global_size, local_size, *args, wait_for=wait_for)
     hb = _perf()
+    was = set_own(True)
     try:
         ev = kernel(queue, global_size, local_size, *args, wait_for=wait_for)
     except cl.Error as exc:
         raise failed_launch(exc, name or own, global_size, local_size, hb, kernel, queue) from None
+    finally:
+        set_own(was)
     he = _perf()
     _record(name or own, queue, ev, hb, he, KERNEL, _launch_attrs(global_size, local_size), _site(2))
     return ev
@@ -455,6 +492,8 @@ launch: Callable[..., Any] = _launch_py
 if _NativeRegion is not None:
     _native_mod = sys.modules[_NativeRegion.__module__]
     _native_mod.launch_init(_state, _KERNELS, _ATTRS, _launch_py, _launch_attrs, failed_launch, cl.Error, KERNEL)
+    own_on, set_own = _native_mod.own, _native_mod.set_own
+    Gate = _native_mod.Gate
     launch = _native_mod.launch
 
 
@@ -464,13 +503,17 @@ def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any
     (buffer, image) takes no ``is_blocking``: it never blocks the host."""
     if not (isinstance(dest, cl.MemoryObjectHolder) and isinstance(src, cl.MemoryObjectHolder)):
         kwargs.setdefault("is_blocking", False)
-    if not _state.ENABLED or _state.INSTRUMENTED:
+    if not _state.ENABLED:
         return cl.enqueue_copy(queue, dest, src, **kwargs)
     nbytes = next((getattr(b, "nbytes", None) for b in (src, dest) if getattr(b, "nbytes", None)), None)
     if nbytes is None:
         nbytes = next((b.size for b in (dest, src) if isinstance(b, cl.MemoryObject)), None)
     hb = _perf()
-    ev = cl.enqueue_copy(queue, dest, src, **kwargs)
+    was = set_own(True)
+    try:
+        ev = cl.enqueue_copy(queue, dest, src, **kwargs)
+    finally:
+        set_own(was)
     he = _perf()
     _record(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes}, _site(2))
     return ev

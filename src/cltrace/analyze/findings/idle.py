@@ -61,19 +61,40 @@ def long_idle_gaps(ctx: Context) -> Finding | None:
         {"gaps": len(rows), "total_ns": total, "longest_ns": rows[0][0]}, inst)
 
 
+def device_bracket(s: np.ndarray, e: np.ndarray, start: np.ndarray, end: np.ndarray, host_begin: np.ndarray,
+                   host_end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The device time regions answer for, as two markers at their host entry and exit would have
+    bracketed it: from where the queue could have started their work (their host entry, or the end of
+    the queue's work before, whichever is later) to where it could have gone on after them (their host
+    exit, or the start of the queue's next work, whichever is sooner), never narrower than their span.
+    A projected region (from its first command to its last) thus shows the device waiting on the host
+    inside it, as a marker-bracketed one does; on a queue the host runs ahead of, both are its span.
+    ``s``/``e``: the queue's busy intervals, sorted and disjoint."""
+    i = np.searchsorted(e, start, "right") - 1
+    before = np.where(i >= 0, e[np.maximum(i, 0)] if len(e) else 0, np.iinfo(np.int64).min)
+    j = np.searchsorted(s, end, "left")
+    after = np.where(j < len(s), s[np.minimum(j, len(s) - 1)] if len(s) else 0, np.iinfo(np.int64).max)
+    lo = np.minimum(start, np.maximum(host_begin, before))
+    hi = np.maximum(end, np.minimum(host_end, after))
+    return lo, hi
+
+
 def idle_regions(ctx: Context) -> Finding | None:
     td = ctx.td
     reg = np.flatnonzero(td.regions & td.on_device)
     if not len(reg):
         return None
     busy = np.zeros(len(reg), np.int64)
+    lo, hi = td.dev_start[reg].copy(), td.dev_end[reg].copy()
     work = td.work
     for t in distinct(td.track[reg]).tolist():
         on = work & (td.track == t)
         s, e, _ = union(td.dev_start[on], td.dev_end[on])
-        m = td.track[reg] == t
-        busy[m] = Coverage(s, e).within(td.dev_start[reg[m]], td.dev_end[reg[m]])
-    bracket = td.dev_end[reg] - td.dev_start[reg]
+        m = np.flatnonzero(td.track[reg] == t)
+        lo[m], hi[m] = device_bracket(s, e, td.dev_start[reg[m]], td.dev_end[reg[m]],
+                                      td.host_begin[reg[m]], td.host_end[reg[m]])
+        busy[m] = Coverage(s, e).within(lo[m], hi[m])
+    bracket = hi - lo
     by_path: dict[tuple, list[int]] = defaultdict(list)
     for k, i in enumerate(reg.tolist()):
         by_path[td.path_of(i)].append(k)

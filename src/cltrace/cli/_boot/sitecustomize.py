@@ -39,7 +39,7 @@ def _start(finished: str) -> None:
                 raise
             sys.path.append(root)
         from cltrace.capture.children import start_child
-        from cltrace.cli.instrument import instrument
+        from cltrace.capture.instrument import instrument
 
         if start_child():
             instrument()

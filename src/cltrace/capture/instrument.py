@@ -44,13 +44,14 @@ import pyopencl._cl as _cl
 import pyopencl.tools as cl_tools
 
 from .. import _state
-from ..programs.compiler import kernel_names
+from ..record.sources import kernel_names
 from ..record.queues import PROFILING
 from ..record.callsite import capture as _site
 from ..record.recorder import RECORDER, new_id
 from ..record.allocations import classes as _memory_classes, pool_classes as _pool_classes
 from ..record.failures import sizes as _sizes
-from ..record.regions import current_parent, failed_launch, record_failure, record_launch, update_region_mode
+from ..record.regions import (Gate, current_parent, failed_launch, own_on, record_failure, record_hooked,
+                              record_launch, update_region_mode)
 from ..timeline.spans import BUILD, FILL, KERNEL, MARKER, STATUS_ERROR, SYNC, TRANSFER
 from ..timeline.tracks import COMPILE_THREAD
 
@@ -86,9 +87,10 @@ def _profiled(queue: Any) -> bool:
         _warned = True
         warnings.warn(
             "cltrace: work was submitted on a command queue created without PROFILING_ENABLE "
-            "(before cltrace.instrument()?); its spans are host-only, without device times. "
-            "Fix: create queues after cltrace.instrument() (or under `cltrace run`), or pass "
-            "properties=cl.command_queue_properties.PROFILING_ENABLE.",
+            "(made before tracing started?); its spans are host-only, without device times. "
+            "Fix: make the queue with cltrace.profiling_queue(ctx) or "
+            "properties=cl.command_queue_properties.PROFILING_ENABLE (queues made while tracing, "
+            "or under `cltrace run`, have it).",
             RuntimeWarning, stacklevel=4)
     return False
 
@@ -96,7 +98,7 @@ def _profiled(queue: Any) -> bool:
 def _record(name: str, cat: str, queue: Any, ev: Any, hb: int, he: int, attrs: dict[str, Any]) -> None:
     site = _site(3)  # the hook's caller and up: pyopencl's frames are skipped as library code
     if _profiled(queue):
-        record_launch(name, queue, ev, hb, he, cat, attrs, site)
+        record_hooked(name, queue, ev, hb, he, cat, attrs, site)
     else:
         attrs["cltrace.device_time"] = NO_PROFILING
         record_launch(name, None, None, hb, he, cat, attrs, site)
@@ -113,7 +115,7 @@ def enqueue_nd_range_kernel(queue: Any, kernel: Any, global_size: Any, local_siz
 
     A failed enqueue leaves a failed span and raises the same pyopencl error, naming the
     kernel and its sizes."""
-    if not _state.ENABLED:
+    if not _state.ENABLED or own_on():
         return _ORIG_NDRANGE(queue, kernel, global_size, local_size, *args, **kwargs)
     hb = _perf()
     try:
@@ -172,7 +174,7 @@ def _copy_info(dest: Any, src: Any, kwargs: dict[str, Any]) -> tuple[str, int | 
 
 def enqueue_copy(queue: Any, dest: Any, src: Any, **kwargs: Any) -> Any:
     """``pyopencl.enqueue_copy``, recorded as a "transfer" span with ``bytes`` while tracing."""
-    if not _state.ENABLED:
+    if not _state.ENABLED or own_on():
         return _ORIG_COPY(queue, dest, src, **kwargs)
     hb = _perf()
     try:
@@ -461,11 +463,17 @@ class CommandQueue(metaclass=_QueueMeta):
 
 # ---- install / remove ---------------------------------------------------------------------
 
+def _gated(original: Any, hook: Any) -> Any:
+    """``hook`` behind the C gate where the extension is built: launch's and copy's own commands, and
+    every call with tracing off, reach ``original`` without a Python frame."""
+    return hook if Gate is None else Gate(original, hook)
+
+
 def _hooks() -> list[tuple[Any, str, Any]]:
     return [
-        (_cl, "enqueue_nd_range_kernel", enqueue_nd_range_kernel),
-        (cl, "enqueue_nd_range_kernel", enqueue_nd_range_kernel),
-        (cl, "enqueue_copy", enqueue_copy),
+        (_cl, "enqueue_nd_range_kernel", _gated(_cl.enqueue_nd_range_kernel, enqueue_nd_range_kernel)),
+        (cl, "enqueue_nd_range_kernel", _gated(cl.enqueue_nd_range_kernel, enqueue_nd_range_kernel)),
+        (cl, "enqueue_copy", _gated(cl.enqueue_copy, enqueue_copy)),
         (cl, "enqueue_fill_buffer", enqueue_fill_buffer),
         (cl.Program, "build", program_build),
         (_cl.CommandQueue, "finish", queue_finish),
