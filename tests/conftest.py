@@ -20,7 +20,7 @@ import cltrace
 from cltrace.record import regions
 from cltrace.record.recorder import RECORDER
 
-RECORDER_DEFAULTS = {"capacity": 1_000_000, "overflow": "discard", "max_pending": 65_536, "resolve_interval_s": 0.05,
+RECORDER_DEFAULTS = {"capacity": 1_000_000, "overflow": "discard", "max_pending": 65_536, "memory_budget_mb": 512, "resolve_interval_s": 0.05,
                      "tickets_above": 0}
 
 KERNEL_SOURCE = """

@@ -18,6 +18,7 @@ import pytest
 import cltrace
 from cltrace import read as tracefile
 from cltrace.record.recorder import RECORDER
+from cltrace.timeline import stamps
 from cltrace.timeline.batch import SpanBatch
 
 
@@ -69,6 +70,7 @@ def test_a_device_behind_never_holds_the_launching_thread(queue, kernels, capsys
     assert RECORDER.lost == 0 and RECORDER.batch().n == 401  # and the gated pyopencl launch, recorded by default
     assert "dropped" not in capsys.readouterr().err
     RECORDER.clear()
+    RECORDER.configure(memory_budget_mb=1)  # a budget below four times max_pending: the floor decides
     gate = cl.UserEvent(queue.context)
     with cltrace.trace(quiet=True):
         kernels.add(queue, (kernels.n,), None, kernels.a, kernels.b, wait_for=[gate])
@@ -80,7 +82,7 @@ def test_a_device_behind_never_holds_the_launching_thread(queue, kernels, capsys
             gate.set_status(cl.command_execution_status.COMPLETE)
     assert RECORDER.lost >= 100
     err = capsys.readouterr().err
-    assert f"cltrace: {RECORDER.lost:,} spans dropped" in err and "max_pending" in err
+    assert f"cltrace: {RECORDER.lost:,} spans dropped" in err and "memory_budget_mb" in err
 
 
 def test_waiting_records_stay_out_of_the_cyclic_collector(queue, kernels):
@@ -332,3 +334,40 @@ def test_clear_gives_the_store_back(queue, kernels):
         tracemalloc.stop()
     assert held >= 150_000 * 100, held
     assert left <= held // 8, (left, held)
+
+
+def test_records_are_kept_up_to_the_memory_budget(capsys):
+    """A backlog sized by memory, not by a small count: 100,000 host-region spans that the worker cannot
+    resolve meanwhile (its lock held), with ``max_pending`` at 64 (a count cap of 4,352), are all kept
+    under the default budget; with a budget of 4 MB (13,981 records) the rest are dropped, counted
+    exactly and said at stop(), naming the setting that keeps them."""
+    def loop(n: int) -> None:
+        with cltrace.trace(quiet=True):
+            with RECORDER._lock:
+                for _ in range(n):
+                    with cltrace.region("step"):
+                        pass
+    RECORDER.configure(max_pending=64)
+    assert RECORDER.hard_cap >= 512 * (1 << 20) // 600
+    loop(50_000)
+    assert RECORDER.lost == 0 and len([s for s in RECORDER.spans() if s.name == "step"]) == 50_000
+    assert "dropped" not in capsys.readouterr().err
+    RECORDER.clear()
+    RECORDER.configure(memory_budget_mb=4)
+    cap = RECORDER.hard_cap
+    reaper = stamps.REAPER is not None
+    assert cap == max((4 if reaper else 2) * 64 + 4096, 4 * (1 << 20) // (300 if reaper else 600))
+    loop(50_000)
+    kept = len([s for s in RECORDER.spans() if s.name == "step"])
+    assert RECORDER.lost == 50_000 - kept > 0 and kept >= cap - 4096
+    err = capsys.readouterr().err
+    assert f"cltrace: {RECORDER.lost:,} spans dropped" in err and "memory_budget_mb" in err and "4 MB" in err
+
+
+def test_a_bad_memory_budget_setting_is_one_warning() -> None:
+    p = subprocess.run([sys.executable, "-c", "import cltrace; print(cltrace.RECORDER.memory_budget_mb)"],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "CLTRACE_MEMORY_MB": "lots"})
+    assert p.returncode == 0 and p.stdout.strip() == "512.0"
+    assert len([ln for ln in p.stderr.splitlines() if "CLTRACE_MEMORY_MB" in ln]) == 1
+    with pytest.raises(ValueError):
+        RECORDER.configure(memory_budget_mb=0)

@@ -104,7 +104,7 @@ def test_records_trade_events_for_tickets_only_past_the_threshold(queue: Any, ke
 
 def test_every_slot_is_freed_once_resolved_or_dropped(queue: Any, kernels: Any) -> None:
     before = stamps.reaper_stats()
-    RECORDER.configure(max_pending=16, tickets_above=0)  # hard cap 4 * 16 + 4096: the rest dropped, tickets freed
+    RECORDER.configure(max_pending=16, tickets_above=0, memory_budget_mb=1)  # hard cap 4 * 16 + 4096: the rest dropped
     cltrace.start()
     with RECORDER._lock:
         for _ in range(RECORDER.hard_cap + 3000):

@@ -233,9 +233,9 @@ def _say_dropped() -> None:
     """Spans lost past the memory budget, said once a session (quiet or not): nothing goes without a word."""
     lost, kept = RECORDER.lost, RECORDER.memory_dropped
     if lost:
-        print(f"cltrace: {lost:,} spans dropped: more than {RECORDER.hard_cap:,} records waited for their "
-              f"commands at once (raise cltrace.RECORDER.configure(max_pending=...) above "
-              f"{RECORDER.max_pending:,})", file=sys.stderr, flush=True)
+        print(f"cltrace: {lost:,} spans dropped: more than {RECORDER.hard_cap:,} records waited to be resolved "
+              f"at once, past the memory budget of {RECORDER.memory_budget_mb:g} MB (keep them with "
+              f"cltrace.RECORDER.configure(memory_budget_mb=...) or CLTRACE_MEMORY_MB)", file=sys.stderr, flush=True)
     if kept:
         print(f"cltrace: {kept:,} spans not kept in memory past capacity={RECORDER.capacity:,} (files and sinks "
               f"have them; raise cltrace.RECORDER.configure(capacity=...) for reports)", file=sys.stderr, flush=True)

@@ -20,9 +20,10 @@ the program has been quiet for a moment, or the device was behind (the harvest d
 Memory policy: records not yet resolved (queued here or waiting for their commands) past
 ``max_pending`` wake the worker; the launching thread never waits, for the device or for us (a
 training loop that runs ahead of a busy device keeps its lead: a backlog of commands in flight is
-memory, not a reason to stop the program). Past ``hard_cap`` (four times the cap plus one chunk
-with the reaper, twice without; ~300 B a record) records are dropped and counted (``lost``: missing
-from every output, said at ``stop()``). Resolved spans kept in memory (for
+memory, not a reason to stop the program). Past ``hard_cap`` records are dropped and counted
+(``lost``: missing from every output, said at ``stop()``): the memory budget (``memory_budget_mb``,
+default 512, ``CLTRACE_MEMORY_MB``) over what a record costs (~300 B with the reaper, twice without:
+the record holds the driver's event), and never below four times ``max_pending`` plus one chunk. Resolved spans kept in memory (for
 ``spans()``, reports and late export) are capped at ``capacity`` (about 110 B each);
 ``overflow="discard"`` drops new spans (the start of the run is kept), ``overflow="ring"``
 drops the oldest; ``memory_dropped`` counts them. Streaming sinks receive every span.
@@ -67,6 +68,25 @@ new_id: Callable[[], int] = _ids.__next__  # atomic under the GIL
 perf_ns = time.perf_counter_ns
 
 CHUNK = 4096  # headroom past the hard cap
+RECORD_BYTES = 300  # what a record waiting to be resolved takes (tuple, ints, attrs shared), with the reaper
+DEFAULT_MEMORY_MB = 512.0
+
+
+def budget_from_env() -> float:
+    """``CLTRACE_MEMORY_MB``: the records' memory budget; a value that is not a positive number is one
+    warning and the default."""
+    raw = os.environ.get("CLTRACE_MEMORY_MB", "").strip()
+    if not raw:
+        return DEFAULT_MEMORY_MB
+    try:
+        mb = float(raw)
+        if not 0 < mb < 1 << 30:
+            raise ValueError
+    except ValueError:
+        log.warning("cltrace: CLTRACE_MEMORY_MB=%r is not a positive number of MB: using %d", raw[:40],
+                    DEFAULT_MEMORY_MB)
+        return DEFAULT_MEMORY_MB
+    return mb
 STEP_ROWS = 8192  # records the worker resolves per step at most (each pass over them holds the GIL)
 MIN_STEP_ROWS = STEP_ROWS // 2  # fewer left after a step wait for the next wake (resolve_interval_s)
 FIRST_FLUSH_S = 0.25  # first bytes on disk this soon after the first sink is attached
@@ -79,7 +99,7 @@ class Recorder:
 
     def __init__(self, capacity: int = 1_000_000, overflow: str = "discard",
                  max_pending: int = 65_536, flush_interval_s: float = 1.0, resolve_interval_s: float = 0.05,
-                 tickets_above: int = 0) -> None:
+                 tickets_above: int = 0, memory_budget_mb: float | None = None) -> None:
         self.tracks = TrackRegistry()
         self.steps = StepTable()  # a scheduled session's traced steps (capture/stepper.py)
         self.gate: Callable[[SpanBatch], SpanBatch] | None = None  # set by a schedule: withholds warm-up
@@ -102,6 +122,7 @@ class Recorder:
         self._room = max_pending
         self.tickets_above = tickets_above
         self.switch_interval_s = switch.from_env()
+        self.memory_budget_mb = budget_from_env() if memory_budget_mb is None else float(memory_budget_mb)
         self.configure(capacity, overflow, max_pending, flush_interval_s, resolve_interval_s, tickets_above)
         self._worker: threading.Thread | None = None
         self._wake = threading.Event()
@@ -113,8 +134,9 @@ class Recorder:
     def configure(self, capacity: int | None = None, overflow: str | None = None,
                   max_pending: int | None = None, flush_interval_s: float | None = None,
                   resolve_interval_s: float | None = None, tickets_above: int | None = None,
-                  switch_interval_s: float | None = None) -> None:
-        """Change the memory caps and the worker's pace. ``overflow`` is ``"discard"`` or ``"ring"``;
+                  switch_interval_s: float | None = None, memory_budget_mb: float | None = None) -> None:
+        """Change the memory caps and the worker's pace. ``memory_budget_mb``: what records not yet
+        resolved may take before new ones are dropped (``hard_cap``); ``overflow`` is ``"discard"`` or ``"ring"``;
         ``tickets_above``: records waiting past which new ones hold the reaper's tickets, not events
         (native path; 0: always); ``switch_interval_s``: the interpreter's switch interval while
         tracing (record/switch.py; 0: leave it alone), from the next start on."""
@@ -137,6 +159,10 @@ class Recorder:
             if tickets_above < 0:
                 raise ValueError("tickets_above must be >= 0")
             self.tickets_above = tickets_above
+        if memory_budget_mb is not None:
+            if not memory_budget_mb > 0:
+                raise ValueError("memory_budget_mb must be > 0")
+            self.memory_budget_mb = float(memory_budget_mb)
         if switch_interval_s is not None:
             if not switch_interval_s >= 0:
                 raise ValueError("switch_interval_s must be >= 0 (0: leave the interpreter's alone)")
@@ -176,9 +202,12 @@ class Recorder:
 
     @property
     def hard_cap(self) -> int:
-        """Records unresolved past which new ones are dropped (the worker is behind, not the device).
-        With the reaper, records past ``tickets_above`` hold no driver event: twice the room."""
-        return (4 if stamps.REAPER is not None else 2) * self.max_pending + CHUNK
+        """Records unresolved past which new ones are dropped (the worker is behind, not the device):
+        the memory budget over a record's cost, at least four times ``max_pending`` plus a chunk. With
+        the reaper, records past ``tickets_above`` hold no driver event: half the cost."""
+        per = RECORD_BYTES if stamps.REAPER is not None else 2 * RECORD_BYTES
+        floor = (4 if stamps.REAPER is not None else 2) * self.max_pending + CHUNK
+        return max(floor, int(self.memory_budget_mb * (1 << 20)) // per)
 
     # ---- the worker -------------------------------------------------------------
     def activate(self) -> None:

@@ -41,6 +41,9 @@ class PerfettoTraceSink:
     """Streams spans to a Perfetto ``.pftrace`` file (layout: see the ``cltrace.export.perfetto`` package)."""
 
     CHUNK = 1 << 20  # raw bytes packed into one compressed packet at most (a flush packs what it has)
+    # What a killed run may lose at most, beyond what the worker has not resolved yet: the packets of
+    # the spans written are packed and on their way to the disk at least this often.
+    FLUSH_S = 0.25
 
     def __init__(self, path: str | os.PathLike[str], flush_every: int = 65536, compress: bool = True) -> None:
         self.path = os.fspath(path)
@@ -48,6 +51,7 @@ class PerfettoTraceSink:
         self.compress = compress
         self._raw: list[bytes] = []  # packets waiting to be packed (compress)
         self._raw_n = 0
+        self._flush_by = float("inf")  # set at the first flush: start() writes the first packets
         self._packer: Packer | None = None
         self._fh: IO[bytes] | None = None
         self._tracks = Tracks(None, 0)  # replaced at start, when the recorder's tracks are known
@@ -99,6 +103,7 @@ class PerfettoTraceSink:
         out.append(self._metadata_packet(early))
         self._write(b"".join(out))  # plain: a reader without inflate still finds the clocks and tracks
         self._fh.flush()
+        self._flush_by = time.monotonic() + self.FLUSH_S
 
     def write(self, spans: Sequence[Span]) -> None:
         if self._fh is None or not spans:
@@ -116,7 +121,7 @@ class PerfettoTraceSink:
             self._emit(b"".join(head))
             self._emit(self._encode(rows, extras, now))
         self._since_flush += len(spans)
-        if self._since_flush >= self.flush_every:
+        if self._since_flush >= self.flush_every or time.monotonic() >= self._flush_by:
             self._flush_os()
 
     def flush(self, meta: dict[str, Any]) -> None:
@@ -160,6 +165,7 @@ class PerfettoTraceSink:
 
     def _flush_os(self) -> None:
         self._since_flush = 0
+        self._flush_by = time.monotonic() + self.FLUSH_S
         self._pack()
         if self._packer is not None:
             self._packer.wait()
