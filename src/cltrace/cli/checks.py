@@ -9,14 +9,11 @@ from ..errors import CltraceError
 
 def check_device() -> None:
     """The device CLTRACE_DEVICE names (or the default one) exists and its compiler works."""
-    from ..errors import DeviceError
-    from ..record.queues import default_device
+    from ..record.queues import NoSuchDevice, checked_default_device
 
     try:
-        default_device()
-    except DeviceError:
-        raise
-    except LookupError as exc:
+        checked_default_device()
+    except NoSuchDevice as exc:
         raise CltraceError(f"{exc}; set CLTRACE_DEVICE to gpu, cpu, P:D or part of a device name "
                            "(`cltrace devices` lists them)") from None
 
