@@ -259,6 +259,24 @@ def test_a_stored_define_that_is_a_number_or_identifier_applies(cl_ctx: Any, que
     assert answer(prg, queue) == -7 if value == -7 else answer(prg, queue) == 7
 
 
+@pytest.mark.parametrize("params", [{"tile": "1 -DINJECTED"}, {"tile": [1e400]}, {"unroll": [[1]]}, ["tile"]])
+def test_stored_params_that_are_not_positive_integers_are_ignored(
+        cl_ctx: Any, queue: Any, params: Any, caplog: pytest.LogCaptureFixture) -> None:
+    from cltrace.tune import Autotuner
+    from cltrace.tune.kernels.matmul import MATMUL
+
+    key = device_key(queue.device)
+    tunedb.store(tunedb.source_hash(TUNABLE), (), key, {"defines": {"OTHER": 7}, "params": params})
+    tunedb.store(MATMUL.source_hash, MATMUL.options, key, {"defines": {"TILE_X": 1}, "params": params},
+                 signature=(8, 8, 8))
+    with caplog.at_level(logging.WARNING, logger="cltrace"):
+        prg = cltrace.compile(TUNABLE, context=cl_ctx)
+        assert prg.tuned is None and answer(prg, queue) == 5
+        assert Autotuner(queue, progress=False).best(MATMUL, (8, 8, 8)) is None
+    warned = warnings_of(caplog)
+    assert len(warned) == 1 and "its params" in warned[0], warned
+
+
 # ---- item 5: a header nested too deep for the parser ---------------------------------------------------------
 
 def test_a_program_entry_nested_too_deep_is_removed_and_rebuilt(cl_ctx: Any, queue: Any, tmp_path: Path,

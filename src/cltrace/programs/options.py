@@ -75,10 +75,18 @@ def tuned_problem(cfg: Any) -> str | None:
         return (f"the define {bad[0]}={str(defs[bad[0]])[:80]!r} is not a number or an identifier "
                 "(it would become compiler options)")
     ls = cfg.get("local_size")
-    if not (ls is None or (isinstance(ls, (list, tuple)) and 1 <= len(ls) <= 3
-                           and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in ls))):
+    if not (ls is None or _dims(ls)):
         return f"its local_size {str(ls)[:80]} is not 1 to 3 positive integers"
+    params = cfg.get("params")
+    if params is not None and not (isinstance(params, dict) and all(
+            v is None or _dims(v) or _dims([v]) for v in params.values())):
+        return f"its params {str(params)[:80]} are not positive integers"
     return None
+
+
+def _dims(value: Any) -> bool:
+    return (isinstance(value, (list, tuple)) and 1 <= len(value) <= 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value))
 
 
 def resolve_options(src_hash: str, options: str | Sequence[str], defines: Mapping[str, Any] | None,
