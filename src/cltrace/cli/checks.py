@@ -23,6 +23,9 @@ def check_plot_path(path: str) -> None:
     exists (made here) and can be written."""
     from matplotlib.figure import Figure
 
+    from ..export.base import FOLDER_MODE
+    from ..record.files import make_dirs
+
     kinds = Figure().canvas.get_supported_filetypes()
     ext = os.path.splitext(path)[1][1:].lower()
     if ext not in kinds:
@@ -38,7 +41,7 @@ def check_plot_path(path: str) -> None:
         raise CltraceError(f"--plot {path}: {above!r} is a file, not a folder; choose another path")
     try:
         if folder:
-            os.makedirs(folder, exist_ok=True)
+            make_dirs(folder, FOLDER_MODE)
         existed = os.path.exists(path)
         with open(path, "ab"):
             pass
