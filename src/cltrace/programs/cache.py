@@ -58,7 +58,8 @@ class ProgramCache:
         return os.path.join(self.directory, key[:2], key + ".clbin")
 
     def _refused(self, path: str, st: os.stat_result | None = None) -> bool:
-        """Whether ``path`` (an entry's folder, or with ``st`` the entry opened) must not be used; says so once."""
+        """Whether ``path`` (an entry's folder, or with ``st`` the entry opened, and the folders above it up
+        to the cache's) must not be used; says so once."""
         reason = refusal(self._directory or tunedb.cache_dir(), path, st)
         if reason is not None:
             warn_refused("program cache", reason)
@@ -83,12 +84,10 @@ class ProgramCache:
     def load(self, key: str, src_hash: str, options: Sequence[str], dev_key: str) -> tuple[bytes | None, str | None]:
         """(binary, None) for a valid entry; (None, None) if absent; (None, reason) if it was corrupt (and is now removed)."""
         path = self.path(key)
-        if self._refused(os.path.dirname(path)):
-            return None, None
         try:
-            with open(path, "rb") as fh:
+            with open(path, "rb") as fh:  # judged once open (a miss costs no more than the open)
                 if self._refused(path, os.fstat(fh.fileno())):
-                    return None, None  # the fresh build replaces it: its folder is trusted
+                    return None, None  # rebuilt; the build replaces the entry where its folder is trusted
                 data = fh.read()
         except FileNotFoundError:
             return None, None

@@ -96,18 +96,11 @@ def warn_once(path: str, what: str) -> None:
         log.warning("cltrace: ignoring tune store entry %s: %s (delete it, or re-run the tuner)", path, what)
 
 
-def _trusted(folder: str, root: str | None) -> bool:
-    """Whether the tune store may read ``folder`` (see ``files.refusal``); says once why not."""
-    reason = refusal(root or cache_dir(), folder)
-    if reason is not None:
-        warn_refused("tune store", reason)
-    return reason is None
-
-
 def _read(path: str, src_hash: str, device_key: str, root: str | None = None) -> dict[str, Any] | None:
-    """The document at ``path`` if it is this key's entry; None (with one warning if malformed) otherwise."""
+    """The document at ``path`` if it is this key's entry; None (with one warning if malformed or not
+    trusted: the file and the folders above it up to the store's root) otherwise."""
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb") as fh:  # judged once open: a miss costs no more than the open
             reason = refusal(root or cache_dir(), path, os.fstat(fh.fileno()))
             if reason is not None:
                 warn_refused("tune store", reason)
@@ -147,8 +140,6 @@ def lookup_entry(src_hash: str, options: Sequence[str], device_key: str, signatu
     stored; with several, none (which one would be a guess).
     """
     d = _dir(entry_key(src_hash, options, device_key), root)
-    if not _trusted(d, root):
-        return None
     if signature is not None:
         path = entry_path(src_hash, options, device_key, signature, root)
         doc = _read(path, src_hash, device_key, root)

@@ -59,13 +59,13 @@ def verdict(device: Any, source: str = PROBE_SOURCE, options: Sequence[str] = ()
         return got
     info = device_info(device)
     path = verdict_path(device, source, options)
-    refused = refusal(cache_dir(), os.path.dirname(path))
-    if refused is not None:
-        warn_refused("device verdict cache", refused)
-    got = _read(path, info.key, probe, info.label) if refused is None else None
+    got = _read(path, info.key, probe, info.label)
     if got is None:
         got = build_probe(device, source, options)
         doc = {"device_key": info.key, "probe": probe, "compiles": got.compiles, "reason": got.reason}
+        refused = refusal(cache_dir(), os.path.dirname(path))
+        if refused is not None:
+            warn_refused("device verdict cache", refused)
         try:
             if refused is None:
                 private_dirs(os.path.dirname(path))
