@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 from .._version import version
 from ..timeline.spans import STEP, Span
-from .base import create_output
 from ..timeline.tracks import DEVICE_QUEUE
+from .base import create_output
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 

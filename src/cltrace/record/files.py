@@ -19,7 +19,7 @@ import tempfile
 
 log = logging.getLogger("cltrace")
 
-_refused: set[str] = set()  # paths already named in a warning, this process
+_refused: set[str] = set()  # refusals already said (each names its path), this process
 
 
 def cache_dir() -> str:
@@ -70,7 +70,7 @@ def refusal(root: str, path: str, st: os.stat_result | None = None) -> str | Non
             break
         chain.append(parent)
     me = os.getuid()
-    for i, p in enumerate(reversed(chain)):
+    for p in reversed(chain):
         try:
             s = st if (st is not None and p == target) else os.stat(p)
         except FileNotFoundError:
