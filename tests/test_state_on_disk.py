@@ -174,9 +174,10 @@ def test_a_binary_whose_header_names_another_source_is_removed_and_rebuilt(
     assert cltrace.compile(FIVE, context=cl_ctx, cache=ProgramCache(folder)).cache_hit == "disk"
 
 
-def test_cache_folders_are_private_under_umask_000(cl_ctx: Any, queue: Any, tmp_path: Path, umask_000: None) -> None:
+def test_cache_folders_are_private_under_umask_000(cl_ctx: Any, queue: Any, tmp_path: Path, umask_000: None,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     root = tmp_path / "home" / "cache"  # neither exists yet
-    os.environ["CLTRACE_CACHE_DIR"] = str(root)  # the autouse fixture's monkeypatch puts it back
+    monkeypatch.setenv("CLTRACE_CACHE_DIR", str(root))
     prg = cltrace.compile(FIVE, context=cl_ctx)
     tunedb.store(prg.source_hash, prg.options, prg.device_key, {"defines": {"OTHER": 5}})
     assert probe.verdict(queue.device).compiles
