@@ -188,6 +188,33 @@ def test_a_chosen_device_that_cannot_compile_is_refused_not_replaced(tmp_path: P
     assert {q.name: q.read_bytes() for q in (tmp_path / "traces").iterdir()} == before
 
 
+@pytest.mark.parametrize("spec", ["no-such-device", "9:9", "accelerator-x"])
+def test_a_device_setting_that_names_no_device_is_one_warning_and_the_default_device(
+        cache: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, spec: str) -> None:
+    """In the library a CLTRACE_DEVICE naming no device is a bad setting like any other (the command line,
+    which checks it before any work, exits 2: ``test_cli_mistakes_are_one_error_line_and_exit_2``)."""
+    default = cltrace.default_device()
+    monkeypatch.setenv("CLTRACE_DEVICE", spec)
+    queues._bad_specs.clear()
+    with caplog.at_level("WARNING", logger="cltrace"):
+        queue = cltrace.profiling_queue()
+        assert cltrace.default_device().int_ptr == queue.device.int_ptr == default.int_ptr
+    warned = [r.getMessage() for r in caplog.records if r.name == "cltrace"]
+    assert len(warned) == 1 and warned[0].startswith(f"cltrace: CLTRACE_DEVICE={spec!r}")
+    assert "using the default device" in warned[0] and "cltrace devices" in warned[0]
+
+
+def test_a_device_setting_naming_a_device_that_cannot_compile_still_raises(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    dev = cltrace.default_device()
+    store_failed_standard_probe(dev)
+    probe._memo.clear()  # this process read the verdict before: as a new process, it reads the stored one
+    plat = dev.platform
+    monkeypatch.setenv("CLTRACE_DEVICE", f"{cl.get_platforms().index(plat)}:{plat.get_devices().index(dev)}")
+    with pytest.raises(DeviceError, match="whose OpenCL compiler fails"):
+        cltrace.profiling_queue()
+
+
 @pytest.mark.parametrize("vendors", ["empty folder", "no such folder"])
 def test_no_system_opencl_demo_works_or_says_one_line(tmp_path: Path, cache: Path, vendors: str) -> None:
     """OCL_ICD_VENDORS at an empty folder hides the system's runtimes (pyopencl's own PoCL may remain); at a

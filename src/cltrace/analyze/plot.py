@@ -8,6 +8,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import CltraceError
+from ..export.base import create_output
 
 if TYPE_CHECKING:
     from .analysis import Analysis
@@ -24,7 +25,6 @@ def plot(a: "Analysis", path: str | os.PathLike[str], top: int = 10) -> str:
     except ImportError:
         raise CltraceError("--plot needs matplotlib: pip install 'cltrace[plot]'") from None
     path = os.fspath(path)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     queues = a.timeline["queues"]
     depth = a.launches["queue_depth"]
     n = max(len(queues), 1)
@@ -64,6 +64,7 @@ def plot(a: "Analysis", path: str | os.PathLike[str], top: int = 10) -> str:
         ax.set_axis_off()
     fig.suptitle(f"cltrace analyze: {os.path.basename(a.source)}", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with create_output(path) as fh:  # 0644 in 0755 folders, whatever the umask
+        fig.savefig(fh, dpi=110, format=os.path.splitext(path)[1][1:].lower() or None)
     plt.close(fig)
     return path

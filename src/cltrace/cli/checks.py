@@ -9,14 +9,11 @@ from ..errors import CltraceError
 
 def check_device() -> None:
     """The device CLTRACE_DEVICE names (or the default one) exists and its compiler works."""
-    from ..errors import DeviceError
-    from ..record.queues import default_device
+    from ..record.queues import NoSuchDevice, checked_default_device
 
     try:
-        default_device()
-    except DeviceError:
-        raise
-    except LookupError as exc:
+        checked_default_device()
+    except NoSuchDevice as exc:
         raise CltraceError(f"{exc}; set CLTRACE_DEVICE to gpu, cpu, P:D or part of a device name "
                            "(`cltrace devices` lists them)") from None
 
@@ -25,6 +22,9 @@ def check_plot_path(path: str) -> None:
     """``path`` can take a matplotlib chart: a format matplotlib writes, in a folder that
     exists (made here) and can be written."""
     from matplotlib.figure import Figure
+
+    from ..export.base import FOLDER_MODE
+    from ..record.files import make_dirs
 
     kinds = Figure().canvas.get_supported_filetypes()
     ext = os.path.splitext(path)[1][1:].lower()
@@ -41,7 +41,7 @@ def check_plot_path(path: str) -> None:
         raise CltraceError(f"--plot {path}: {above!r} is a file, not a folder; choose another path")
     try:
         if folder:
-            os.makedirs(folder, exist_ok=True)
+            make_dirs(folder, FOLDER_MODE)
         existed = os.path.exists(path)
         with open(path, "ab"):
             pass

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import pyopencl as cl
 
+from ..export.base import FOLDER_MODE
 from ..record import regions
+from ..record.files import make_dirs
 from ..record.allocations import Buffer
 from ..capture import session, stepper
 from ..capture.schedule import Schedule
@@ -173,7 +175,7 @@ def run_demo(out_dir: str = "traces", steps: int = 40, formats: tuple[str, ...] 
     """Train the MLP for ``steps`` steps traced under ``schedule`` (default: ``default_schedule``);
     write ``demo.<fmt>`` and ``demo.cycleN.<fmt>`` files into ``out_dir``."""
     try:
-        os.makedirs(out_dir, exist_ok=True)
+        make_dirs(out_dir, FOLDER_MODE)
     except OSError as exc:
         raise session.OutputError(f"cannot write the demo traces into {out_dir!r}: {exc.strerror or exc}; "
                                   "choose another --out folder") from None

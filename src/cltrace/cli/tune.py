@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from ..analyze.report import format_ns
-from ..export.base import partial_path, put_in_place
+from ..export.base import create_output, partial_path, put_in_place
 from .checks import check_device, check_plot_path
 
 
@@ -178,10 +178,7 @@ def main_tune(args: argparse.Namespace) -> int:
     if args.plot:
         print(f"wrote {result.plot(args.plot)}")
     if args.json:
-        d = os.path.dirname(args.json)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        with open(partial_path(args.json), "w") as fh:  # renamed when whole: an earlier file is never half-replaced
+        with create_output(partial_path(args.json), "w") as fh:  # renamed when whole: an earlier file is never half-replaced
             json.dump(result.as_dict(), fh, indent=1, default=str)
         put_in_place(args.json)
         print(f"wrote {args.json}")

@@ -10,7 +10,14 @@ import os
 import sys
 from typing import IO, Any, Callable, Protocol, Sequence
 
+from ..record.files import make_dirs
 from ..timeline.spans import Span
+
+# Outputs (traces, charts, reports) are for others to read, never to rewrite: created 0644 in 0755
+# folders, narrowed by the umask but never widened (under umask 000, ``open`` would make them 0666:
+# any user of the machine could change a trace CI reads), as ssh-keygen writes a public key.
+FILE_MODE = 0o644
+FOLDER_MODE = 0o755
 
 
 class SpanSink(Protocol):
@@ -66,10 +73,24 @@ def put_in_place(path: str) -> None:
 def open_trace_file(path: str, buffering: int = 1 << 20) -> IO[bytes]:
     """Create the trace file (and its folder) for a streaming writer, with a large buffer (0: none, for a
     writer that buffers its text itself)."""
+    return create_output(path, "wb", buffering=buffering)
+
+
+def create_output(path: str, mode: str = "wb", buffering: int = -1, encoding: str | None = None) -> IO[Any]:
+    """Create (or empty) the output file ``path`` and its missing folders, ``FILE_MODE``/``FOLDER_MODE``;
+    an existing file that group or others could write loses that. ``mode``: ``"wb"`` or ``"w"``."""
     d = os.path.dirname(path)
     if d:
-        os.makedirs(d, exist_ok=True)
-    return open(path, "wb", buffering=buffering)
+        make_dirs(d, FOLDER_MODE)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), FILE_MODE)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o022 and st.st_uid == os.getuid():
+            os.fchmod(fd, st.st_mode & 0o755)
+        return os.fdopen(fd, mode, buffering=buffering, encoding=encoding)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _libc(name: str, *args: str) -> Any:

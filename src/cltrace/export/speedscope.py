@@ -21,6 +21,7 @@ from typing import Any, Sequence
 from .._version import version
 from ..timeline.spans import STEP, Span
 from ..timeline.tracks import DEVICE_QUEUE
+from .base import create_output
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
@@ -57,10 +58,7 @@ class SpeedscopeSink:
         if self._recorder is None:
             return
         doc = self.document()
-        d = os.path.dirname(self.path)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        with open(self.path, "w", encoding="utf-8") as fh:
+        with create_output(self.path, "w", encoding="utf-8") as fh:
             json.dump(doc, fh, ensure_ascii=False, separators=(",", ":"))
         self._tracks.clear()
 

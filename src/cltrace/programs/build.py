@@ -252,4 +252,7 @@ class BuildSteps:
             log.warning("cltrace: could not store program binary in %s: %s", self.cache.directory, exc)
             self.spans.child(COMPILE, "cache store", t0, _perf(), attrs, STATUS_ERROR, f"cache store failed: {exc}")
             return
+        if path is None:  # a folder cltrace does not trust: said once by the cache, nothing written
+            self.spans.child(COMPILE, "cache store", t0, _perf(), {**attrs, "cache.refused": self.cache.directory})
+            return
         self.spans.child(COMPILE, "cache store", t0, _perf(), {**attrs, "path": path})

@@ -13,6 +13,7 @@ import threading
 from typing import Any, Sequence
 
 from . import tunedb
+from ..record.files import private_dirs, refusal, warn_refused
 
 # Where a compile found its program (the ``cache`` attribute of compile spans, ``Program.cache_hit``).
 CACHE_MEMORY = "memory"
@@ -20,6 +21,7 @@ CACHE_DISK = "disk"
 CACHE_MISS = "miss"
 
 _MAGIC = b"CLTRACE-PROGRAM 1\n"
+_MAX_HEADER = 16 << 20  # the header line holds the build log: generous, but bounded
 
 
 class ProgramCache:
@@ -30,7 +32,11 @@ class ProgramCache:
     context and set of devices it was built for. A disk entry is one file: a magic line, a
     JSON header (key, size, sha256) and the binary; it is written to a temporary file and
     renamed, and checked against its checksum before the driver sees it, so a truncated or
-    garbled entry is removed and rebuilt, never loaded.
+    garbled entry is removed and rebuilt, never loaded. The header's source hash, options and
+    device key must be the ones asked for: a binary built from another source is refused even
+    when its checksum is right. The checksum only catches accidents, so a folder or entry that
+    another user owns or group/others can write is not used at all (``files.refusal``: one
+    warning, then the program is built from source and not stored); folders are made 0700.
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None = None, memory: bool = True) -> None:
@@ -50,6 +56,14 @@ class ProgramCache:
 
     def path(self, key: str) -> str:
         return os.path.join(self.directory, key[:2], key + ".clbin")
+
+    def _refused(self, path: str, st: os.stat_result | None = None) -> bool:
+        """Whether ``path`` (an entry's folder, or with ``st`` the entry opened, and the folders above it up
+        to the cache's) must not be used; says so once."""
+        reason = refusal(self._directory or tunedb.cache_dir(), path, st)
+        if reason is not None:
+            warn_refused("program cache", reason)
+        return reason is not None
 
     # memory
     def get_memory(self, context: Any, devices: Sequence[Any], keys: Sequence[str]) -> tuple[Any, str] | None:
@@ -71,7 +85,9 @@ class ProgramCache:
         """(binary, None) for a valid entry; (None, None) if absent; (None, reason) if it was corrupt (and is now removed)."""
         path = self.path(key)
         try:
-            with open(path, "rb") as fh:
+            with open(path, "rb") as fh:  # judged once open (a miss costs no more than the open)
+                if self._refused(path, os.fstat(fh.fileno())):
+                    return None, None  # rebuilt; the build replaces the entry where its folder is trusted
                 data = fh.read()
         except FileNotFoundError:
             return None, None
@@ -79,16 +95,19 @@ class ProgramCache:
             return None, f"unreadable: {exc}"
         try:
             return _parse(data, src_hash, options, dev_key), None
-        except (ValueError, UnicodeDecodeError, AttributeError) as exc:
-            reason = f"corrupt entry ({exc})"
+        except (ValueError, UnicodeDecodeError, AttributeError, RecursionError) as exc:
+            reason = f"corrupt entry ({type(exc).__name__}: {str(exc)[:200]})"
         self.remove(key)
         return None, reason
 
     def store(self, key: str, src_hash: str, options: Sequence[str], dev_key: str, binary: bytes,
-              build_log: str = "") -> str:
-        """Write one entry atomically (temporary file + rename); returns its path."""
+              build_log: str = "") -> str | None:
+        """Write one entry atomically (temporary file + rename); returns its path, or None where its
+        folder is refused (``files.refusal``)."""
         path = self.path(key)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if self._refused(os.path.dirname(path)):
+            return None
+        private_dirs(os.path.dirname(path))
         head = {"source_hash": src_hash, "options": list(options), "device_key": dev_key,
                 "size": len(binary), "sha256": hashlib.sha256(binary).hexdigest(), "build_log": build_log}
         tunedb.write_atomically(path, _MAGIC + json.dumps(head).encode("utf-8") + b"\n" + binary)
@@ -116,8 +135,12 @@ def _parse(data: bytes, src_hash: str, options: Sequence[str], dev_key: str) -> 
     """The binary of an entry's bytes; ValueError (or a decode error) if it is not this key's intact entry."""
     if not data.startswith(_MAGIC):
         raise ValueError("bad magic")
-    nl = data.index(b"\n", len(_MAGIC))
-    head = json.loads(data[len(_MAGIC):nl].decode("utf-8"))
+    nl = data.find(b"\n", len(_MAGIC), len(_MAGIC) + _MAX_HEADER)
+    if nl < 0:
+        raise ValueError(f"no header line within {_MAX_HEADER} bytes")
+    head = json.loads(data[len(_MAGIC):nl].decode("utf-8"))  # too deep: RecursionError, caught as corrupt
+    if not isinstance(head, dict):
+        raise ValueError(f"header is a JSON {type(head).__name__}, not an object")
     binary = data[nl + 1:]
     if (head.get("source_hash"), head.get("options"), head.get("device_key")) != (src_hash, list(options), dev_key):
         raise ValueError("key mismatch")

@@ -16,7 +16,9 @@ from . import tunedb
 
 log = logging.getLogger("cltrace")
 
-_IDENT = re.compile(r"[A-Za-z_]\w*")
+_IDENT = re.compile(r"[A-Za-z_]\w*", re.ASCII)
+# A C integer or floating literal (optional minus, hex, exponent, suffixes): what a tuned define's value may be.
+_NUMBER = re.compile(r"-?(?:0[xX][0-9a-fA-F]+|(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)[uUlLfF]{0,3}", re.ASCII)
 
 
 def define_options(defines: Mapping[str, Any] | None, skip: frozenset[str] = frozenset()) -> tuple[str, ...]:
@@ -46,19 +48,45 @@ def defined_names(options: Sequence[str]) -> frozenset[str]:
     return frozenset(names)
 
 
-def _valid_tuned(cfg: Any) -> dict[str, Any] | None:
-    """A tune DB config usable here, or None (a malformed entry is ignored, with a warning)."""
-    if cfg is None:
-        return None
-    defs = cfg.get("defines") or {} if isinstance(cfg, dict) else None
-    ls = cfg.get("local_size") if isinstance(cfg, dict) else None
-    ok = (isinstance(defs, dict) and all(isinstance(k, str) and _IDENT.fullmatch(k) for k in defs)
-          and (ls is None or (isinstance(ls, (list, tuple)) and 1 <= len(ls) <= 3
-                              and all(isinstance(x, int) and x > 0 for x in ls))))
-    if not ok:
-        log.warning("cltrace: ignoring malformed tune DB config %r", cfg)
-        return None
-    return cfg
+def _safe_value(value: Any) -> bool:
+    """Whether a stored define's value can become ``-DNAME=VALUE`` and nothing more: None, a number,
+    or a string that is one C identifier or number (no space, quote or dash that could start an option)."""
+    if value is None or isinstance(value, bool) or (isinstance(value, int)):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    return isinstance(value, str) and bool(_IDENT.fullmatch(value) or _NUMBER.fullmatch(value))
+
+
+def tuned_problem(cfg: Any) -> str | None:
+    """What makes a stored config unusable here, or None. Its defines become compiler options, so
+    only identifier names with numeric or identifier values pass (issue 30: a value of
+    ``"1 -DINJECTED=1"`` would add an option the tuner never chose)."""
+    if not isinstance(cfg, dict):
+        return f"its config is a {type(cfg).__name__}, not an object"
+    defs = cfg.get("defines") or {}
+    if not isinstance(defs, dict):
+        return f"its defines are a {type(defs).__name__}, not an object"
+    bad = [k for k in defs if not (isinstance(k, str) and _IDENT.fullmatch(k))]
+    if bad:
+        return f"the define name {str(bad[0])[:80]!r} is not a C identifier"
+    bad = [k for k, v in defs.items() if not _safe_value(v)]
+    if bad:
+        return (f"the define {bad[0]}={str(defs[bad[0]])[:80]!r} is not a number or an identifier "
+                "(it would become compiler options)")
+    ls = cfg.get("local_size")
+    if not (ls is None or _dims(ls)):
+        return f"its local_size {str(ls)[:80]} is not 1 to 3 positive integers"
+    params = cfg.get("params")
+    if params is not None and not (isinstance(params, dict) and all(
+            v is None or _dims(v) or _dims([v]) for v in params.values())):
+        return f"its params {str(params)[:80]} are not positive integers"
+    return None
+
+
+def _dims(value: Any) -> bool:
+    return (isinstance(value, (list, tuple)) and 1 <= len(value) <= 3
+            and all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in value))
 
 
 def resolve_options(src_hash: str, options: str | Sequence[str], defines: Mapping[str, Any] | None,
@@ -74,7 +102,12 @@ def resolve_options(src_hash: str, options: str | Sequence[str], defines: Mappin
     opts = tunedb.normalize_options(options) + define_options(defines)
     if not use_tuned:
         return opts, None
-    tuned = _valid_tuned(tunedb.lookup(src_hash, opts, dev_key, signature=tune_key))
+    doc = tunedb.lookup_entry(src_hash, opts, dev_key, signature=tune_key)
+    tuned = doc["config"] if doc is not None else None
+    problem = tuned_problem(tuned) if tuned is not None else None
+    if problem is not None:
+        tunedb.warn_once(doc["path"], f"{problem}; building without it")
+        tuned = None
     if tuned is not None:
         opts = opts + define_options(tuned.get("defines"), skip=defined_names(opts))
     return opts, tuned

@@ -5,8 +5,10 @@ wheels, LLVM 14, on CPUs newer than LLVM 14 knows: ``unknown target CPU 'generic
 default device, cltrace asks ``verdict(device)`` and passes such a device by. The first time per
 device model and driver version this builds ``PROBE_SOURCE`` (tens of milliseconds to a second);
 the verdict is then a small JSON file under ``<cache_dir>/devices/`` (folders 0700), read back for
-free. A verdict file is read as hostile input: one that does not parse, names another device or
-probe, or has a field of the wrong type is ignored, the device probed again and the file rewritten.
+free. A verdict file is read as hostile input: one that does not parse (nested too deep included),
+names another device or probe, or has a field of the wrong type is ignored, the device probed again
+and the file rewritten. A verdict in a folder or file another user owns or group/others can write
+(``files.refusal``) is not read, nor written there: one warning, and the device is probed.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import pyopencl as cl
 import pyopencl._cl as _cl
 
 from ..timeline.tracks import device_info
-from .files import cache_dir, private_dirs, write_atomically
+from .files import cache_dir, private_dirs, refusal, warn_refused, write_atomically
 
 # Uses what kernels use: a global pointer, a work-item id, float arithmetic.
 PROBE_SOURCE = "__kernel void cltrace_probe(__global float* x) { x[get_global_id(0)] *= 2.0f; }\n"
@@ -61,9 +63,13 @@ def verdict(device: Any, source: str = PROBE_SOURCE, options: Sequence[str] = ()
     if got is None:
         got = build_probe(device, source, options)
         doc = {"device_key": info.key, "probe": probe, "compiles": got.compiles, "reason": got.reason}
+        refused = refusal(cache_dir(), os.path.dirname(path))
+        if refused is not None:
+            warn_refused("device verdict cache", refused)
         try:
-            private_dirs(os.path.dirname(path))
-            write_atomically(path, json.dumps(doc).encode())
+            if refused is None:
+                private_dirs(os.path.dirname(path))
+                write_atomically(path, json.dumps(doc).encode())
         except OSError:  # a cache that cannot be written costs a probe per process, nothing else
             pass
     _memo[(device.int_ptr, probe)] = got
@@ -84,8 +90,12 @@ def _read(path: str, key: str, probe: str, label: str) -> Verdict | None:
     """The verdict stored at ``path`` for this device and probe, or None (absent, unreadable, not ours)."""
     try:
         with open(path, "rb") as fh:
+            refused = refusal(cache_dir(), path, os.fstat(fh.fileno()))
+            if refused is not None:
+                warn_refused("device verdict cache", refused)
+                return None  # probed again, and the verdict written over it (its folder is trusted)
             doc = json.loads(fh.read(65536))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     if (not isinstance(doc, dict) or doc.get("device_key") != key or doc.get("probe") != probe
             or not isinstance(doc.get("compiles"), bool) or not isinstance(doc.get("reason"), str)):

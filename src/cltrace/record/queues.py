@@ -1,6 +1,7 @@
 """Choosing the default device (one whose compiler works) and making queues that can be profiled."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any, Callable, Sequence
@@ -11,6 +12,7 @@ from ..errors import DeviceError, ProfilingNotEnabledError
 from . import probe
 
 PROFILING = cl.command_queue_properties.PROFILING_ENABLE
+log = logging.getLogger("cltrace")
 
 _default_queue: Any = None
 
@@ -29,9 +31,14 @@ def require_profiling(queue: Any, what: str) -> None:
         raise ProfilingNotEnabledError(what)
 
 
+class NoSuchDevice(LookupError):
+    """``CLTRACE_DEVICE`` names no device of this machine (the message says which there are)."""
+
+
 def _select(spec: str) -> list[Any]:
     """The devices ``CLTRACE_DEVICE`` names, in order: ``"gpu"``, ``"cpu"``, ``"accelerator"`` (each of
-    that type), ``"P:D"`` indices (that one), or a part of a device's or platform's name."""
+    that type), ``"P:D"`` indices (that one), or a part of a device's or platform's name; ``NoSuchDevice``
+    where it names none."""
     platforms = cl.get_platforms()
     devices = [(p, d) for p in platforms for d in p.get_devices()]
     s = spec.strip()
@@ -39,17 +46,17 @@ def _select(spec: str) -> list[Any]:
         want = getattr(cl.device_type, s.upper())
         found = [d for _, d in devices if d.type & want]
         if not found:
-            raise LookupError(f"CLTRACE_DEVICE={spec!r}: no {s} device among {[d.name for _, d in devices]}")
+            raise NoSuchDevice(f"CLTRACE_DEVICE={spec!r}: no {s} device among {[d.name for _, d in devices]}")
         return found
     if ":" in s and all(part.isdigit() for part in s.split(":", 1)):
         pi, di = (int(x) for x in s.split(":", 1))
         try:
             return [platforms[pi].get_devices()[di]]
         except IndexError:
-            raise LookupError(f"CLTRACE_DEVICE={spec!r}: no such platform:device index") from None
+            raise NoSuchDevice(f"CLTRACE_DEVICE={spec!r}: no such platform:device index") from None
     found = [d for p, d in devices if s.lower() in d.name.lower() or s.lower() in p.name.lower()]
     if not found:
-        raise LookupError(f"CLTRACE_DEVICE={spec!r} matches none of {[d.name for _, d in devices]}")
+        raise NoSuchDevice(f"CLTRACE_DEVICE={spec!r} matches none of {[d.name for _, d in devices]}")
     return found
 
 
@@ -60,11 +67,27 @@ def default_device() -> Any:
     any device, passing by each one whose compiler fails (``probe.verdict``: a tiny real build the
     first time per device and driver, a cached verdict after). Raises ``DeviceError`` naming the
     device, the compiler's reason and the fix where no device can build, or where the device the
-    environment chose cannot.
+    environment chose cannot. A ``CLTRACE_DEVICE`` that names no device at all is a bad setting like
+    any other: one warning, and the choice goes on as if it were unset (the command line, which
+    checks it before any work, exits 2 instead: ``strict``).
     """
+    return _default_device(strict=False)
+
+
+def _default_device(strict: bool) -> Any:
     spec = os.environ.get("CLTRACE_DEVICE")
     if spec:
-        return _chosen(_select(spec), f"CLTRACE_DEVICE={spec!r}")
+        try:
+            chosen = _select(spec)
+        except NoSuchDevice as exc:
+            if strict:
+                raise
+            if spec not in _bad_specs:
+                _bad_specs.add(spec)
+                log.warning("cltrace: %s; using the default device (set CLTRACE_DEVICE to gpu, cpu, P:D or "
+                            "part of a device name: `cltrace devices` lists them)", exc)
+        else:
+            return _chosen(chosen, f"CLTRACE_DEVICE={spec!r}")
     if os.environ.get("PYOPENCL_CTX"):
         return _chosen(cl.create_some_context(interactive=False).devices[:1],
                        f"PYOPENCL_CTX={os.environ['PYOPENCL_CTX']!r}")
@@ -102,6 +125,13 @@ def choose(candidates: Sequence[Any], verdict: Callable[[Any], probe.Verdict] = 
 
 
 _skipped: set[str] = set()  # devices already named as skipped in this process
+_bad_specs: set[str] = set()  # CLTRACE_DEVICE values already warned about in this process
+
+
+def checked_default_device() -> Any:
+    """``default_device()``, except that a ``CLTRACE_DEVICE`` naming no device raises ``NoSuchDevice``
+    (the command line says so and exits 2 before any work, as for every mistake in its settings)."""
+    return _default_device(strict=True)
 
 
 def _chosen(candidates: Sequence[Any], chosen_by: str) -> Any:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..analyze.report import format_ns
-from ..export.base import partial_path, put_in_place
+from ..export.base import create_output, partial_path, put_in_place
 from .config import Config, fmt_dims
 
 OK = "ok"
@@ -310,7 +310,8 @@ class AutotuneResult:
         import matplotlib.pyplot as plt
 
         try:
-            fig.savefig(partial_path(path), format=os.path.splitext(path)[1][1:].lower() or None)
+            with create_output(partial_path(path)) as fh:
+                fig.savefig(fh, format=os.path.splitext(path)[1][1:].lower() or None)
         finally:
             plt.close(fig)
         put_in_place(path)

@@ -20,6 +20,7 @@ import pyopencl as cl
 
 from ..programs import tunedb
 from ..programs.compiler import default_queue
+from ..programs.options import tuned_problem
 from ..record.queues import active_queue, require_profiling
 from ..record.regions import category_region
 from ..timeline.spans import AUTOTUNE
@@ -244,7 +245,7 @@ class Autotuner:
         params = doc["config"].get("params")
         try:
             config = Config.from_dict(params) if isinstance(params, Mapping) else None
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             config = None
         if config is None:
             tunedb.evict(template.source_hash, template.options, self.limits.device_key, path=doc["path"])
@@ -273,7 +274,7 @@ class Autotuner:
             return None
         entry = tunedb.lookup(kernel_fn.source_hash, kernel_fn.options, self.limits.device_key,
                               signature=shape_key)
-        if not entry or not isinstance(entry.get("params"), Mapping):
+        if not entry or not isinstance(entry.get("params"), Mapping) or tuned_problem(entry) is not None:
             return None
         return Config.from_dict(entry["params"])
 
