@@ -159,10 +159,12 @@ def test_close_waits_at_most_the_failing_timeout_once_exports_fail(protocol: str
         took = fail_then_stop(sink)
     assert took < sink.failing_close_timeout_s + 3, f"stop took {took:.2f} s"  # not close_timeout_s
     st = sink.stats()
-    assert st["delivered"] == 0 and st["failed"] + st["dropped"] + st["in_flight"] == st["received"] > 20_000
+    # every span delivered, failed (refused, or sent and unanswered by close) or dropped: none in between
+    assert st["delivered"] == 0 and st["failed"] + st["dropped"] == st["received"] > 20_000 and st["in_flight"] == 0
     lines = [r.getMessage() for r in caplog.records if r.name == "cltrace"]
-    assert all(len(ln) < 200 and "\n" not in ln for ln in lines), lines
+    assert all(len(ln) < 260 and "\n" not in ln for ln in lines), lines
     assert sum("spans not delivered" in ln for ln in lines) == 1
+    assert any("unsent" in ln for ln in lines)  # the report says which spans went which way
     # A dead port refuses at once; on a loaded machine the HTTP exporter may give up first, and then it
     # truly had no answer within its 2 s: either cause is the truth, never a silent one.
     causes = ("no answer within 2 s",) if collector_kind == "silent" else ("connection refused", "no answer within 2 s")

@@ -104,6 +104,8 @@ class OtlpSink:
         self.delivered = 0
         self.failed = 0
         self.dropped = 0
+        self.unanswered = 0  # of ``failed``: sent, with no answer when close gave up
+        self._given_up = False
         self.exports = 0
         self.failed_exports = 0
         self.received = 0
@@ -208,6 +210,12 @@ class OtlpSink:
                 self.dropped += self._queued
                 self._queue.clear()
                 self._queued = 0
+                # Sent but not answered by now (a collector that accepts and never replies): failed, said
+                # as such; a worker left behind that hears back later changes no count.
+                self.unanswered = self._inflight
+                self.failed += self._inflight
+                self._inflight = 0
+                self._given_up = True
                 if not self._last_error:
                     self._last_error = f"gave up after close_timeout_s={self.close_timeout_s:g}"
             if self._dest.own:
@@ -278,6 +286,7 @@ class OtlpSink:
                 "delivered": self.delivered,
                 "failed": self.failed,
                 "dropped": self.dropped,
+                "unanswered": self.unanswered,
                 "queued": self._queued,
                 "in_flight": self._inflight,
                 "exports": self.exports,
@@ -324,6 +333,8 @@ class OtlpSink:
                 self._inflight += n
             results = self._batches.export(exporter, batch, n)
             with cv:
+                if self._given_up:  # counted as failed (unanswered) at close
+                    return
                 for count, ok in results:
                     self.exports += 1
                     if ok:
@@ -361,8 +372,13 @@ class OtlpSink:
         if lost <= 0:
             return
         why = self.diagnosis() if st["failed"] or st["last_error"] else "the queue was full"
-        log.warning("cltrace: OTLP: %d of %d spans not delivered to %s (%s)", lost, st["received"],
-                    self.endpoint, why)
+        parts = [f"{st['failed'] - st['unanswered']:,} failed"] if st["failed"] > st["unanswered"] else []
+        if st["unanswered"]:
+            parts.append(f"{st['unanswered']:,} unanswered at close")
+        if st["dropped"]:
+            parts.append(f"{st['dropped']:,} unsent")
+        log.warning("cltrace: OTLP: %d of %d spans not delivered to %s (%s; %s)", lost, st["received"],
+                    self.endpoint, ", ".join(parts), why)
 
 
 def otlp_sink_from_env(**kwargs: Any) -> OtlpSink | None:
