@@ -102,3 +102,72 @@ def test_demo_outputs_of_a_run_are_ignored_by_git() -> None:
     paths = ["traces/demo.cycle1.json", "traces/demo.cycle2.pftrace", "traces/demo.json.partial", "traces/demo.json"]
     p = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
     assert p.stdout.split() == paths[:3]
+
+
+WRITER = """
+import os, sys, time
+import cltrace
+me, ready = sys.argv[1], sys.argv[2]
+open(os.path.join(ready, me), "w").close()
+deadline = time.monotonic() + 120
+while len(os.listdir(ready)) < int(sys.argv[3]) and time.monotonic() < deadline:  # all have opened their files
+    time.sleep(0.01)
+for _ in range(2000):
+    with cltrace.region("writer " + me):
+        pass
+"""
+
+
+def test_concurrent_runs_given_one_path_each_write_whole_files_of_their_own(tmp_path: Path) -> None:
+    """Four ``cltrace run --out s.json --format json,pftrace`` at once: one writes s.json and s.pftrace, each
+    other takes a numbered pair (s.1.json, s.1.pftrace, ...) and says so in one line; every file is whole and
+    holds one process's spans, the .json and the .pftrace of one name the same process's."""
+    (tmp_path / "w.py").write_text(WRITER)
+    (tmp_path / "ready").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLTRACE", "OTEL_"))}
+    n = 4
+    procs = [subprocess.Popen([sys.executable, "-m", "cltrace", "run", "--out", "s.json", "--format", "json,pftrace",
+                               "w.py", str(i), "ready", str(n)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * n, errs
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("s."))
+    assert names == sorted(f"s{x}.{fmt}" for x in ["", ".1", ".2", ".3"] for fmt in ("json", "pftrace")), names
+    writers = {}
+    for stem in ("s", "s.1", "s.2", "s.3"):
+        got = []
+        for fmt in ("json", "pftrace"):
+            spans, _ = tracefile.load(tmp_path / f"{stem}.{fmt}")
+            regions = [s.name for s in spans if s.name.startswith("writer ")]
+            assert len(regions) == 2000 and len(set(regions)) == 1, (stem, fmt, set(regions))
+            got.append(regions[0])
+        assert got[0] == got[1], stem
+        writers[stem] = got[0]
+    assert sorted(writers.values()) == [f"writer {i}" for i in range(n)]
+    moved = [ln for e in errs for ln in e.splitlines() if "another process" in ln]
+    assert len(moved) == n - 1, errs
+    for stem, who in writers.items():
+        err = errs[int(who.split()[1])]
+        if stem == "s":
+            assert "another process" not in err
+        else:
+            assert f"cltrace: another process is writing s.json, s.pftrace: this one writes {stem}.json, " \
+                   f"{stem}.pftrace" in err, err
+
+
+def test_a_path_held_in_this_process_is_not_shared_and_a_leftover_partial_is_taken_over(tmp_path: Path,
+                                                                                       capfd: Any) -> None:
+    """A ``.partial`` no live process holds (one a killed run left) is written over as before; one this
+    process still writes sends a second session output to a numbered name."""
+    out = tmp_path / "t.json"
+    Path(f"{out}.partial").write_text("left by a killed run")
+    cltrace.start(out, quiet=True)
+    cltrace.start(out, quiet=True)
+    with cltrace.region("r"):
+        pass
+    cltrace.stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.1.json", "t.json"]
+    for name in ("t.json", "t.1.json"):
+        assert [s.name for s in tracefile.load(tmp_path / name)[0]] == ["r"]
+    assert capfd.readouterr().err.splitlines() == [f"cltrace: another process is writing {out}: this one writes "
+                                                   f"{tmp_path / 't.1.json'}"]
