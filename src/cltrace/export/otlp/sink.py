@@ -46,7 +46,7 @@ class OtlpSink:
     ``endpoint``: ``host:port`` or URL (default: ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``,
     else localhost:4317 / :4318), read as ``config.resolve_target`` says (``https://`` TLS,
     ``http://`` plain text, a bare ``host:port`` as OTEL_EXPORTER_OTLP_[TRACES_]INSECURE says,
-    plain text without it). ``protocol``: ``"grpc"`` or ``"http/protobuf"`` (see
+    TLS without it). ``protocol``: ``"grpc"`` or ``"http/protobuf"`` (see
     ``resolve_protocol``). ``headers``: dict or ``"k=v,k2=v2"``. ``timeout_s``: per export
     request, retries included (default: OTEL_EXPORTER_OTLP_TIMEOUT, else 2 s).
     ``close_timeout_s``: the most ``close`` waits for delivery; ``failing_close_timeout_s``: the
