@@ -98,6 +98,9 @@ class OtlpSink:
                                         tracer_provider, senders, sdk_encoder, self._error)
         self.protocol = dest.protocol
         self.endpoint = dest.endpoint
+        # What its own exporters dial, scheme included (plain text or TLS as decided here): children reach
+        # the collector the same way. None for a user's exporter or tracer provider.
+        self.url = dest.target.url if dest.target is not None else None
         self.exporters = dest.exporters
         if dest.own and not dest.wire:
             self.max_batch_spans = min(max_batch_spans, 512)  # the SDK encoder cannot split by size
