@@ -4,8 +4,10 @@ the OTEL_EXPORTER_OTLP_[TRACES_]INSECURE variables, a one-line diagnosis naming 
 every export fails, and a bounded close once exports have been failing."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import threading
 import time
 from typing import Any, Iterator
 
@@ -79,6 +81,65 @@ def test_a_bare_host_port_is_tls_and_a_plaintext_collector_gets_nothing_but_a_hi
     time.sleep(0.5)  # what rotel would have printed for a request has had time to arrive
     assert not [s for s in collector.spans() if s["resource"].get("service.name") == service]
     assert "hunter2" not in collector.output()
+
+
+class FirstBytes:
+    """A listening socket that keeps the first bytes each connection sends, then closes it: what a
+    client puts on the wire before any answer."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.got: list[bytes] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                data = b""
+                with contextlib.suppress(OSError):
+                    while len(data) < 64:
+                        chunk = conn.recv(64)
+                        if not chunk:
+                            break
+                        data += chunk
+                self.got.append(data)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_bare_host_port_never_puts_plain_text_on_the_wire(protocol: str) -> None:
+    """What reaches the port of a bare ``host:port`` opens with a TLS handshake record (0x16 0x03), never
+    an HTTP/2 preface or an HTTP/1.1 request line with its headers."""
+    server = FirstBytes()
+    try:
+        sink = OtlpSink(f"127.0.0.1:{server.port}", protocol=protocol, timeout_s=0.5, close_timeout_s=1,
+                        failing_close_timeout_s=0.5, headers={"authorization": "Bearer hunter2"})
+        with cltrace.trace(sink):
+            with cltrace.region("r"):
+                pass
+        t0 = time.monotonic()
+        while not server.got and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+    finally:
+        server.close()
+    assert server.got, "the exporter never connected"
+    assert all(b.startswith(b"\x16\x03") for b in server.got), server.got
+    assert not any(b"hunter2" in b or b"HTTP" in b for b in server.got)
 
 
 # endpoint, variables, plain text? (the specification: a scheme wins; else the signal's INSECURE
