@@ -171,3 +171,15 @@ def test_a_path_held_in_this_process_is_not_shared_and_a_leftover_partial_is_tak
         assert [s.name for s in tracefile.load(tmp_path / name)[0]] == ["r"]
     assert capfd.readouterr().err.splitlines() == [f"cltrace: another process is writing {out}: this one writes "
                                                    f"{tmp_path / 't.1.json'}"]
+
+
+def test_a_group_with_one_path_held_moves_whole_and_leaves_no_partial_behind(tmp_path: Path, capfd: Any) -> None:
+    """One of a start's paths held (s.pftrace), the other free (s.json): both go to s.1.*, and the s.json.partial
+    tried on the way is removed."""
+    cltrace.start(tmp_path / "s.pftrace", quiet=True)
+    cltrace.start(tmp_path / "s.json", tmp_path / "s.pftrace", quiet=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.1.json.partial", "s.1.pftrace.partial",
+                                                          "s.pftrace.partial"]
+    cltrace.stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.1.json", "s.1.pftrace", "s.pftrace"]
+    assert "this one writes" in capfd.readouterr().err

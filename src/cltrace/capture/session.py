@@ -79,7 +79,10 @@ def _claim(paths: list[str]) -> tuple[list[str], list[int]]:
     try:
         taken, fds = claim.claim(paths)
     except OSError as exc:
-        raise _cannot_write(", ".join(paths), exc) from None
+        where = os.path.abspath(str(exc.filename or ""))  # the .partial, or a folder it needed
+        path = next((p for p in paths if os.path.abspath(partial_path(p)) == where
+                     or os.path.abspath(p).startswith(where + os.sep)), paths[0])
+        raise _cannot_write(path, exc) from None
     if taken != paths:
         busy = ", ".join(shown(p) for p in paths)
         print(f"cltrace: another process is writing {busy}: this one writes {', '.join(shown(p) for p in taken)}",

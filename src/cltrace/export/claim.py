@@ -41,29 +41,36 @@ def numbered(path: str, n: int) -> str:
     return f"{path[:len(path) - len(end)]}.{n}{end}"
 
 
-def _take(path: str) -> int | None:
-    """An open descriptor holding ``partial_path(path)`` exclusively, or None where another process holds it.
-    OSError where the file cannot be created (no such folder, no permission)."""
+def _take(path: str) -> tuple[int, bool] | None:
+    """An open descriptor holding ``partial_path(path)`` exclusively and whether this call created the file,
+    or None where another process holds it. OSError where the file cannot be created (no such folder, no
+    permission)."""
     partial = partial_path(path)
     if fcntl is None:  # pragma: no cover (Windows)
         try:
-            return os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666)
+            return os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
         except FileExistsError:
             return None
     while True:
-        fd = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fd, created = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(partial, os.O_RDWR | os.O_CLOEXEC), False
+            except FileNotFoundError:  # renamed into place meanwhile: create it afresh
+                continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             return None
         except OSError:  # a file system without locks (some network mounts): the file is ours as before
-            return fd
+            return fd, created
         try:  # the holder may have renamed it into place between our open and our lock: then it is not the .partial
             st = os.stat(partial)
             mine = os.fstat(fd)
             if (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino):
-                return fd
+                return fd, created
         except FileNotFoundError:
             pass
         os.close(fd)  # try again on the .partial that is there now
@@ -72,27 +79,40 @@ def _take(path: str) -> int | None:
 def claim(paths: Sequence[str]) -> tuple[list[str], list[int]]:
     """Take ``paths`` for writing, together: each path's ``.partial`` is created (folders too) and held until
     ``release``. Returns the paths taken (``paths`` themselves, or all with the first number ``n`` at which
-    every ``numbered(p, n)`` is free) and the descriptors holding them. OSError where a file cannot be created."""
+    every ``numbered(p, n)`` is free) and the descriptors holding them. OSError where a file cannot be created.
+    A name given up (another of its group was held, or an error) leaves no ``.partial`` it created behind."""
     for p in paths:
         d = os.path.dirname(p)
         if d:
             os.makedirs(d, exist_ok=True)
     for n in range(MAX_NUMBER + 1):
         names = [numbered(p, n) for p in paths]
-        fds: list[int] = []
+        taken: list[tuple[str, int, bool]] = []
         try:
             for name in names:
-                fd = _take(name)
-                if fd is None:
+                got = _take(name)
+                if got is None:
                     break
-                fds.append(fd)
+                taken.append((name, *got))
             else:
-                return names, fds
+                return names, [fd for _, fd, _ in taken]
         except BaseException:
-            release(fds)
+            _give_up(taken)
             raise
-        release(fds)
+        _give_up(taken)
     raise OSError(f"{MAX_NUMBER + 1} processes are writing {', '.join(paths)} and its numbered names")
+
+
+def _give_up(taken: Sequence[tuple[str, int, bool]]) -> None:
+    """Release names of a group not taken whole, removing the ``.partial`` files this process created for
+    them (while still held: no other writer has them)."""
+    for name, fd, created in taken:
+        if created:
+            try:
+                os.unlink(partial_path(name))
+            except OSError:
+                pass
+    release([fd for _, fd, _ in taken])
 
 
 def release(fds: Sequence[int]) -> None:
