@@ -183,3 +183,23 @@ def test_a_group_with_one_path_held_moves_whole_and_leaves_no_partial_behind(tmp
     cltrace.stop()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.1.json", "s.1.pftrace", "s.pftrace"]
     assert "this one writes" in capfd.readouterr().err
+
+
+def test_a_forked_child_running_on_does_not_keep_the_parents_path_held(tmp_path: Path, capfd: Any) -> None:
+    """The child's copy of the parent's hold is let go at the fork: once the parent has let go (here of a
+    file left .partial), the path is free again while the child still runs."""
+    out = tmp_path / "t.json"
+    cltrace.start(out, quiet=True)
+    pid = os.fork()
+    if pid == 0:  # the child: outlive the parent's session, then leave without cleaning up
+        time.sleep(3)
+        os._exit(0)
+    try:
+        cltrace.stop(failed=True)
+        cltrace.start(out, quiet=True)
+        cltrace.stop()
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the child should still be running"
+    finally:
+        os.waitpid(pid, 0)
+    assert "t.json" in os.listdir(tmp_path) and "t.1.json" not in os.listdir(tmp_path)
+    assert "another process" not in capfd.readouterr().err

@@ -90,8 +90,8 @@ def _claim(paths: list[str]) -> tuple[list[str], list[int]]:
     return taken, fds
 
 
-def _open(path: str, fd: int) -> Any:
-    """A started sink writing ``partial_path(path)`` (held by ``fd``), in the format of ``path``."""
+def _open(path: str) -> Any:
+    """A started sink writing ``partial_path(path)`` (which ``_claim`` took), in the format of ``path``."""
     sink = sink_for(partial_path(path), format_for(path))
     try:
         RECORDER.add_sink(sink)
@@ -135,12 +135,12 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
         raise OutputError(f"the trace {twice[0]!r} is given twice: give each output once")
     paths, fds = _claim(given) if given else ([], [])
     held = dict(zip(paths, fds))
-    taken = iter(zip(paths, fds))
+    taken = iter(paths)
     try:
         for out in outputs:
             if isinstance(out, (str, os.PathLike)):
-                path, fd = next(taken)
-                sink = _open(path, fd)
+                path = next(taken)
+                sink = _open(path)
                 _session_paths[id(sink)] = (path, not quiet, os.path.abspath(path))
                 _session_claims[id(sink)] = held.pop(path)
             else:
@@ -264,7 +264,9 @@ def forget_after_fork() -> list[tuple[Any, str | None]]:
     _stopping, _sigterm_pending = 0, False  # a stop() of another of the parent's threads is not this one's
     _session_sinks.clear()
     _session_paths.clear()
-    claim.release(list(_session_claims.values()))  # the child's copies: the parent's hold stays (flock: one per file)
+    # The child's copies of the parent's descriptors: a flock belongs to the open file, held while any copy is
+    # open, so the parent's hold stays, and ends when the parent lets go even if this child runs on.
+    claim.release(list(_session_claims.values()))
     _session_claims.clear()
     _written_as.clear()
     return out
