@@ -190,11 +190,16 @@ def test_a_forked_child_running_on_does_not_keep_the_parents_path_held(tmp_path:
     file left .partial), the path is free again while the child still runs."""
     out = tmp_path / "t.json"
     cltrace.start(out, quiet=True)
+    r, w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: outlive the parent's session, then leave without cleaning up
+    if pid == 0:  # the child, its fork hooks done: say so, outlive the parent's session, leave without cleaning up
+        os.write(w, b"x")
         time.sleep(3)
         os._exit(0)
+    os.close(w)
     try:
+        assert os.read(r, 1) == b"x"
+        os.close(r)
         cltrace.stop(failed=True)
         cltrace.start(out, quiet=True)
         cltrace.stop()
