@@ -52,8 +52,14 @@ class RotelCollector:
         self.proc: subprocess.Popen | None = None
 
     @property
-    def grpc_endpoint(self) -> str:
+    def grpc_address(self) -> str:
+        """``127.0.0.1:PORT``: where rotel listens (a bare address means TLS to an OTLP client)."""
         return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def grpc_endpoint(self) -> str:
+        """What a client dials for this plain-text collector: ``http://127.0.0.1:PORT``."""
+        return f"http://{self.grpc_address}"
 
     @property
     def http_endpoint(self) -> str:
@@ -73,7 +79,7 @@ class RotelCollector:
 
     def _start(self) -> "RotelCollector":
         cmd = [rotel_binary(), "start",
-               "--otlp-grpc-endpoint", self.grpc_endpoint,
+               "--otlp-grpc-endpoint", self.grpc_address,
                "--otlp-http-endpoint", f"127.0.0.1:{self.http_port}",
                *self.exporter,
                "--pid-file", os.path.join(self.dir, "rotel.pid"),

@@ -4,8 +4,10 @@ the OTEL_EXPORTER_OTLP_[TRACES_]INSECURE variables, a one-line diagnosis naming 
 every export fails, and a bounded close once exports have been failing."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import threading
 import time
 from typing import Any, Iterator
 
@@ -33,8 +35,8 @@ def no_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-def test_bare_host_port_in_the_environment_reaches_a_plaintext_collector(collector: RotelCollector,
-                                                                         tmp_path: Any) -> None:
+def test_insecure_true_lets_a_bare_host_port_in_the_environment_reach_a_plaintext_collector(
+        collector: RotelCollector, tmp_path: Any) -> None:
     service = "bare-env"
     p, _ = run_script("""
         import cltrace
@@ -42,7 +44,8 @@ def test_bare_host_port_in_the_environment_reaches_a_plaintext_collector(collect
             with cltrace.region("bare %d" % i):
                 pass
     """, env=clean_env(CLTRACE="1", CLTRACE_OUT=str(tmp_path / "t.json"), OTEL_SERVICE_NAME=service,
-                       OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_endpoint))  # 127.0.0.1:PORT, no scheme
+                       OTEL_EXPORTER_OTLP_ENDPOINT=collector.grpc_address,  # 127.0.0.1:PORT, no scheme
+                       OTEL_EXPORTER_OTLP_INSECURE="true"))
     assert p.returncode == 0 and "cltrace" not in p.stderr, p.stderr
 
     def mine(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -52,10 +55,97 @@ def test_bare_host_port_in_the_environment_reaches_a_plaintext_collector(collect
     assert sorted(s["name"] for s in got) == ["bare 0", "bare 1", "bare 2", "cltrace.run"]
 
 
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_bare_host_port_is_tls_and_a_plaintext_collector_gets_nothing_but_a_hint(
+        protocol: str, collector: RotelCollector, tmp_path: Any) -> None:
+    """As the OpenTelemetry SDKs do: no scheme, no OTEL_EXPORTER_OTLP_INSECURE=true, means TLS. Against a
+    plain-text collector nothing is delivered (neither the spans nor the authorization header), and one line
+    says how to choose plain text."""
+    service = f"bare-tls-{protocol.split('/')[0]}"
+    address = collector.grpc_address if protocol == "grpc" else f"127.0.0.1:{collector.http_port}"
+    p, _ = run_script("""
+        import cltrace
+        for i in range(3):
+            with cltrace.region("secret %d" % i):
+                pass
+    """, env=clean_env(CLTRACE="1", CLTRACE_OUT=str(tmp_path / "t.json"), OTEL_SERVICE_NAME=service,
+                       OTEL_EXPORTER_OTLP_ENDPOINT=address, OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+                       OTEL_EXPORTER_OTLP_HEADERS="authorization=Bearer hunter2", OTEL_EXPORTER_OTLP_TIMEOUT="1"))
+    assert p.returncode == 0, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if "cltrace" in ln and "OTLP" in ln]
+    assert len(lines) == 1, p.stderr
+    line = lines[0]
+    assert "4 of 4 spans not delivered" in line and "the collector speaks plain text" in line, line
+    assert f"use http://{address} or set OTEL_EXPORTER_OTLP_INSECURE=true" in line, line
+    assert "a bare host:port in OTEL_EXPORTER_OTLP_ENDPOINT" in line, line
+    time.sleep(0.5)  # what rotel would have printed for a request has had time to arrive
+    assert not [s for s in collector.spans() if s["resource"].get("service.name") == service]
+    assert "hunter2" not in collector.output()
+
+
+class FirstBytes:
+    """A listening socket that keeps the first bytes each connection sends, then closes it: what a
+    client puts on the wire before any answer."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.got: list[bytes] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(2)
+                data = b""
+                with contextlib.suppress(OSError):
+                    while len(data) < 64:
+                        chunk = conn.recv(64)
+                        if not chunk:
+                            break
+                        data += chunk
+                self.got.append(data)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_bare_host_port_never_puts_plain_text_on_the_wire(protocol: str) -> None:
+    """What reaches the port of a bare ``host:port`` opens with a TLS handshake record (0x16 0x03), never
+    an HTTP/2 preface or an HTTP/1.1 request line with its headers."""
+    server = FirstBytes()
+    try:
+        sink = OtlpSink(f"127.0.0.1:{server.port}", protocol=protocol, timeout_s=0.5, close_timeout_s=1,
+                        failing_close_timeout_s=0.5, headers={"authorization": "Bearer hunter2"})
+        with cltrace.trace(sink):
+            with cltrace.region("r"):
+                pass
+        t0 = time.monotonic()
+        while not server.got and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+    finally:
+        server.close()
+    assert server.got, "the exporter never connected"
+    assert all(b.startswith(b"\x16\x03") for b in server.got), server.got
+    assert not any(b"hunter2" in b or b"HTTP" in b for b in server.got)
+
+
 # endpoint, variables, plain text? (the specification: a scheme wins; else the signal's INSECURE
-# variable, then the generic one; cltrace reads a bare host:port without them as plain text)
+# variable, then the generic one; a bare host:port without them is TLS, as the SDKs read it)
 CASES = [
-    ("127.0.0.1:4317", {}, True),
+    ("127.0.0.1:4317", {}, False),
     ("127.0.0.1:4317", {"OTEL_EXPORTER_OTLP_INSECURE": "false"}, False),
     ("127.0.0.1:4317", {"OTEL_EXPORTER_OTLP_INSECURE": "TRUE"}, True),
     ("127.0.0.1:4317", {"OTEL_EXPORTER_OTLP_TRACES_INSECURE": "false", "OTEL_EXPORTER_OTLP_INSECURE": "true"}, False),
@@ -97,7 +187,7 @@ def send_and_report(sink: OtlpSink, caplog: pytest.LogCaptureFixture) -> list[st
 def test_insecure_true_makes_a_bare_endpoint_plain_text(collector: RotelCollector, caplog: Any,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-    sink = OtlpSink(collector.grpc_endpoint, protocol="grpc")
+    sink = OtlpSink(collector.grpc_address, protocol="grpc")
     assert send_and_report(sink, caplog) == []
     wait_trace(collector, sink.trace_id, 2)
 
@@ -110,9 +200,9 @@ def test_tls_to_a_plaintext_collector_is_one_line_naming_the_fix(how: str, fix: 
                                                                 caplog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     if how.startswith("OTEL"):
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "false")
-        sink = OtlpSink(collector.grpc_endpoint, protocol="grpc", timeout_s=0.5)
+        sink = OtlpSink(collector.grpc_address, protocol="grpc", timeout_s=0.5)
     else:
-        sink = OtlpSink("https://" + collector.grpc_endpoint, protocol="grpc", timeout_s=0.5)
+        sink = OtlpSink("https://" + collector.grpc_address, protocol="grpc", timeout_s=0.5)
     (line,) = send_and_report(sink, caplog)
     assert sink.delivered == 0
     assert "2 of 2 spans not delivered" in line and "the collector speaks plain text" in line

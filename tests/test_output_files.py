@@ -102,3 +102,109 @@ def test_demo_outputs_of_a_run_are_ignored_by_git() -> None:
     paths = ["traces/demo.cycle1.json", "traces/demo.cycle2.pftrace", "traces/demo.json.partial", "traces/demo.json"]
     p = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=ROOT, capture_output=True, text=True)
     assert p.stdout.split() == paths[:3]
+
+
+WRITER = """
+import os, sys, time
+import cltrace
+me, ready = sys.argv[1], sys.argv[2]
+open(os.path.join(ready, me), "w").close()
+deadline = time.monotonic() + 120
+while len(os.listdir(ready)) < int(sys.argv[3]) and time.monotonic() < deadline:  # all have opened their files
+    time.sleep(0.01)
+for _ in range(2000):
+    with cltrace.region("writer " + me):
+        pass
+"""
+
+
+def test_concurrent_runs_given_one_path_each_write_whole_files_of_their_own(tmp_path: Path) -> None:
+    """Four ``cltrace run --out s.json --format json,pftrace`` at once: one writes s.json and s.pftrace, each
+    other takes a numbered pair (s.1.json, s.1.pftrace, ...) and says so in one line; every file is whole and
+    holds one process's spans, the .json and the .pftrace of one name the same process's."""
+    (tmp_path / "w.py").write_text(WRITER)
+    (tmp_path / "ready").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLTRACE", "OTEL_"))}
+    n = 4
+    procs = [subprocess.Popen([sys.executable, "-m", "cltrace", "run", "--out", "s.json", "--format", "json,pftrace",
+                               "w.py", str(i), "ready", str(n)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(n)]
+    errs = [p.communicate(timeout=300)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * n, errs
+    names = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("s."))
+    assert names == sorted(f"s{x}.{fmt}" for x in ["", ".1", ".2", ".3"] for fmt in ("json", "pftrace")), names
+    writers = {}
+    for stem in ("s", "s.1", "s.2", "s.3"):
+        got = []
+        for fmt in ("json", "pftrace"):
+            spans, _ = tracefile.load(tmp_path / f"{stem}.{fmt}")
+            regions = [s.name for s in spans if s.name.startswith("writer ")]
+            assert len(regions) == 2000 and len(set(regions)) == 1, (stem, fmt, set(regions))
+            got.append(regions[0])
+        assert got[0] == got[1], stem
+        writers[stem] = got[0]
+    assert sorted(writers.values()) == [f"writer {i}" for i in range(n)]
+    moved = [ln for e in errs for ln in e.splitlines() if "another process" in ln]
+    assert len(moved) == n - 1, errs
+    for stem, who in writers.items():
+        err = errs[int(who.split()[1])]
+        if stem == "s":
+            assert "another process" not in err
+        else:
+            assert f"cltrace: another process is writing s.json, s.pftrace: this one writes {stem}.json, " \
+                   f"{stem}.pftrace" in err, err
+
+
+def test_a_path_held_in_this_process_is_not_shared_and_a_leftover_partial_is_taken_over(tmp_path: Path,
+                                                                                       capfd: Any) -> None:
+    """A ``.partial`` no live process holds (one a killed run left) is written over as before; one this
+    process still writes sends a second session output to a numbered name."""
+    out = tmp_path / "t.json"
+    Path(f"{out}.partial").write_text("left by a killed run")
+    cltrace.start(out, quiet=True)
+    cltrace.start(out, quiet=True)
+    with cltrace.region("r"):
+        pass
+    cltrace.stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.1.json", "t.json"]
+    for name in ("t.json", "t.1.json"):
+        assert [s.name for s in tracefile.load(tmp_path / name)[0]] == ["r"]
+    assert capfd.readouterr().err.splitlines() == [f"cltrace: another process is writing {out}: this one writes "
+                                                   f"{tmp_path / 't.1.json'}"]
+
+
+def test_a_group_with_one_path_held_moves_whole_and_leaves_no_partial_behind(tmp_path: Path, capfd: Any) -> None:
+    """One of a start's paths held (s.pftrace), the other free (s.json): both go to s.1.*, and the s.json.partial
+    tried on the way is removed."""
+    cltrace.start(tmp_path / "s.pftrace", quiet=True)
+    cltrace.start(tmp_path / "s.json", tmp_path / "s.pftrace", quiet=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.1.json.partial", "s.1.pftrace.partial",
+                                                          "s.pftrace.partial"]
+    cltrace.stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.1.json", "s.1.pftrace", "s.pftrace"]
+    assert "this one writes" in capfd.readouterr().err
+
+
+def test_a_forked_child_running_on_does_not_keep_the_parents_path_held(tmp_path: Path, capfd: Any) -> None:
+    """The child's copy of the parent's hold is let go at the fork: once the parent has let go (here of a
+    file left .partial), the path is free again while the child still runs."""
+    out = tmp_path / "t.json"
+    cltrace.start(out, quiet=True)
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child, its fork hooks done: say so, outlive the parent's session, leave without cleaning up
+        os.write(w, b"x")
+        time.sleep(3)
+        os._exit(0)
+    os.close(w)
+    try:
+        assert os.read(r, 1) == b"x"
+        os.close(r)
+        cltrace.stop(failed=True)
+        cltrace.start(out, quiet=True)
+        cltrace.stop()
+        assert os.waitpid(pid, os.WNOHANG) == (0, 0), "the child should still be running"
+    finally:
+        os.waitpid(pid, 0)
+    assert "t.json" in os.listdir(tmp_path) and "t.1.json" not in os.listdir(tmp_path)
+    assert "another process" not in capfd.readouterr().err

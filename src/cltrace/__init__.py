@@ -12,6 +12,7 @@ from .errors import CltraceError, DeviceError, EventTimerError, OutputError, Pro
 from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
 from .record import callsite as _callsite
 from .record import regions as _regions
+from .export import processes as _processes
 from .record.recorder import RECORDER
 from .record.allocations import Buffer, Image, SVMAllocation
 from .record.regions import copy, launch, record_launch, region, timing_region
@@ -42,19 +43,23 @@ CallSite = _callsite.CallSite
 
 
 def configure(*, library_modules: Any = None, stack_depth: int | None = None, regions: str | None = None,
-              record_pyopencl: bool | None = None) -> None:
-    """Call-site and region settings. ``library_modules``: import names of modules (packages included) whose
-    frames are not call sites, like cltrace's and pyopencl's own: a span then points at the line
-    that called into them. ``stack_depth``: user frames a site records (1 by default; 0: none).
-    ``regions``: how a region on a queue gets its device span, ``"auto"`` (the default), ``"projected"``
-    or ``"markers"`` (see the README). ``record_pyopencl``: whether tracing records every command the
-    program enqueues through pyopencl (True, the default; ``CLTRACE_PYOPENCL=0``) or leaves pyopencl
-    alone, recording only cltrace's own launches and regions. None leaves a setting as it is. A module
-    that does not import or an unknown mode is a ``ValueError`` naming it."""
+              record_pyopencl: bool | None = None, command_line: str | None = None) -> None:
+    """Call-site, region, recording and privacy settings. ``library_modules``: import names of modules
+    (packages included) whose frames are not call sites, like cltrace's and pyopencl's own: a span then
+    points at the line that called into them. ``stack_depth``: user frames a site records (1 by default;
+    0: none). ``regions``: how a region on a queue gets its device span, ``"auto"`` (the default),
+    ``"projected"`` or ``"markers"`` (see the README). ``record_pyopencl``: whether tracing records every
+    command the program enqueues through pyopencl (True, the default; ``CLTRACE_PYOPENCL=0``) or leaves
+    pyopencl alone, recording only cltrace's own launches and regions. ``command_line``: how outputs show
+    the program's command line, ``"redacted"`` (the default: secret-looking values as ``***``) or ``"off"``
+    (left out; over ``CLTRACE_COMMAND_LINE``). None leaves a setting as it is. A module that does not
+    import or an unknown mode is a ``ValueError`` naming it."""
     if record_pyopencl is not None:
         _session.record_pyopencl(record_pyopencl)
     if regions is not None:
         _regions.set_region_mode(regions)
+    if command_line is not None:
+        _processes.set_command_line(command_line)
     _callsite.configure(library_modules=library_modules, stack_depth=stack_depth)
 
 

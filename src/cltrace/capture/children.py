@@ -140,7 +140,7 @@ def _otlp_of(sinks: Sequence[Any]) -> tuple[dict[str, str] | None, str | None]:
         protocol = getattr(s, "protocol", None)
         if protocol in ("grpc", "http/protobuf") and getattr(s, "mapper", None) is not None:
             parent = f"00-{s.trace_id:032x}-{s.span_id(0):016x}-01"
-            return {"endpoint": s.endpoint, "protocol": protocol}, parent
+            return {"endpoint": getattr(s, "url", None) or s.endpoint, "protocol": protocol}, parent
     return None, None
 
 

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator
 
 from .. import _state
 from ..errors import OutputError
+from ..export import claim
 from ..export.base import partial_path, put_in_place
 from ..export.formats import format_for, register_format, sink_for
 from ..record import heap, regions, switch
@@ -43,13 +44,14 @@ _session_sinks: list[Any] = []
 # id(sink) -> (the path it writes as given, say so when closed, that path made absolute: the rename at
 # stop does not depend on the working folder then)
 _session_paths: dict[int, tuple[str, bool, str]] = {}
+_session_claims: dict[int, int] = {}  # id(sink) -> the descriptor holding its path (``export.claim``)
+_written_as: dict[str, str] = {}  # a path given to start, made absolute -> the path written instead (taken)
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
-def _open(out: str | os.PathLike[str]) -> tuple[Any, str]:
-    """A started sink writing ``partial_path(out)``, in the format of ``out``, or OutputError saying what
-    to change."""
+def _checked(out: str | os.PathLike[str]) -> str:
+    """The path ``out`` names, or OutputError saying what to change (before anything is created)."""
     path = os.fspath(out)
     try:
         fmt = format_for(path)
@@ -64,13 +66,46 @@ def _open(out: str | os.PathLike[str]) -> tuple[Any, str]:
     if not os.path.isdir(folder):
         raise OutputError(f"cannot write the trace {path!r}: {shown(folder)!r} is a file, not a folder; "
                           "choose another path")
-    sink = sink_for(partial_path(path), fmt)
+    return path
+
+
+def _cannot_write(path: str, exc: OSError) -> OutputError:
+    return OutputError(f"cannot write the trace {path!r}: {exc.strerror or exc}; "
+                       "choose a path in a folder you can write to")
+
+
+def _claim(paths: list[str]) -> tuple[list[str], list[int]]:
+    """``paths`` taken for this process (``export.claim``): themselves, or numbered names where another
+    process is writing one of them, said in one line (quiet or not: two runs meant to write one file)."""
+    try:
+        taken, fds = claim.claim(paths)
+    except OSError as exc:
+        where = os.path.abspath(str(exc.filename or ""))  # the .partial, or a folder it needed
+        path = next((p for p in paths if os.path.abspath(partial_path(p)) == where
+                     or os.path.abspath(p).startswith(where + os.sep)), paths[0])
+        raise _cannot_write(path, exc) from None
+    if taken != paths:
+        busy = ", ".join(shown(p) for p in paths)
+        print(f"cltrace: another process is writing {busy}: this one writes {', '.join(shown(p) for p in taken)}",
+              file=sys.stderr, flush=True)
+    return taken, fds
+
+
+def _open(path: str) -> Any:
+    """A started sink writing ``partial_path(path)`` (which ``_claim`` took), in the format of ``path``."""
+    sink = sink_for(partial_path(path), format_for(path))
     try:
         RECORDER.add_sink(sink)
     except OSError as exc:
-        raise OutputError(f"cannot write the trace {path!r}: {exc.strerror or exc}; "
-                          "choose a path in a folder you can write to") from None
-    return sink, path
+        raise _cannot_write(path, exc) from None
+    return sink
+
+
+def written_as(path: str | os.PathLike[str]) -> str:
+    """The path this process writes for a path given to ``start``: itself, or the numbered name it took
+    because another process was writing it (``s.json`` -> ``s.1.json``)."""
+    p = os.fspath(path)
+    return _written_as.get(os.path.abspath(p), p)
 
 
 def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, overflow: str | None = None,
@@ -95,11 +130,20 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
     if quiet is None:
         quiet = os.environ.get("CLTRACE_QUIET", "").strip().lower() in _TRUE
     added: list[Any] = []
+    given = [_checked(out) for out in outputs if isinstance(out, (str, os.PathLike))]
+    twice = sorted({p for p in given if [os.path.abspath(q) for q in given].count(os.path.abspath(p)) > 1})
+    if twice:
+        raise OutputError(f"the trace {twice[0]!r} is given twice: give each output once")
+    paths, fds = _claim(given) if given else ([], [])
+    held = dict(zip(paths, fds))
+    taken = iter(paths)
     try:
         for out in outputs:
             if isinstance(out, (str, os.PathLike)):
-                sink, path = _open(out)
+                path = next(taken)
+                sink = _open(path)
                 _session_paths[id(sink)] = (path, not quiet, os.path.abspath(path))
+                _session_claims[id(sink)] = held.pop(path)
             else:
                 sink = out
                 RECORDER.add_sink(sink)
@@ -112,7 +156,17 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
             if full is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(partial_path(full))
+                claim.release([_session_claims.pop(id(sink))])
+        for path, fd in held.items():  # taken, no sink made yet
+            with contextlib.suppress(OSError):
+                os.unlink(partial_path(path))
+            claim.release([fd])
         raise
+    for g, p in zip(given, paths):
+        if g != p:
+            _written_as[os.path.abspath(g)] = p
+        else:
+            _written_as.pop(os.path.abspath(g), None)
     _session_sinks.extend(added)
     _hook_pyopencl()
     _state.ENABLED = True
@@ -204,6 +258,7 @@ def _stop(failed: bool) -> None:
     while _session_sinks:
         sink = _session_sinks.pop(0)
         path, announce, full = _session_paths.pop(id(sink), (None, False, None))
+        held = _session_claims.pop(id(sink), None)
         try:
             RECORDER.remove_sink(sink)
             if full is not None and not failed:
@@ -212,6 +267,9 @@ def _stop(failed: bool) -> None:
             log.warning("cltrace: writing %s failed: %s (what was written is in %s)", path or repr(sink), exc,
                         partial_path(path) if path else "the sink")
             continue
+        finally:
+            if held is not None:  # renamed into place (or left .partial): the path is free for the next writer
+                claim.release([held])
         if announce:
             (kept if failed else wrote).append(path)
     if st is not None:
@@ -253,6 +311,11 @@ def forget_after_fork() -> list[tuple[Any, str | None]]:
     _stopping, _sigterm_pending = 0, False  # a stop() of another of the parent's threads is not this one's
     _session_sinks.clear()
     _session_paths.clear()
+    # The child's copies of the parent's descriptors: a flock belongs to the open file, held while any copy is
+    # open, so the parent's hold stays, and ends when the parent lets go even if this child runs on.
+    claim.release(list(_session_claims.values()))
+    _session_claims.clear()
+    _written_as.clear()
     return out
 
 

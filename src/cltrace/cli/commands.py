@@ -329,7 +329,8 @@ def build_parser() -> argparse.ArgumentParser:
     def add_outputs(sp: argparse.ArgumentParser, default_formats: str) -> None:
         sp.add_argument("--format", type=_formats, default=None,
                         help=f"comma-separated trace formats ({', '.join(FORMATS)}; default {default_formats})")
-        sp.add_argument("--otlp", metavar="ENDPOINT", help="also send spans to an OTLP collector")
+        sp.add_argument("--otlp", metavar="ENDPOINT", help="also send spans to an OTLP collector (https://HOST:PORT or a bare HOST:PORT: TLS; "
+                        "http://HOST:PORT: plain text)")
         sp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), default=None,
                         help="OTLP protocol (default: from OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
 

@@ -189,6 +189,7 @@ def run_demo(out_dir: str = "traces", steps: int = 40, formats: tuple[str, ...] 
     # quiet: the caller says where the files are
     session.start(*paths, *extra_sinks, quiet=True, schedule=schedule or default_schedule(steps),
                   on_trace_ready=lambda cycle: cycle_paths.extend(cycle.write()))
+    paths = [session.written_as(p) for p in paths]  # another process writing one: the names taken instead
     failed = True  # a demo that fails leaves its files .partial: earlier traces stay as they were
     try:
         with regions.timing_region("setup"):

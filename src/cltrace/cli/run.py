@@ -101,6 +101,7 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     try:
         session.start(*outputs, *extra_sinks, capacity=capacity, overflow=overflow, quiet=quiet,
                       schedule=schedule)
+        outputs = [session.written_as(p) for p in outputs]  # another process writing one: the names taken instead
         if steps_from:
             steps_from_region.install(steps_from)
         if follow:

@@ -56,13 +56,14 @@ DEFAULT_HTTP_ENDPOINT = "http://localhost:4318/v1/traces"
 
 @dataclass(frozen=True)
 class Target:
-    """Where a sink's own exporters send, and how: ``url`` (``http://`` or ``https://``, else a gRPC
-    target as given), ``insecure`` (plain text), and ``how``: what decided the transport, for the
-    hint when every export fails."""
+    """Where a sink's own exporters send, and how: ``url`` (``http://`` or ``https://``), ``insecure``
+    (plain text), ``how``: what decided the transport, for the hint when every export fails, and
+    ``bare``: the endpoint named no scheme (OTEL_EXPORTER_OTLP_INSECURE could change it)."""
 
     url: str
     insecure: bool
     how: str
+    bare: bool = False
 
 
 def _insecure_env() -> tuple[bool, str] | None:
@@ -78,14 +79,17 @@ def _insecure_env() -> tuple[bool, str] | None:
 
 def resolve_target(endpoint: str | None, protocol: str) -> Target:
     """The one reading of an endpoint, whether it came as an argument (``--otlp``, ``OtlpSink``) or
-    from OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, as the OpenTelemetry specification has it:
+    from OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT, as the OpenTelemetry specification and its SDKs have it:
 
     - ``https://`` means TLS and ``http://`` plain text, whatever OTEL_EXPORTER_OTLP_INSECURE says;
-    - a bare ``host:port`` (gRPC) is plain text unless OTEL_EXPORTER_OTLP_[TRACES_]INSECURE=false
-      asks for TLS (true: plain text): the collectors' default OTLP receivers, which a bare address
-      names in practice, speak plain text; for OTLP/HTTP it is ``http://host:port``;
+    - a bare ``host:port`` is TLS unless OTEL_EXPORTER_OTLP_[TRACES_]INSECURE=true asks for plain text
+      (the signal's variable first): spans, and headers such as ``authorization``, never cross a
+      network in clear text unless the user says so (``http://`` or the variable). A plain-text
+      collector answers the handshake with garbage, and the sink's one line at close says how to
+      choose plain text (``diagnose``);
     - OTEL_EXPORTER_OTLP_TRACES_ENDPOINT is used as it is, OTEL_EXPORTER_OTLP_ENDPOINT gets
-      ``/v1/traces`` appended for OTLP/HTTP; neither: localhost:4317 (gRPC) or :4318 (HTTP).
+      ``/v1/traces`` appended for OTLP/HTTP; neither: http://localhost:4317 (gRPC) or :4318 (HTTP),
+      the specification's defaults, plain text to this machine.
     """
     var = None
     if endpoint is None:
@@ -100,19 +104,16 @@ def resolve_target(endpoint: str | None, protocol: str) -> Target:
         return Target(url, True, "the default endpoint")
     source = var or "the endpoint"
     scheme = endpoint.split("://", 1)[0].lower() if "://" in endpoint else ""
-    if protocol != GRPC:
-        url = endpoint if scheme else "http://" + endpoint
-        if var == "OTEL_EXPORTER_OTLP_ENDPOINT" or (var is None and urlparse(url).path in ("", "/")):
-            url = url.rstrip("/") + "/v1/traces"
-        return Target(url, urlparse(url).scheme != "https", f"the scheme of {source}")
-    if scheme in ("http", "https"):
-        return Target(endpoint, scheme == "http", f"the {scheme}:// of {source}")
-    setting = _insecure_env()
-    if setting is not None:
-        insecure, name = setting
-        url = (("http://" if insecure else "https://") + endpoint) if not scheme else endpoint
-        return Target(url, insecure, f"{name}={'true' if insecure else 'false'}")
-    return Target("http://" + endpoint if not scheme else endpoint, True, f"a bare host:port in {source}")
+    if scheme:
+        url, insecure, how, bare = endpoint, scheme != "https", f"the {scheme}:// of {source}", False
+    else:
+        setting = _insecure_env()
+        insecure, name = setting if setting is not None else (False, "")
+        how = f"{name}={'true' if insecure else 'false'}" if setting is not None else f"a bare host:port in {source}"
+        url, bare = ("http://" if insecure else "https://") + endpoint, True
+    if protocol != GRPC and (var == "OTEL_EXPORTER_OTLP_ENDPOINT" or (var is None and urlparse(url).path in ("", "/"))):
+        url = url.rstrip("/") + "/v1/traces"
+    return Target(url, insecure, how, bare)
 
 
 def parse_headers(headers: Mapping[str, str] | str | None) -> dict[str, str] | None:

@@ -20,8 +20,8 @@ def diagnose(error: str | None, protocol: str, endpoint: str, target: Target | N
     hp = _where(target, endpoint)
     tls = target is not None and not target.insecure
     if "wrong_version_number" in e or "wrong version number" in e:
-        fix = (f"use http://{hp} or set OTEL_EXPORTER_OTLP_INSECURE=true" if protocol == GRPC
-               else f"use http://{hp}")
+        fix = (f"use http://{hp} or set OTEL_EXPORTER_OTLP_INSECURE=true" if target is None or target.bare
+               else f"use http://{hp}")  # the variable does not overrule an https:// the user wrote
         why = f" (TLS was chosen by {target.how})" if target is not None else ""
         return f"TLS handshake failed, the collector speaks plain text{why}: {fix}"
     if "connection refused" in e:

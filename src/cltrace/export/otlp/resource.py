@@ -12,6 +12,7 @@ from opentelemetry.sdk.resources import Resource
 
 from ..._version import version as _version
 from ...record import job
+from ..processes import command_args
 
 
 def base_resource(service_name: str | None) -> dict[str, Any]:
@@ -36,7 +37,6 @@ def resource_attributes(recorder: Any, base: Mapping[str, Any]) -> dict[str, Any
         "os.type": platform.system().lower(),
         "process.pid": os.getpid(),
         "process.executable.path": sys.executable,
-        "process.command_args": [str(a) for a in sys.argv],
         "process.runtime.name": sys.implementation.name,
         "process.runtime.version": platform.python_version(),
         "cltrace.version": _version(),
@@ -52,4 +52,7 @@ def resource_attributes(recorder: Any, base: Mapping[str, Any]) -> dict[str, Any
         "cltrace.opencl.device.hardware_ids": [d.hardware_id for d in devices],
         **job.resource_attributes(job.identity()),
     }
+    args = command_args()  # redacted, or None where the command line is left out
+    if args is not None:
+        detected["process.command_args"] = args
     return {**detected, **base}

@@ -46,7 +46,7 @@ class OtlpSink:
     ``endpoint``: ``host:port`` or URL (default: ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``,
     else localhost:4317 / :4318), read as ``config.resolve_target`` says (``https://`` TLS,
     ``http://`` plain text, a bare ``host:port`` as OTEL_EXPORTER_OTLP_[TRACES_]INSECURE says,
-    plain text without it). ``protocol``: ``"grpc"`` or ``"http/protobuf"`` (see
+    TLS without it). ``protocol``: ``"grpc"`` or ``"http/protobuf"`` (see
     ``resolve_protocol``). ``headers``: dict or ``"k=v,k2=v2"``. ``timeout_s``: per export
     request, retries included (default: OTEL_EXPORTER_OTLP_TIMEOUT, else 2 s).
     ``close_timeout_s``: the most ``close`` waits for delivery; ``failing_close_timeout_s``: the
@@ -98,6 +98,9 @@ class OtlpSink:
                                         tracer_provider, senders, sdk_encoder, self._error)
         self.protocol = dest.protocol
         self.endpoint = dest.endpoint
+        # What its own exporters dial, scheme included (plain text or TLS as decided here): children reach
+        # the collector the same way. None for a user's exporter or tracer provider.
+        self.url = dest.target.url if dest.target is not None else None
         self.exporters = dest.exporters
         if dest.own and not dest.wire:
             self.max_batch_spans = min(max_batch_spans, 512)  # the SDK encoder cannot split by size

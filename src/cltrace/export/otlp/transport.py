@@ -81,8 +81,11 @@ def http_exporter(target: Target, headers: dict[str, str] | None, timeout_s: flo
             if isinstance(spans, Encoded):
                 if self._shutdown:
                     return SpanExportResult.FAILURE
-                ok = self._client.export(spans.payload).success
-                return SpanExportResult.SUCCESS if ok else SpanExportResult.FAILURE
+                res = self._client.export(spans.payload)
+                error = getattr(res, "error", None)
+                if not res.success and error is not None:  # the cause: the client logs only "gave up" for it
+                    on_error(f"{type(error).__name__}: {error}")
+                return SpanExportResult.SUCCESS if res.success else SpanExportResult.FAILURE
             return super().export(spans)
 
     exp = _Exporter(endpoint=target.url, headers=headers, timeout=timeout_s)
