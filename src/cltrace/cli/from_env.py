@@ -17,7 +17,7 @@ import atexit
 import logging
 import os
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..capture import children, session
 from ..record.recorder import RECORDER
@@ -49,10 +49,10 @@ def start() -> None:
     except Exception as exc:  # the program goes on: its own trace() and regions still record
         log.warning("cltrace: CLTRACE=1: pyopencl is not instrumented: %s", exc)
         return
-    atexit.register(_finish, paths, family, not announce)  # runs before the session's own exit handler
+    atexit.register(_finish, paths, sinks, family, not announce)  # runs before the session's own exit handler
 
 
-def _finish(paths: Sequence[str], family: children.Family, quiet: bool) -> None:
+def _finish(paths: Sequence[str], sinks: Sequence[Any], family: children.Family, quiet: bool) -> None:
     """At exit: close the trace, merge the children's files into it, say so if nothing was recorded."""
     if family.root != os.getpid():  # a forked child leaving through atexit: its files are its own
         return
@@ -60,6 +60,6 @@ def _finish(paths: Sequence[str], family: children.Family, quiet: bool) -> None:
         session.stop()
     children.unfollow()
     merged = merge_children_at_exit(paths, family, quiet)
-    if not RECORDER.recorded and not merged:
+    if (paths or sinks) and not RECORDER.recorded and not merged:  # (no output at all: its warning said so)
         print("cltrace: CLTRACE=1 recorded nothing: the program ran no OpenCL command through pyopencl and "
               "no cltrace region while tracing was on", file=sys.stderr, flush=True)
