@@ -30,12 +30,12 @@ class _Watcher:
         self.names = tuple(names)
         self.on_loaded = on_loaded
         self.done = False
-        self._finding = False  # asked again while asking the others (another watcher): not us
+        self._busy = False  # asking the other finders (one may be another watcher), or in on_loaded
 
     def find_spec(self, name, path=None, target=None):
-        if self.done or self._finding or name not in self.names:
+        if self.done or self._busy or name not in self.names:
             return None
-        self._finding = True
+        self._busy = True
         try:
             for finder in sys.meta_path:
                 if finder is self or not hasattr(finder, "find_spec"):
@@ -46,7 +46,7 @@ class _Watcher:
             else:
                 return None
         finally:
-            self._finding = False
+            self._busy = False
         run = getattr(spec.loader, "exec_module", None)
         if run is None:
             return spec
@@ -59,7 +59,14 @@ class _Watcher:
         return spec
 
     def _loaded(self, name):
-        if self.done or not self.on_loaded(name):
+        if self.done or self._busy:  # (a watched module imported by on_loaded itself)
+            return
+        self._busy = True
+        try:
+            finished = self.on_loaded(name)
+        finally:
+            self._busy = False
+        if not finished:
             return
         self.done = True
         try:
