@@ -205,7 +205,10 @@ def test_run_dash_m_behaves_as_python_dash_m(tmp_path: Any) -> None:
 @pytest.mark.parametrize("args, says", [
     (["-m", "no_such_module"], "cltrace: error: -m no_such_module: No module named no_such_module"),
     (["-m"], "cltrace: error: -m needs the module to run"),
+    (["-m", "broken.train"], "cltrace: error: -m broken.train: finding the module failed: RuntimeError: init broke"),
 ])
 def test_run_dash_m_without_a_module_is_one_line(tmp_path: Any, args: list[str], says: str) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "__init__.py").write_text("raise RuntimeError('init broke')\n")
     proc = _cli(tmp_path, *args)
     assert proc.returncode == 2 and proc.stderr.startswith(says) and proc.stderr.count("\n") == 1, proc.stderr

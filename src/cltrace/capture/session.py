@@ -35,8 +35,7 @@ from .schedule import Schedule
 from .stepper import Cycle
 
 __all__ = ["start", "stop", "trace", "enabled", "start_from_env", "format_for", "sink_for", "register_format",
-           "OutputError", "default_output", "otlp_configured",
-           "wanted_from_env", "active"]
+           "OutputError", "default_output", "otlp_configured", "wanted_from_env", "active"]
 
 log = logging.getLogger("cltrace")
 
@@ -80,8 +79,8 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
 
     A path that cannot be written raises ``OutputError`` (a ``ValueError``) before tracing
     starts, and none of this call's outputs is attached. A path the session already writes (the
-    file ``CLTRACE=1`` opened, named again by the program) is not opened twice. ``quiet``: do not print where the
-    files are when they are closed (default: ``CLTRACE_QUIET``). ``schedule``
+    file ``CLTRACE=1`` opened, named again by the program) is not opened twice. ``quiet``: do not
+    print where the files are when they are closed (default: ``CLTRACE_QUIET``). ``schedule``
     (``cltrace.schedule(...)``): trace only the steps it says (see ``capture/stepper.py``);
     ``on_trace_ready(cycle)`` is called at the end of each active cycle (default: write
     ``run.cycleN.json`` next to each output ``run.json``).

@@ -303,6 +303,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             module_file(target)
         except ImportError as exc:
             raise CltraceError(f"-m {target}: {exc}") from None
+        except Exception as exc:  # its package's __init__ failed, as python -m would show
+            raise CltraceError(f"-m {target}: finding the module failed: {type(exc).__name__}: {exc}") from None
         stem = target.rpartition(".")[2] + ".py"
     else:
         if not args.script:
@@ -348,7 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     def add_outputs(sp: argparse.ArgumentParser, default_formats: str) -> None:
         sp.add_argument("--format", type=_formats, default=None,
                         help=f"comma-separated trace formats ({', '.join(FORMATS)}; default {default_formats})")
-        sp.add_argument("--otlp", metavar="ENDPOINT", help="also send spans to an OTLP collector (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT "
+        sp.add_argument("--otlp", metavar="ENDPOINT",
+                        help="also send spans to an OTLP collector (default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT "
                              "if set; headers, timeout and protocol from the other OTEL_EXPORTER_OTLP_* variables)")
         sp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), default=None,
                         help="OTLP protocol (default: from OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
