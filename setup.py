@@ -8,9 +8,34 @@ Project metadata lives in pyproject.toml.
 ``optional=True``: where no C compiler exists the install still succeeds and cltrace runs its
 pure-Python fallbacks (``cltrace devices`` says which path is active; ``CLTRACE_NATIVE=0`` forces them).
 """
+import os
 import sys
+from pathlib import Path
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+PTH = "cltrace.pth"  # the CLTRACE=1 start-up hook (src/_cltrace_hook.py says what it does)
+
+
+class BuildPyWithPth(build_py):
+    """Also install ``src/cltrace.pth`` at the root of site-packages, beside the package: a wheel
+    carries it at its root; an editable install (PEP 660), whose build folder is not installed, puts
+    it under the wheel's ``.data/purelib``, which installers place in site-packages too."""
+
+    def run(self) -> None:
+        super().run()
+        if not self.editable_mode:
+            self.copy_file(os.path.join("src", PTH), os.path.join(self.build_lib, PTH), preserve_mode=False)
+            return
+        data = Path(self.get_finalized_command("install").install_data)  # <wheel>/<name>.data/data
+        purelib = data.parent / "purelib"
+        purelib.mkdir(parents=True, exist_ok=True)
+        self.copy_file(os.path.join("src", PTH), str(purelib / PTH), preserve_mode=False)
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        extra = [] if self.editable_mode else [os.path.join(self.build_lib, PTH)]
+        return [*super().get_outputs(include_bytecode), *extra]
 
 _O2 = [] if sys.platform == "win32" else ["-O2"]
 
@@ -20,6 +45,7 @@ def _ext(name: str, source: str, extra_sources: list[str] = [], **kw: object) ->
 
 
 setup(
+    cmdclass={"build_py": BuildPyWithPth},
     ext_modules=[
         _ext("cltrace.timeline._stamps", "src/cltrace/timeline/_stamps.c", extra_sources=["src/cltrace/timeline/_reaper.c"],
              depends=["src/cltrace/timeline/_opencl.h", "src/cltrace/timeline/_reaper.h"],

@@ -487,3 +487,80 @@ def test_cltrace_env_also_sends_to_the_otel_endpoint(var: str, protocol: str, co
     assert region["trace_id"] == root["trace_id"] and region["parent_id"] == root["span_id"]
     spans, _ = load_trace(out)
     assert [s.name for s in spans] == ["from env"]
+
+
+RUN_SCRIPT = '''
+import pyopencl as cl
+
+ctx = cl.create_some_context(interactive=False)
+q = cl.CommandQueue(ctx)
+knl = cl.Kernel(cl.Program(ctx, "%s").build(), "twice")
+for _ in range(2):
+    knl(q, (256,), None, cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 1024))
+q.finish()
+''' % BUILD_SOURCE
+
+
+def _cltrace_run(tmp_path: Any, env: dict[str, str]) -> subprocess.CompletedProcess:
+    (tmp_path / "prog.py").write_text(RUN_SCRIPT)
+    return subprocess.run([sys.executable, "-m", "cltrace", "run", "--format", "json", "prog.py"], cwd=str(tmp_path),
+                          env=env, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cltrace_run_sends_to_the_otel_endpoint_of_the_environment(protocol: str, collector: RotelCollector,
+                                                                   tmp_path: Any) -> None:
+    # The generic endpoint (a base URL: /v1/traces is added for http/protobuf) and the protocol variable.
+    port = collector.grpc_port if protocol == GRPC else collector.http_port
+    service = f"run-env-{protocol}"
+    p = _cltrace_run(tmp_path, clean_env(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+                                         OTEL_EXPORTER_OTLP_PROTOCOL=protocol, OTEL_SERVICE_NAME=service))
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == "cltrace: wrote traces/prog.json", p.stderr
+
+    def mine(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [s for s in spans if s["resource"].get("service.name") == service]
+
+    spans, _ = load_trace(str(tmp_path / "traces" / "prog.json"))
+    got = mine(collector.wait_for(lambda all_: len(mine(all_)) >= len(spans) + 1))
+    assert sorted(s["name"] for s in got) == sorted([s.name for s in spans] + ["cltrace.run"])
+    assert [s["name"] for s in got].count("twice") == 2
+
+
+def test_cltrace_run_sends_the_headers_of_the_environment(tmp_path: Any) -> None:
+    import http.server
+
+    seen: list[dict[str, str]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            seen.append({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        p = _cltrace_run(tmp_path, clean_env(
+            OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=f"http://127.0.0.1:{server.server_port}/v1/traces",
+            OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+            OTEL_EXPORTER_OTLP_HEADERS="x-team=gpu,authorization=Bearer%20t0ken"))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert p.returncode == 0, p.stderr
+    assert seen and all(h.get("x-team") == "gpu" and h.get("authorization") == "Bearer t0ken" for h in seen), seen
+
+
+def test_cltrace_run_stops_on_an_otel_setting_it_cannot_use(tmp_path: Any) -> None:
+    p = _cltrace_run(tmp_path, clean_env(OTEL_EXPORTER_OTLP_ENDPOINT="127.0.0.1:4317",
+                                         OTEL_EXPORTER_OTLP_PROTOCOL="http/json"))
+    assert p.returncode == 2 and not (tmp_path / "traces").exists()
+    assert p.stderr == ("cltrace: error: OTEL_EXPORTER_OTLP_PROTOCOL='http/json' is not a supported protocol: "
+                        "set it to grpc or http/protobuf\n"), p.stderr

@@ -148,3 +148,67 @@ def test_argv_main_and_path(tmp_path: Any, capfd: Any) -> None:
 def test_missing_script(tmp_path: Any, capfd: Any) -> None:
     assert run_script(str(tmp_path / "nope.py"), [], []) == 2
     assert "nope.py" in capfd.readouterr().err
+
+
+MODULE = '''
+import os
+import sys
+
+import pyopencl as cl
+
+assert __name__ == "__main__", __name__
+print("ARGV", sys.argv[1:], "FILE", os.path.relpath(__file__), "PATH0", sys.path[0] == os.getcwd())
+ctx = cl.create_some_context(interactive=False)
+q = cl.CommandQueue(ctx)
+knl = cl.Kernel(cl.Program(ctx, "__kernel void twice(__global float *a) { a[get_global_id(0)] *= 2.0f; }").build(),
+                "twice")
+knl(q, (256,), None, cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 1024))
+q.finish()
+if "--fail" in sys.argv:
+    raise ValueError("boom")
+'''
+
+
+def _cli(tmp_path: Any, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLTRACE", "OTEL_"))}
+    return subprocess.run([sys.executable, "-m", "cltrace", "run", *args], cwd=str(tmp_path), env=env,
+                          capture_output=True, text=True, timeout=180)
+
+
+def test_run_dash_m_behaves_as_python_dash_m(tmp_path: Any) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text(MODULE)
+    (tmp_path / "pkg" / "__main__.py").write_text(MODULE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLTRACE", "OTEL_"))}
+    plain = subprocess.run([sys.executable, "-m", "pkg.train", "a", "--b"], cwd=str(tmp_path), env=env,
+                           capture_output=True, text=True, timeout=180)
+    traced = _cli(tmp_path, "-m", "pkg.train", "a", "--b")  # the module's options are its own
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    assert traced.stdout == plain.stdout == f"ARGV ['a', '--b'] FILE {os.path.join('pkg', 'train.py')} PATH0 True\n"
+    assert traced.stderr.splitlines()[-1] == "cltrace: wrote traces/train.json, traces/train.pftrace", traced.stderr
+    spans, _ = tracefile.load(str(tmp_path / "traces" / "train.json"))
+    assert [s.name for s in spans if s.cat == "kernel"] == ["twice"]
+
+    failed = _cli(tmp_path, "--out", "f.json", "-m", "pkg.train", "--fail")
+    assert failed.returncode == 1
+    assert failed.stderr.startswith("Traceback (most recent call last):\n  File "
+                                    f"\"{tmp_path / 'pkg' / 'train.py'}\""), failed.stderr  # no runpy frames
+    assert "ValueError: boom\ncltrace: wrote f.json\n" in failed.stderr
+
+    package = _cli(tmp_path, "--format", "json", "-m", "pkg")  # a package runs its __main__
+    assert package.returncode == 0, package.stderr
+    assert package.stdout.startswith("ARGV [] FILE " + os.path.join("pkg", "__main__.py"))
+    assert os.path.isfile(tmp_path / "traces" / "pkg.json")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["-m", "no_such_module"], "cltrace: error: -m no_such_module: No module named no_such_module"),
+    (["-m"], "cltrace: error: -m needs the module to run"),
+    (["-m", "broken.train"], "cltrace: error: -m broken.train: finding the module failed: RuntimeError: init broke"),
+])
+def test_run_dash_m_without_a_module_is_one_line(tmp_path: Any, args: list[str], says: str) -> None:
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "__init__.py").write_text("raise RuntimeError('init broke')\n")
+    proc = _cli(tmp_path, *args)
+    assert proc.returncode == 2 and proc.stderr.startswith(says) and proc.stderr.count("\n") == 1, proc.stderr

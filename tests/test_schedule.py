@@ -303,6 +303,7 @@ def test_cltrace_run_with_a_schedule(tmp_path: Path, mode: str, extra: list[str]
                        "--out", "out/p.json", "prog.py", "12", mode, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("cltrace: wrote") == 3
+    assert "no step" not in proc.stderr and "marked no step" not in proc.stderr, proc.stderr
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["p.cycle1.json", "p.cycle2.json", "p.json"]
     steps, per_step, _ = _steps_in(tmp_path / "out" / "p.json")
     assert steps == [3, 4, 7, 8]
@@ -314,6 +315,28 @@ def test_cltrace_run_with_a_schedule(tmp_path: Path, mode: str, extra: list[str]
         outer = [s for s in spans if s.name == "train_step" and s.cat == "region" and
                  next(x for x in spans if x.id == s.parent).cat == "step"]
         assert len(outer) == 2 and sum(s.name == "train_step" for s in spans) == 4
+
+
+@pytest.mark.parametrize("extra, says", [
+    ([], "the script marked no step, so the whole run was traced: call cltrace.step() at the top of each "
+         "iteration or loop over cltrace.steps(iterable), or pass --steps-from REGION"),
+    (["--steps-from", "no_such_region"], "no region 'no_such_region' ran (--steps-from no_such_region), so the "
+                                         "whole run was traced: call cltrace.step()"),
+])
+def test_a_schedule_that_sees_no_step_says_so_at_exit(tmp_path: Path, extra: list[str], says: str) -> None:
+    (tmp_path / "prog.py").write_text(textwrap.dedent("""
+        import cltrace
+        for i in range(3):
+            with cltrace.region("train_step"):
+                pass
+    """))
+    proc = cltrace_cli("run", "--schedule", "wait=1,active=1", *extra, "--out", "p.json", "prog.py", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines == ["cltrace: wrote p.json", f"cltrace: --schedule: {lines[1].split(': ', 2)[2]}"], proc.stderr
+    assert says in lines[1], lines[1]
+    spans, _ = load(str(tmp_path / "p.json"))
+    assert [s.name for s in spans] == ["train_step"] * 3
 
 
 @pytest.mark.parametrize("args, says", [

@@ -92,9 +92,9 @@ def analyze(spans_or_path: Any = None, meta: dict[str, Any] | None = None, by_sh
 
 
 def _init_from_env() -> None:
-    from .capture.session import start_from_env
+    from .cli.from_env import start
 
-    start_from_env()
+    start()
 
 
 _init_from_env()

@@ -36,7 +36,7 @@ from .schedule import Schedule
 from .stepper import Cycle
 
 __all__ = ["start", "stop", "trace", "enabled", "start_from_env", "format_for", "sink_for", "register_format",
-           "OutputError", "default_output"]
+           "OutputError", "default_output", "otlp_configured", "wanted_from_env", "active"]
 
 log = logging.getLogger("cltrace")
 
@@ -114,8 +114,9 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
     """Turn tracing on. Each output is a path (format from its suffix) or a sink object.
 
     A path that cannot be written raises ``OutputError`` (a ``ValueError``) before tracing
-    starts, and none of this call's outputs is attached. ``quiet``: do not print where the
-    files are when they are closed (default: ``CLTRACE_QUIET``). ``schedule``
+    starts, and none of this call's outputs is attached. A path the session already writes (the
+    file ``CLTRACE=1`` opened, named again by the program) is not opened twice. ``quiet``: do not
+    print where the files are when they are closed (default: ``CLTRACE_QUIET``). ``schedule``
     (``cltrace.schedule(...)``): trace only the steps it says (see ``capture/stepper.py``);
     ``on_trace_ready(cycle)`` is called at the end of each active cycle (default: write
     ``run.cycleN.json`` next to each output ``run.json``).
@@ -130,7 +131,7 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
     if quiet is None:
         quiet = os.environ.get("CLTRACE_QUIET", "").strip().lower() in _TRUE
     added: list[Any] = []
-    given = [_checked(out) for out in outputs if isinstance(out, (str, os.PathLike))]
+    given = [_checked(out) for out in outputs if isinstance(out, (str, os.PathLike)) and not _writing(out)]
     twice = sorted({p for p in given if [os.path.abspath(q) for q in given].count(os.path.abspath(p)) > 1})
     if twice:
         raise OutputError(f"the trace {twice[0]!r} is given twice: give each output once")
@@ -139,6 +140,8 @@ def start(*outputs: str | os.PathLike[str] | Any, capacity: int | None = None, o
     taken = iter(paths)
     try:
         for out in outputs:
+            if isinstance(out, (str, os.PathLike)) and _writing(out):
+                continue  # already this session's (CLTRACE=1's file named again by the program's trace())
             if isinstance(out, (str, os.PathLike)):
                 path = next(taken)
                 sink = _open(path)
@@ -222,6 +225,17 @@ def _unhook_pyopencl() -> None:
     if _hooked_here:
         _hooked_here = False
         _instrument.uninstrument()
+
+
+def _writing(path: str | os.PathLike[str]) -> bool:
+    """Whether the session already writes ``path``."""
+    full = os.path.abspath(os.fspath(path))
+    return any(entry[2] == full for entry in _session_paths.values())
+
+
+def active() -> bool:
+    """Whether a session has outputs open (``stop()`` has something to close)."""
+    return bool(_session_sinks)
 
 
 def _file_outputs() -> list[str]:
@@ -438,45 +452,57 @@ def default_output(argv0: str | None = None) -> str:
     return os.path.join("traces", f"{base or 'python'}.json")
 
 
-def start_from_env() -> None:
+def wanted_from_env() -> bool:
+    """Whether ``CLTRACE`` asks for tracing (1, true, yes or on)."""
+    return os.environ.get("CLTRACE", "").strip().lower() in _TRUE
+
+
+def start_from_env() -> tuple[list[str], list[Any], bool] | None:
     """``CLTRACE=1`` turns tracing on at import. ``CLTRACE_OUT`` names the output file(s)
     (``os.pathsep``-separated); OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT also sends the spans
     there. With neither, the trace goes to ``default_output()``. A setting that cannot be
     used gives one warning line naming the variable and the fix, and that output is off:
-    importing cltrace never stops the program."""
-    if os.environ.get("CLTRACE", "").strip().lower() not in _TRUE:
-        return
+    importing cltrace never stops the program. Returns what it started, (trace paths, other
+    sinks, whether it says where the files are), or None where tracing stays off."""
+    if not wanted_from_env():
+        return None
     try:
-        _start_from_env()
+        return _start_from_env()
     except Exception as exc:  # the last line of defence: the user's program goes on
         _state.ENABLED = False
         log.warning("cltrace: CLTRACE=1: tracing is off: %s", exc)
+        return None
 
 
-def _start_from_env() -> None:
+def _start_from_env() -> tuple[list[str], list[Any], bool]:
     raw_out = os.environ.get("CLTRACE_OUT", "")
     paths = [p for p in raw_out.split(os.pathsep) if p.strip()]
     otlp = _otlp_from_env()
-    default = not paths and otlp is None and not _otlp_configured()
+    default = not paths and otlp is None and not otlp_configured()
     if default:
         paths = [default_output()]
     start()
+    opened = []
     for path in paths:
         try:
             start(path, quiet=None if default else True)  # CLTRACE_OUT's files are where the user said
+            opened.append(path)
         except OutputError as exc:
             log.warning("cltrace: CLTRACE_OUT: %s (this output is off)", exc)
     if otlp is not None:
         start(otlp)
+    announce = default and os.environ.get("CLTRACE_QUIET", "").strip().lower() not in _TRUE
+    return opened, [otlp] if otlp is not None else [], announce
 
 
-def _otlp_configured() -> bool:
+def otlp_configured() -> bool:
+    """Whether OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT asks for OTLP export."""
     return bool(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
 
 
 def _otlp_from_env() -> Any:
     """The OTLP sink the environment asks for, or None (with one warning line per bad setting)."""
-    if not _otlp_configured():
+    if not otlp_configured():
         return None
     from ..export.otlp.config import env_problems
 

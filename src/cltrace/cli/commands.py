@@ -47,23 +47,29 @@ def _schedule(value: str) -> Any:
 
 
 def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
-    if not getattr(args, "otlp", None):
+    """The OTLP sink of ``--otlp``, else the one OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT asks for (the
+    protocol, headers and timeout from the other OTEL_EXPORTER_OTLP_* variables, as ``CLTRACE=1``
+    reads them), else none. A setting that cannot be used is a ``CltraceError`` naming the fix."""
+    from ..capture.session import otlp_configured
+
+    if not getattr(args, "otlp", None) and not otlp_configured():
         return []
     from ..export.otlp import OtlpSink
 
     from ..errors import CltraceError
     from ..export.otlp.config import env_problems
 
-    # --otlp gives the endpoint; the protocol and timeout may still come from the environment
-    problems = [p for p in env_problems() if "ENDPOINT" not in p.split("=")[0]]
+    problems = env_problems()
+    if args.otlp:  # --otlp gives the endpoint; the protocol and timeout may still come from the environment
+        problems = [p for p in problems if "ENDPOINT" not in p.split("=")[0]]
     if args.otlp_protocol:
         problems = [p for p in problems if "PROTOCOL" not in p.split("=")[0]]
     if problems:
         raise CltraceError(problems[0])
     try:
-        return [OtlpSink(endpoint=args.otlp, protocol=args.otlp_protocol)]
+        return [OtlpSink(endpoint=args.otlp or None, protocol=args.otlp_protocol)]
     except (ValueError, TypeError) as exc:
-        raise CltraceError(f"--otlp {args.otlp}: {exc}") from None
+        raise CltraceError(f"--otlp {args.otlp}: {exc}" if args.otlp else str(exc)) from None
 
 
 def _native_parts() -> dict[str, str]:
@@ -286,19 +292,34 @@ def run_outputs(script: str, outs: Sequence[str] | None, formats: Sequence[str] 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ..errors import CltraceError
-    from .run import run_script
+    from .run import module_file, run_script
 
-    if not args.script:
-        raise CltraceError("run needs the script to trace: cltrace run [options] script.py [args...]")
-    if not os.path.isfile(args.script):
-        raise CltraceError(f"cannot open the script {args.script!r}: no such file")
+    if args.module is not None:  # -m MODULE args...: as python -m; traces named after the module's last part
+        if not args.module or args.script:
+            raise CltraceError("-m needs the module to run, and no script: "
+                               "cltrace run [options] -m package.module [args...]")
+        target, *argv = args.module
+        try:
+            module_file(target)
+        except ImportError as exc:
+            raise CltraceError(f"-m {target}: {exc}") from None
+        except Exception as exc:  # its package's __init__ failed, as python -m would show
+            raise CltraceError(f"-m {target}: finding the module failed: {type(exc).__name__}: {exc}") from None
+        stem = target.rpartition(".")[2] + ".py"
+    else:
+        if not args.script:
+            raise CltraceError("run needs the script to trace: cltrace run [options] script.py [args...] "
+                               "(or -m package.module [args...])")
+        if not os.path.isfile(args.script):
+            raise CltraceError(f"cannot open the script {args.script!r}: no such file")
+        target, argv, stem = args.script, list(args.args), args.script
     if os.environ.get("CLTRACE_DEVICE"):
         check_device()
     if args.steps_from and args.schedule is None:
         raise CltraceError(f"--steps-from {args.steps_from} needs --schedule, e.g. --schedule wait=1,warmup=1,active=3")
-    outs = run_outputs(args.script, args.out, args.format)
-    return run_script(args.script, list(args.args), outs, extra_sinks=_otlp_sinks(args), quiet=args.quiet,
-                      schedule=args.schedule, steps_from=args.steps_from, merge_at_exit=True)
+    outs = run_outputs(stem, args.out, args.format)
+    return run_script(target, argv, outs, extra_sinks=_otlp_sinks(args), quiet=args.quiet, schedule=args.schedule,
+                      steps_from=args.steps_from, merge_at_exit=True, module=args.module is not None)
 
 
 def _merged_out(value: str) -> str:
@@ -329,8 +350,10 @@ def build_parser() -> argparse.ArgumentParser:
     def add_outputs(sp: argparse.ArgumentParser, default_formats: str) -> None:
         sp.add_argument("--format", type=_formats, default=None,
                         help=f"comma-separated trace formats ({', '.join(FORMATS)}; default {default_formats})")
-        sp.add_argument("--otlp", metavar="ENDPOINT", help="also send spans to an OTLP collector (https://HOST:PORT or a bare HOST:PORT: TLS; "
-                        "http://HOST:PORT: plain text)")
+        sp.add_argument("--otlp", metavar="ENDPOINT",
+                        help="also send spans to an OTLP collector (https://HOST:PORT or a bare HOST:PORT: TLS; "
+                             "http://HOST:PORT: plain text; default: OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT if set; "
+                             "headers, timeout and protocol from the other OTEL_EXPORTER_OTLP_* variables)")
         sp.add_argument("--otlp-protocol", choices=("grpc", "http/protobuf"), default=None,
                         help="OTLP protocol (default: from OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)")
 
@@ -362,6 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "marks steps with cltrace.step() (or see --steps-from); one file per active cycle")
     r.add_argument("--steps-from", metavar="REGION",
                    help="with --schedule: each outermost occurrence of the cltrace region REGION is a step")
+    r.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
+                   help="run a module as `python -m MODULE args...` would (the last option: the rest is its own)")
     r.add_argument("script", nargs="?", help="the Python script to run, as `python script.py` would")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     r.set_defaults(fn=cmd_run)

@@ -7,6 +7,7 @@ return value is the exit status ``python`` would have given.
 from __future__ import annotations
 
 import atexit
+import importlib.util
 import os
 import runpy
 import sys
@@ -14,7 +15,7 @@ import time
 import traceback
 from typing import Any, Sequence
 
-from ..capture import children, session
+from ..capture import children, session, stepper
 from ..capture.schedule import Schedule
 from ..errors import TraceFileError
 from ..export.formats import format_for
@@ -47,11 +48,38 @@ def _print_exception(exc: BaseException, script: str) -> None:
     sys.stderr.flush()
 
 
+def module_file(name: str) -> str:
+    """The file ``python -m name`` runs (a package's ``__main__``), found as it finds it, with the
+    working folder first on ``sys.path``; ``ImportError`` in Python's words when there is none."""
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            main = importlib.util.find_spec(f"{name}.__main__")
+            if main is None:
+                raise ImportError(f"No module named {name}.__main__; {name!r} is a package and cannot be "
+                                  "directly executed")
+            spec = main
+    except (ImportError, ValueError) as exc:  # a parent that is not a package, an empty name
+        raise ImportError(str(exc)) from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    if spec is None or not spec.origin or not spec.has_location:
+        raise ImportError(f"No module named {name}")
+    return spec.origin
+
+
 def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (), *,
                extra_sinks: Sequence[Any] = (), capacity: int | None = None,
                overflow: str | None = None, quiet: bool = True, schedule: Schedule | None = None,
-               steps_from: str | None = None, follow: bool = True, merge_at_exit: bool = False) -> int:
-    """Run ``script`` with ``sys.argv = [script, *argv]`` as ``__main__``, traced into ``outputs``.
+               steps_from: str | None = None, follow: bool = True, merge_at_exit: bool = False,
+               module: bool = False) -> int:
+    """Run ``script`` with ``sys.argv = [script, *argv]`` as ``__main__``, traced into ``outputs``;
+    with ``module``, ``script`` is a module name run as ``python -m script argv...`` runs it
+    (``sys.path[0]`` the working folder, ``sys.argv[0]`` the module's file).
 
     ``outputs`` are trace paths (format from the suffix); ``extra_sinks`` are sink
     objects (e.g. an OTLP exporter). ``sys.path[0]`` is the script's directory while
@@ -75,18 +103,26 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     pools and executors shut down by their own exit code): cltrace never ends the program's children.
     """
     script = os.fspath(script)
-    if not os.path.isfile(script):
+    if module:
+        try:
+            full = module_file(script)
+        except ImportError as exc:
+            print(f"cltrace run: {exc}", file=sys.stderr)
+            return 1
+        path0 = os.getcwd()
+    elif not os.path.isfile(script):
         print(f"cltrace run: can't open file {script!r}: no such file", file=sys.stderr)
         return 2
+    else:
+        full = os.path.abspath(script)
+        path0 = os.path.dirname(full)
     saved_argv = sys.argv[:]
     saved_path0 = sys.path[0] if sys.path else None
-    sys.argv = [script, *argv]
-    full = os.path.abspath(script)
-    script_dir = os.path.dirname(full)
+    sys.argv = [full if module else script, *argv]
     if sys.path:
-        sys.path[0] = script_dir
+        sys.path[0] = path0
     else:
-        sys.path.insert(0, script_dir)
+        sys.path.insert(0, path0)
     was_instrumented = instrumented()
     status = 0
     family = None  # set while children are followed; only the process that set it merges them
@@ -94,7 +130,7 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
 
     def merge_at_end() -> None:
         if root:
-            _merge_at_exit(outputs, family, quiet)
+            merge_children_at_exit(outputs, family, quiet)
 
     if follow and merge_at_exit:  # before the script: the program's own exit handlers run before it
         atexit.register(merge_at_end)
@@ -108,14 +144,17 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
             family = children.follow(outputs, extra_sinks, BOOT_DIR)
         instrument()
         try:
-            runpy.run_path(full, run_name="__main__")
+            if module:
+                runpy.run_module(script, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(full, run_name="__main__")
         except SystemExit as exc:
             status = _exit_status(exc.code)
         except KeyboardInterrupt as exc:
-            _print_exception(exc, script)
+            _print_exception(exc, full)
             status = 130
         except BaseException as exc:
-            _print_exception(exc, script)
+            _print_exception(exc, full)
             status = 1
         sys.stdout.flush()
     finally:
@@ -123,7 +162,10 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
             uninstrument()
         steps_from_region.uninstall()
         root = family is not None and family.root == os.getpid()  # not a child forked by the script
+        scheduled = stepper.current() if schedule is not None else None
         session.stop()
+        if scheduled is not None and not scheduled.number and (root or not follow):
+            _say_no_step(steps_from)
         if root:
             children.unfollow()
         sys.argv = saved_argv
@@ -134,19 +176,31 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     return status
 
 
-def _merge_at_exit(outputs: Sequence[str], family: children.Family, quiet: bool) -> None:
-    """The merge, as the process exits: after what ``python`` does at exit for the program."""
+def _say_no_step(steps_from: str | None) -> None:
+    """A schedule that saw no step traced the whole run: say so, and what makes steps."""
+    seen = (f"no region {steps_from!r} ran (--steps-from {steps_from})" if steps_from
+            else "the script marked no step")
+    print(f"cltrace: --schedule: {seen}, so the whole run was traced: call cltrace.step() at the top of "
+          f"each iteration or loop over cltrace.steps(iterable)"
+          f"{'' if steps_from else ', or pass --steps-from REGION (a region each step runs)'}",
+          file=sys.stderr, flush=True)
+
+
+def merge_children_at_exit(outputs: Sequence[str], family: children.Family, quiet: bool) -> set[int]:
+    """The merge, as the process exits: after what ``python`` does at exit for the program. Returns
+    the pids of the children merged."""
     if family.root != os.getpid():  # a forked child leaving through atexit
-        return
+        return set()
     try:
         util = sys.modules.get("multiprocessing.util")
         if util is not None:  # imported before this handler was registered: it would run after it
             util._exit_function()  # pools finalized, daemonic children ended, the others joined; once
-        _merge_children(outputs, family, quiet)
+        return _merge_children(outputs, family, quiet)
     except KeyboardInterrupt:
         print("cltrace: interrupted: children not merged into the trace", file=sys.stderr)
     except Exception as exc:  # never a traceback from cltrace into the program's exit
         print(f"cltrace: children not merged into the trace: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return set()
 
 
 def _running(pid: int) -> bool:
@@ -186,9 +240,9 @@ def _wait_for_children(outputs: Sequence[str], family: children.Family) -> tuple
     return {out: [f for f in files if _pid_of(f) not in running] for out, files in found.items()}, running
 
 
-def _merge_children(outputs: Sequence[str], family: children.Family, quiet: bool) -> None:
+def _merge_children(outputs: Sequence[str], family: children.Family, quiet: bool) -> set[int]:
     """Merge each output with its children's files of this run, in place, and say so (after the
-    session's usual ``cltrace: wrote`` line)."""
+    session's usual ``cltrace: wrote`` line). Returns the pids of the children merged."""
     from ..merge import FORMATS, merge
 
     found, running = _wait_for_children(outputs, family)
@@ -226,8 +280,9 @@ def _merge_children(outputs: Sequence[str], family: children.Family, quiet: bool
             break
         wrote.append(out)
     if quiet or not pids:
-        return
+        return pids
     stems = [children.child_path(session.shown(p), 0).replace(".pid0", ".pid<PID>") for p in wrote]
     print(f"cltrace: merged children {', '.join(map(str, sorted(pids)))} into "
           f"{', '.join(session.shown(p) for p in wrote)}: {len(pids) + 1} processes on one timeline "
           f"(each child's own file: {', '.join(stems)})", file=sys.stderr, flush=True)
+    return pids

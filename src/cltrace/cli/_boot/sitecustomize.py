@@ -11,23 +11,14 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_WATCHED = ("pyopencl", "cltrace")
-_started = False
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))  # beside the cltrace package
 
 
-def _start(finished: str) -> None:
-    """``finished``: the watched module that has just run."""
-    global _started
-    if _started:
-        return
+def _start(finished: str) -> bool:
+    """``finished``: the watched module that has just run. True once the child is started (or cannot be)."""
     pkg = sys.modules.get("cltrace")
     if finished != "cltrace" and pkg is not None and getattr(getattr(pkg, "__spec__", None), "_initializing", False):
-        return  # pyopencl imported by cltrace itself: start when cltrace is complete
-    _started = True
-    try:
-        sys.meta_path.remove(_FINDER)
-    except ValueError:
-        pass
+        return False  # pyopencl imported by cltrace itself: start when cltrace is complete
     try:
         try:
             import cltrace.capture.children  # noqa: F401
@@ -45,38 +36,24 @@ def _start(finished: str) -> None:
             instrument()
     except Exception as exc:
         sys.stderr.write(f"cltrace: child {os.getpid()}: not traced: {type(exc).__name__}: {exc}\n")
+    return True
 
 
-class _Finder:
-    """Finds pyopencl and cltrace as usual, then starts tracing once one of them has run."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name not in _WATCHED or _started:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        run = getattr(loader, "exec_module", None)
-        if run is None:
-            return spec
-
-        def exec_module(module, _run=run):
-            _run(module)
-            _start(name)
-
-        loader.exec_module = exec_module  # this module's own loader object: nothing else is touched
-        return spec
+def _hook_module():
+    """``_cltrace_hook`` (beside the package), loaded from its file: the child's sys.path is left as it is."""
+    hook = sys.modules.get("_cltrace_hook")
+    if hook is None:
+        spec = importlib.util.spec_from_file_location("_cltrace_hook", os.path.join(_ROOT, "_cltrace_hook.py"))
+        hook = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(hook)
+    return hook
 
 
-_FINDER = _Finder()
 if os.environ.get("CLTRACE_FAMILY"):
-    sys.meta_path.insert(0, _FINDER)
+    try:
+        _hook_module().watch(("pyopencl", "cltrace"), _start)
+    except Exception as exc:  # (a package installed without its hook module)
+        sys.stderr.write(f"cltrace: child {os.getpid()}: not traced: {type(exc).__name__}: {exc}\n")
 
 
 def _chain() -> None:
