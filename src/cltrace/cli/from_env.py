@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from ..capture import children, session
 from ..record.recorder import RECORDER
-from .instrument import instrument
+from ..capture.instrument import instrument
 from .run import BOOT_DIR, merge_children_at_exit
 
 log = logging.getLogger("cltrace")
