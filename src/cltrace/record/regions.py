@@ -28,7 +28,7 @@ from ..errors import ProfilingNotEnabledError
 from .failures import named_error, sizes
 from . import queues as _queues
 from .callsite import capture as _site
-from .queues import active_queue, has_profiling
+from .queues import PROFILING, active_queue
 from .recorder import RECORDER, new_id
 from ..timeline import stamps
 from ..timeline.spans import KERNEL, REGION, REGION_CATS, STATUS_ERROR, TRANSFER
@@ -253,11 +253,10 @@ def timing_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = N
         return NOOP
     if queue is None:
         queue = _queues._default_queue
-    if queue is not None and not has_profiling(queue):  # the message is built only on failure
-        raise ProfilingNotEnabledError(f"timing_region({name!r})")
+    project = queue is not None and _projects(queue, name)
     if _NativeRegion is not None:
         r = _NativeRegion(name, queue, attrs)
-        if _state.PROJECT_REGIONS and queue is not None:
+        if project:
             r.project = True
         return r
     r = _new_region(_Region)  # no __init__ frame: about a fifth of an enabled region's cost
@@ -265,8 +264,19 @@ def timing_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = N
     r.queue = queue
     r.attrs = attrs
     r.cat = REGION
-    r.project = _state.PROJECT_REGIONS and queue is not None
+    r.project = project
     return r
+
+
+def _projects(queue: Any, name: str) -> bool:
+    """Whether a region on ``queue`` projects its device span from its commands: while regions are
+    projected, on an in-order queue (on an out-of-order one the last command launched need not be the
+    last to end, and the next region's commands may run beside it: two markers, which wait for what
+    came before, bracket it). A queue without profiling is ``ProfilingNotEnabledError``."""
+    props = queue.properties  # asked of the driver each time (see queues.has_profiling)
+    if not props & PROFILING:  # the message is built only on failure
+        raise ProfilingNotEnabledError(f"timing_region({name!r})")
+    return _state.PROJECT_REGIONS and not props & _OUT_OF_ORDER
 
 
 def category_region(name: str, queue: Any = None, attrs: dict[str, Any] | None = None,
@@ -283,10 +293,9 @@ def _open(name: str, queue: Any, attrs: dict[str, Any] | None, cat: str) -> "_Re
         raise ValueError(f"cat must be one of {sorted(REGION_CATS)}, not {cat!r}")
     if queue is None:
         queue = active_queue()
-    if queue is not None and not has_profiling(queue):  # the message is built only on failure
-        raise ProfilingNotEnabledError(f"timing_region({name!r})")
+    project = queue is not None and _projects(queue, name)
     r = _RegionType(name, queue, attrs, cat)
-    if _state.PROJECT_REGIONS and queue is not None:
+    if project:
         r.project = True
     return r
 
@@ -300,6 +309,7 @@ class _Own(threading.local):
 
 
 OWN = _Own()
+_OUT_OF_ORDER = cl.command_queue_properties.OUT_OF_ORDER_EXEC_MODE_ENABLE
 Gate: Any = None  # the C gate in front of pyopencl's hooked entry points (capture/instrument.py), where built
 
 
