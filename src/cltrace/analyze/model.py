@@ -147,6 +147,17 @@ class TraceData:
                 mask[i] = True
         return mask
 
+    def process_of_threads(self) -> dict[int, Any]:
+        """Each thread track's process as the file names it: its pid, else its process's name. Empty
+        where the trace does not say (spans from the recorder: one process)."""
+        out = {}
+        for t, info in (self.meta.get("tracks") or {}).items():
+            if isinstance(info, dict) and str(t).lstrip("-").isdigit():
+                key = info.get("pid") or info.get("process")
+                if key:
+                    out[int(t)] = key
+        return out
+
     def attr(self, i: int, key: str, default: Any = None) -> Any:
         a = self.attrs[i]
         return a.get(key, default) if a else default
