@@ -265,7 +265,7 @@ def test_json_round_trips_with_a_stable_schema(analyses: dict[str, Analysis]) ->
     d = json.loads(text)
     assert d["schema"] == SCHEMA
     assert list(d) == ["source", "wall", "spans", "devices", "queues", "kernels", "launches", "findings",
-                       "regions", "timeline", "clocks", "memory", "schema"]
+                       "regions", "timeline", "clocks", "memory", "schema", "window"]
     with pytest.raises(ValueError, match="schema"):
         Analysis.from_dict({**d, "schema": "other/9"})
     readme = (Path(__file__).parents[1] / "README.md").read_text()

@@ -93,7 +93,7 @@ def test_a_queue_is_host_blocked_only_by_its_own_process(merged: dict[str, str],
     parent, kid = (p["pid"] for p in meta["merged"]["processes"])
     blocking = _blocking_by_pid(path)
     assert blocking[kid] > 200e6, blocking  # the child sat in finish on its long kernels
-    a = cltrace.analyze(path)
+    a = cltrace.analyze(path, window=None)
     queues = {q["name"].rsplit(" · pid ", 1)[1]: q for q in a.queues}
     mine, theirs = queues[str(parent)], queues[str(kid)]
     # the parent's queue: idle while the child ran, never blocked by the child's finish

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..timeline.spans import KERNEL, TRANSFER
-from .intervals import Coverage, union
+from .intervals import Coverage, intersect, union
 from .model import TraceData
 
 TIMELINE_BINS = 400
@@ -62,25 +62,28 @@ class Use:
 
 
 def _use(td: TraceData, idx: np.ndarray, blocked: Coverage, name: str, device: str) -> Use:
+    """Every length is measured inside the time analysed (``td.intervals``: a window may have gaps)."""
     us, ue, first = union(td.dev_start[idx], td.dev_end[idx])
     ga = np.r_[td.t0, ue]  # idle gaps: before the first interval, between them, after the last
-    gb = np.r_[us, td.t1]
+    gb = np.maximum(np.r_[us, td.t1], ga)
     enq = np.r_[td.host_begin[idx[first]], td.t1]  # when the command that ends each gap was enqueued
     h = np.clip(enq, ga, gb)
+    span = Coverage(*td.intervals)
     blk = blocked.within(ga, gb)
-    bound = (h - ga) - blocked.within(ga, h)
-    length = gb - ga
-    return Use(name, device, int(len(idx)), td.wall_ns, int((ue - us).sum()), int(bound.sum()), int(blk.sum()),
-               int((length - blk - bound).sum()), gap_start=ue[:-1], gap_end=us[1:])
+    bound = span.within(ga, h) - blocked.within(ga, h)
+    length = span.within(ga, gb)
+    return Use(name, device, int(len(idx)), td.wall_ns, int(span.within(us, ue).sum()), int(bound.sum()),
+               int(blk.sum()), int((length - blk - bound).sum()), gap_start=ue[:-1], gap_end=us[1:])
 
 
 def blocked_coverage(td: TraceData, threads: np.ndarray | None = None) -> Coverage:
-    """The host's time inside blocking calls; with ``threads``, those made on these thread tracks only."""
+    """The host's time inside blocking calls, within the time analysed; with ``threads``, those made on
+    these thread tracks only."""
     b = td.blocking()
     if threads is not None:
         b &= np.isin(td.thread, threads)
     s, e, _ = union(td.host_begin[b], td.host_end[b])
-    return Coverage(s, e)
+    return Coverage(*intersect(s, e, *td.intervals))
 
 
 class Blocking:
