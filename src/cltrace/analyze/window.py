@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import WindowError
 from ..timeline.spans import KERNEL, STEP
-from .intervals import holding, intersect, subtract, union
+from .intervals import Coverage, holding, intersect, subtract, union
 from .model import TraceData
 from .text import fmt_ns, plural
 
@@ -245,8 +245,11 @@ def _steady(td: TraceData, whole_s: np.ndarray, whole_e: np.ndarray) -> Selectio
     start = int(hs[0] - td.t0)
     left["start_ns"] = start
     left["builds_ns"] = builds_ns
+    early = int(Coverage(bs, be).upto(np.array([hs[0]]))[0])  # build time in the start left out
+    if early:
+        first += f"; {fmt_ns(early)} of it builds"
     out = [f"the first {fmt_ns(start)} ({first})" if start > 0 else "",
-           f"{fmt_ns(builds_ns)} of builds" if builds_ns else ""]
+           f"{fmt_ns(builds_ns - early)} of builds in it" if builds_ns > early else ""]
     out = [x for x in out if x]
     note = "steady state" + (f", {' and '.join(out)} left out" if out else "") + "; --whole for the whole run"
     return _finish(td, hs, he, label, note, left, "steady", builds=True)
