@@ -36,11 +36,12 @@ __kernel void add1(__global float *a) { a[get_global_id(0)] += 1.0f; }
 N = 4096
 STARTUP_S = 0.3
 STEPS = 6
+PAUSE_S = 0.3
 
 
 def _loop(path: Path, q: Any, steps: bool) -> None:
     """Start-up (an upload, a sleep, a build), then STEPS iterations of ``fwd`` (spin) and add1, each finished;
-    a second build after iteration 3's work."""
+    a second build and a pause after iteration 3's work."""
     ctx = q.context
     buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4 * N)
     cltrace.instrument()
@@ -55,11 +56,12 @@ def _loop(path: Path, q: Any, steps: bool) -> None:
         for i in it:
             with cltrace.region("iteration" if not steps else "body", q):
                 with cltrace.region("fwd", q):
-                    spin(q, (N,), None, buf, np.int32(2000))
+                    spin(q, (N,), None, buf, np.int32(250))
                 add1(q, (N,), None, buf)
                 q.finish()
                 if i == 3:
                     cl.Program(ctx, SRC + "\n// mid-loop\n").build()
+                    time.sleep(PAUSE_S)  # host work: the device idle, outside fwd
     finally:
         cltrace.stop()
         cltrace.uninstrument()
@@ -167,6 +169,10 @@ def test_steps_time_range_and_region_windows(traces: dict[str, str]) -> None:
     assert r.window["label"] == f"inside region 'fwd' ({STEPS} occurrences)"
     assert r.devices[0]["busy_pct"] > 99.0
     _adds_up(r)
+    # the pause between two fwd occurrences is not in that window: no idle gap there; in steps 3-4 it is
+    assert r.finding("long-idle-gaps") is None
+    gap = cltrace.analyze(path, window=f"{td.attr(steps[3], 'step')}:{td.attr(steps[4], 'step')}")
+    assert gap.finding("long-idle-gaps")["evidence"]["longest_ns"] >= PAUSE_S * 1e9
     # combined: fwd inside two steps
     both = cltrace.analyze(path, window=cltrace.Window(steps=(n2, n3), region="body/fwd"))
     assert both.kernels[0]["count"] == 2 and both.window["kind"] == "steps+region"
