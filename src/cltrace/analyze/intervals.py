@@ -63,7 +63,14 @@ def subtract(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray)
     return intersect(a_s, a_e, np.r_[lo, b_e].astype(np.int64), np.r_[b_s, hi].astype(np.int64))
 
 
+def holder(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Each time's interval among the disjoint intervals ``[start, end)`` (sorted by start), -1 where none holds it."""
+    if not len(starts):
+        return np.full(len(t), -1, np.int64)
+    at = np.searchsorted(starts, t, side="right") - 1
+    return np.where((at >= 0) & (t < ends[np.maximum(at, 0)]), at, -1)
+
+
 def holding(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
     """Whether each time lies in one of the disjoint sorted intervals ``[start, end)``."""
-    at = np.searchsorted(starts, t, side="right") - 1
-    return (at >= 0) & (t < ends[np.maximum(at, 0)]) if len(starts) else np.zeros(len(t), bool)
+    return holder(starts, ends, t) >= 0

@@ -132,6 +132,13 @@ class TraceData:
             self._spans = self._batch.spans()  # type: ignore[union-attr]
         return self._spans
 
+    def take(self, rows: np.ndarray) -> "TraceData":
+        """These rows only (their batch rows, or their ``Span`` objects), with the same metadata and queues."""
+        if self._batch is not None:
+            return TraceData(self._batch.take(rows), self.meta, tracks=self.queues)
+        every = self.spans
+        return TraceData([every[i] for i in rows.tolist()], self.meta, tracks=self.queues)
+
     def path_of(self, i: int) -> tuple[str, ...]:
         return self.path_values[self.path[i]]
 

@@ -279,12 +279,7 @@ def apply(td: TraceData, sel: Selection) -> TraceData:
     """The trace's columns for the rows in the window, analysed over its intervals."""
     if sel.rows is None:
         return td
-    if td._batch is not None:
-        spans: Any = td._batch.take(sel.rows)
-    else:
-        every = td.spans
-        spans = [every[i] for i in sel.rows.tolist()]
-    out = TraceData(spans, td.meta, tracks=td.queues)
+    out = td.take(sel.rows)
     out.set_window(sel.starts, sel.ends, td.origin)
     return out
 
