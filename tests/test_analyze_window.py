@@ -24,15 +24,8 @@ from cltrace.analyze.model import TraceData
 from cltrace.analyze.summary import summarize
 from cltrace.read import load_columns
 
-SRC = """
-__kernel void spin(__global float *a, const int iters) {
-    int i = get_global_id(0);
-    float x = a[i];
-    for (int k = 0; k < iters; ++k) x = x * 0.999f + 0.5f;
-    a[i] = x;
-}
-__kernel void add1(__global float *a) { a[get_global_id(0)] += 1.0f; }
-"""
+from conftest import KERNEL_SOURCE
+
 N = 4096
 STARTUP_S = 0.3
 STEPS = 6
@@ -40,27 +33,28 @@ PAUSE_S = 0.3
 
 
 def _loop(path: Path, q: Any, steps: bool) -> None:
-    """Start-up (an upload, a sleep, a build), then STEPS iterations of ``fwd`` (spin) and add1, each finished;
+    """Start-up (an upload, a sleep, a build), then STEPS iterations of ``fwd`` (spin) and add, each finished;
     a second build and a pause after iteration 3's work."""
     ctx = q.context
     buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4 * N)
+    other = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 4 * N)
     cltrace.instrument()
     sched = cltrace.schedule(wait=0, warmup=0, active=100) if steps else None
     cltrace.start(str(path), schedule=sched, quiet=True)
     try:
         cl.enqueue_copy(q, buf, np.ones(N, np.float32))  # the data up first
         time.sleep(STARTUP_S)  # then imports, data loading: no device work
-        prg = cl.Program(ctx, SRC).build()
-        spin, add1 = cl.Kernel(prg, "spin"), cl.Kernel(prg, "add1")
+        prg = cl.Program(ctx, KERNEL_SOURCE).build()
+        spin, add = cl.Kernel(prg, "spin"), cl.Kernel(prg, "add")
         it = cltrace.steps(range(STEPS), q) if steps else range(STEPS)
         for i in it:
             with cltrace.region("iteration" if not steps else "body", q):
                 with cltrace.region("fwd", q):
                     spin(q, (N,), None, buf, np.int32(250))
-                add1(q, (N,), None, buf)
+                add(q, (N,), None, buf, other)
                 q.finish()
                 if i == 3:
-                    cl.Program(ctx, SRC + "\n// mid-loop\n").build()
+                    cl.Program(ctx, KERNEL_SOURCE + "\n// mid-loop\n").build()
                     time.sleep(PAUSE_S)  # host work: the device idle, outside fwd
     finally:
         cltrace.stop()
@@ -125,7 +119,7 @@ def test_the_default_is_the_steady_state_and_the_headline_says_so(traces: dict[s
     assert a.wall["wall_ns"] <= int(td.host_end[steps[-1]] - td.host_begin[steps[1]]) - int(
         (td.host_end[b] - td.host_begin[b]).max())
     counts = {r["name"]: r["count"] for r in a.kernels}
-    assert counts == {"spin": STEPS - 1, "add1": STEPS - 1}
+    assert counts == {"spin": STEPS - 1, "add": STEPS - 1}
     # every build of the run is still there for the build findings, set-up included
     assert {r["path"] for r in a.regions if r["cat"] in ("compile", "build")}
     text = a.report(width=200).splitlines()
@@ -144,7 +138,7 @@ def test_without_steps_the_steady_state_starts_at_the_first_launchs_region(trace
     assert a.wall["wall_ns"] < whole.wall["wall_ns"] - STARTUP_S * 1e9
     rows = {(r["path"], r["source"]): r for r in a.regions}
     assert rows[("iteration", "host")]["count"] == STEPS  # the first iteration counts whole
-    assert {r["name"]: r["count"] for r in a.kernels} == {"spin": STEPS, "add1": STEPS}
+    assert {r["name"]: r["count"] for r in a.kernels} == {"spin": STEPS, "add": STEPS}
     _adds_up(a)
 
 
@@ -155,12 +149,12 @@ def test_steps_time_range_and_region_windows(traces: dict[str, str]) -> None:
     n2, n3 = td.attr(steps[2], "step"), td.attr(steps[3], "step")
     a = cltrace.analyze(path, window=f"{n2}:{n3}")
     assert a.window["label"] == f"steps {n2}-{n3}"
-    assert {r["name"]: r["count"] for r in a.kernels} == {"spin": 2, "add1": 2}
+    assert {r["name"]: r["count"] for r in a.kernels} == {"spin": 2, "add": 2}
     _adds_up(a)
     # the same two steps as a time range, in ms since the first span
     ms = [(int(td.host_begin[steps[2]]) - td.t0) / 1e6, (int(td.host_end[steps[3]]) - td.t0) / 1e6]
     t = cltrace.analyze(path, window=cltrace.Window(start_ms=ms[0], end_ms=ms[1]))
-    assert {r["name"]: r["count"] for r in t.kernels} == {"spin": 2, "add1": 2}
+    assert {r["name"]: r["count"] for r in t.kernels} == {"spin": 2, "add": 2}
     assert t.window["kind"] == "time"
     _adds_up(t)
     # only the time inside fwd's occurrences: its kernels, no other; the device busy all of it
