@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import CltraceError, DeviceError, EventTimerError, OutputError, ProfilingNotEnabledError, TraceFileError
+from .errors import (CltraceError, DeviceError, EventTimerError, OutputError, ProfilingNotEnabledError, TraceFileError,
+                     WindowError)
 from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
 from .record import callsite as _callsite
 from .record import regions as _regions
@@ -31,12 +32,13 @@ from .tune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, auto
 
 __all__ = [
     "CltraceError", "DeviceError", "EventTimerError", "OutputError", "ProfilingNotEnabledError", "TraceFileError",
+    "WindowError",
     "active_queue", "default_device", "has_profiling", "profiling_queue", "set_queue",
     "RECORDER", "Buffer", "Image", "SVMAllocation", "copy", "launch", "record_launch", "region", "timing_region",
     "PerfCounter", "enabled", "start", "stop", "trace", "schedule", "Schedule", "step", "steps", "Cycle", "Span",
     "EventTimer", "timing",
     "compile", "Program", "Kernel", "LaunchProfile", "instrument", "uninstrument", "ProgramCache", "BuildError",
-    "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial", "analyze", "Analysis",
+    "autotune", "Autotuner", "AutotuneResult", "KernelTemplate", "Config", "Trial", "analyze", "Analysis", "Window",
     "configure", "CallSite",
 ]
 CallSite = _callsite.CallSite
@@ -64,7 +66,7 @@ def configure(*, library_modules: Any = None, stack_depth: int | None = None, re
 
 
 def __getattr__(name: str) -> object:
-    """``cltrace.OtlpSink`` and ``cltrace.Analysis``, imported on first use: importing cltrace loads
+    """``cltrace.OtlpSink``, ``cltrace.Analysis`` and ``cltrace.Window``, imported on first use: importing cltrace loads
     neither OpenTelemetry nor the analysis modules."""
     if name == "OtlpSink":
         from .export.otlp import OtlpSink
@@ -74,21 +76,27 @@ def __getattr__(name: str) -> object:
         from .analyze.analysis import Analysis
 
         return Analysis
+    if name == "Window":
+        from .analyze.window import Window
+
+        return Window
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def analyze(spans_or_path: Any = None, meta: dict[str, Any] | None = None, by_shape: bool = False,
-            by: str | None = None) -> Any:
+            by: str | None = None, window: Any = "steady") -> Any:
     """Where the time went: an ``Analysis`` of a trace file (``.json``/``.pftrace``), a list of
     spans, or (None) the recorder's spans; ``by="callsite"`` (or ``"shape"``) splits the kernel
-    table by the launching line (or launch shape). See ``cltrace.analyze.analysis.analyze``.
+    table by the launching line (or launch shape). ``window``: the part of the run analysed, the
+    steady state by default; ``None`` the whole run, ``"2:12"`` steps 2 to 12, or a ``cltrace.Window``
+    (steps, a time range, a region). See ``cltrace.analyze.analysis.analyze``.
 
     (This function takes the name of the ``cltrace.analyze`` package as an attribute of ``cltrace``;
     ``import cltrace.analyze.<module>`` still reaches the package.)
     """
     from .analyze.analysis import analyze as _analyze
 
-    return _analyze(spans_or_path, meta=meta, by_shape=by_shape, by=by)
+    return _analyze(spans_or_path, meta=meta, by_shape=by_shape, by=by, window=window)
 
 
 def _init_from_env() -> None:

@@ -35,3 +35,8 @@ class EventTimerError(CltraceError):
 
 class TraceFileError(CltraceError):
     """A trace file is missing, truncated beyond repair or not a trace."""
+
+
+class WindowError(CltraceError, ValueError):
+    """A window of a report (steps, a time range, a region) that the trace does not have, or that
+    contradicts itself. The message says what the trace has."""

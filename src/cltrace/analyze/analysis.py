@@ -1,7 +1,8 @@
 """``cltrace.analyze``: where the time went, as one data object.
 
 The facade: it reads the spans (a file, a list of spans, or the recorder), builds the columns
-once, asks each module its question (utilisation, kernels, launches, regions, findings) and
+once, keeps the part of the run asked for (``window``: the steady state unless told otherwise),
+asks each module its question (utilisation, kernels, launches, regions, findings) and
 keeps the answers as plain data: ``as_dict()`` is the stable JSON schema (``SCHEMA``) that
 ``--json`` prints and ``Analysis.from_dict`` reads back (``memory``, added later, may be absent).
 """
@@ -23,6 +24,7 @@ from .model import TraceData, queues_from_registry
 from .regions import region_tree
 from .report import device_name, region_rows
 from .utilisation import timeline, utilisation
+from .window import STEADY, Window, apply, as_window, select
 
 SCHEMA = "cltrace.analysis/1"
 
@@ -44,6 +46,7 @@ class Analysis:
     clocks: list[dict[str, Any]] = field(default_factory=list)  # per device: name and clock mapping
     memory: dict[str, Any] = field(default_factory=dict)  # live device bytes per context (analyze.memory)
     schema: str = SCHEMA
+    window: dict[str, Any] = field(default_factory=dict)  # the part of the run analysed (window.Selection)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,26 +97,35 @@ def _with_samples(meta: dict[str, Any], recorder: Any) -> dict[str, Any]:
 
 
 def analyze(spans_or_path: str | os.PathLike[str] | Iterable[Span] | SpanBatch | None = None,
-            meta: dict[str, Any] | None = None, by_shape: bool = False, by: str | None = None) -> Analysis:
+            meta: dict[str, Any] | None = None, by_shape: bool = False, by: str | None = None,
+            window: Window | str | None = STEADY) -> Analysis:
     """Analyse a trace file (``.json``/``.pftrace``), spans (a list of ``Span`` or a ``SpanBatch``),
     or (None) the recorder's spans.
 
-    ``by`` groups the kernel table by name and also ``"shape"`` (launch shape; ``by_shape=True`` is
-    the same) or ``"callsite"`` (the user's line that launched it). Raises ``TraceFileError`` for a
-    file that cannot be read, ``ValueError`` for an unknown ``by``.
+    ``window`` is the part of the run every answer is about (``analyze.window``): the steady state
+    by default (the steps after the first, else from the first kernel launch; builds left out),
+    ``None`` or ``"whole"`` the whole run, ``"2:12"`` steps 2 to 12, or a ``Window`` (steps, a time
+    range, a region). ``by`` groups the kernel table by name and also ``"shape"`` (launch shape;
+    ``by_shape=True`` is the same) or ``"callsite"`` (the user's line that launched it). Raises
+    ``TraceFileError`` for a file that cannot be read, ``ValueError`` for an unknown ``by`` or a
+    window the trace does not have (naming what it has).
     """
     if by is not None and by not in GROUPS:
         raise ValueError(f"by must be one of {', '.join(GROUPS)}, not {by!r}")
+    w = as_window(window)
     spans, m, source, registry = _load(spans_or_path, meta)
     td = TraceData(spans, m)
     if registry is not None and not m.get("tracks"):
         named = queues_from_registry(registry, distinct(td.track[td.on_device]).tolist())
         td.queues.update(named)
-    return analyse_columns(td, source, by_shape=by_shape, by=by)
+    return analyse_columns(td, source, by_shape=by_shape, by=by, window=w)
 
 
 def analyse_columns(td: TraceData, source: str = "memory", by_shape: bool = False,
-                    by: str | None = None) -> Analysis:
+                    by: str | None = None, window: Window | str | None = None) -> Analysis:
+    """The analysis of columns already built; ``window`` as for ``analyze`` (here the whole run by default)."""
+    sel = select(td, as_window(window))
+    td = apply(td, sel)
     devices, queues = utilisation(td)
     selfs = self_time(td)
     la = launches(td)
@@ -126,4 +138,4 @@ def analyse_columns(td: TraceData, source: str = "memory", by_shape: bool = Fals
         devices=[u.as_dict() for u in devices], queues=[u.as_dict() for u in queues],
         kernels=[r.as_dict() for r in kernel_table(td, selfs, by_shape=by_shape, by=by)], launches=la.as_dict(),
         findings=[f.as_dict() for f in found], regions=region_rows(region_tree(td)), timeline=timeline(td),
-        clocks=clocks, memory=memory(td))
+        clocks=clocks, memory=memory(td), window=sel.as_dict())

@@ -18,6 +18,7 @@ from . import gate
 from .model import TraceData
 from .samples import RowSamples, RunSamples, devices, run_samples, whole
 from .text import Column, table, terminal_width
+from .window import Selection, Window, apply, as_window, select
 
 DEFAULT_PCT = 10.0  # the threshold reasons are given at without --fail-above
 Side = Union[str, "os.PathLike[str]", TraceData]
@@ -55,13 +56,17 @@ class DiffRow:
         return {**asdict(self), "regressed": self.regressed}
 
 
-def _columns(side: Side) -> TraceData:
+def _columns(side: Side, window: Window) -> tuple[TraceData, Selection]:
+    """One side's columns, of the window only (``analyze.window``), and what the window is there."""
     if isinstance(side, TraceData):
-        return side
-    from ..read import load_columns
+        td = side
+    else:
+        from ..read import load_columns
 
-    spans, meta = load_columns(side)
-    return TraceData(spans, meta)
+        spans, meta = load_columns(side)
+        td = TraceData(spans, meta)
+    sel = select(td, window)
+    return apply(td, sel), sel
 
 
 def _pct(new: float | None, old: float | None) -> float | None:
@@ -105,12 +110,20 @@ def compare(ra: RunSamples, rb: RunSamples, pct: float = DEFAULT_PCT) -> list[Di
     return rows
 
 
-def diff(a: Side, b: Side, pct: float = DEFAULT_PCT) -> list[DiffRow]:
+def diff(a: Side, b: Side, pct: float = DEFAULT_PCT, window: Window | str | None = None) -> list[DiffRow]:
     """Rows for the run's device time and every region and kernel of either run (trace files or
-    ``TraceData``), each with its verdict and reason at ``pct`` percent."""
-    ta, tb = _columns(a), _columns(b)
+    ``TraceData``), each with its verdict and reason at ``pct`` percent. ``window`` (the whole runs by
+    default; ``"steady"``, ``"2:12"`` or a ``Window``) is applied to both runs alike."""
+    return diff_windows(a, b, pct, window)[0]
+
+
+def diff_windows(a: Side, b: Side, pct: float = DEFAULT_PCT,
+                 window: Window | str | None = None) -> tuple[list[DiffRow], Selection, Selection]:
+    """``diff``, and what the window is in each run (its words, for the report)."""
+    w = as_window(window)
+    (ta, sa), (tb, sb) = _columns(a, w), _columns(b, w)
     per_device = max(devices(ta), devices(tb)) > 1
-    return compare(run_samples(ta, per_device), run_samples(tb, per_device), pct)
+    return compare(run_samples(ta, per_device), run_samples(tb, per_device), pct), sa, sb
 
 
 def regressions(rows: list[DiffRow]) -> list[DiffRow]:
@@ -118,7 +131,8 @@ def regressions(rows: list[DiffRow]) -> list[DiffRow]:
 
 
 def render_diff(rows: list[DiffRow], a: str, b: str, pct: float, width: int | None = None,
-                top: int | None = 20) -> str:
+                top: int | None = 20, windows: tuple[str, str] | None = None) -> str:
+    """The rows as a table; ``windows``: what part of each run was compared, in words."""
     shown = rows[:top] if top else rows
     cols = [Column("region / kernel", keep=9), Column("src", keep=8, left=True), Column("verdict", keep=10, left=True),
             Column("per", keep=6, left=True),
@@ -132,7 +146,8 @@ def render_diff(rows: list[DiffRow], a: str, b: str, pct: float, width: int | No
              r.self_change_ns, r.p50_a_ns, r.p50_b_ns, "-" if r.change_pct is None else f"{r.change_pct:+.1f}",
              "-" if r.mean_change_pct is None else f"{r.mean_change_pct:+.1f}", r.p99_a_ns, r.p99_b_ns, r.reason)
             for r in shown]
-    head = [f"cltrace diff: A = {a}", f"              B = {b}",
+    wa, wb = (f" ({w})" for w in windows) if windows else ("", "")
+    head = [f"cltrace diff: A = {a}{wa}", f"              B = {b}{wb}",
             f"judged at {pct:g}%: a regression is a p50 and a mean both up more than that and beyond both runs' "
             "p25-p75 (few samples, new rows: the time added against A's); per: what a sample is (p50, p99, mean); "
             "self change: B - A of the time not in children"]
@@ -140,4 +155,4 @@ def render_diff(rows: list[DiffRow], a: str, b: str, pct: float, width: int | No
     return "\n".join(head + table(cols, data, width=width or terminal_width()) + more)
 
 
-__all__ = ["DEFAULT_PCT", "DiffRow", "compare", "diff", "regressions", "render_diff"]
+__all__ = ["DEFAULT_PCT", "DiffRow", "compare", "diff", "diff_windows", "regressions", "render_diff"]

@@ -39,3 +39,38 @@ class Coverage:
     def within(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Covered length inside each [a, b]."""
         return self.upto(b) - self.upto(a)
+
+
+def intersect(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The intersection of two sets of disjoint sorted intervals, as disjoint sorted intervals."""
+    lo = np.searchsorted(b_e, a_s, side="right")  # the first b ending after each a starts
+    hi = np.searchsorted(b_s, a_e, side="left")  # past the last b starting before each a ends
+    counts = np.maximum(hi - lo, 0)
+    n = int(counts.sum())
+    if not n:
+        e = np.empty(0, np.int64)
+        return e, e
+    ai = np.repeat(np.arange(len(a_s)), counts)
+    bi = np.arange(n) - np.repeat(np.cumsum(counts) - counts, counts) + np.repeat(lo, counts)
+    s, e = np.maximum(a_s[ai], b_s[bi]), np.minimum(a_e[ai], b_e[bi])
+    keep = e > s
+    return s[keep], e[keep]
+
+
+def subtract(a_s: np.ndarray, a_e: np.ndarray, b_s: np.ndarray, b_e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of the disjoint sorted intervals ``a`` outside the disjoint sorted intervals ``b``."""
+    lo, hi = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    return intersect(a_s, a_e, np.r_[lo, b_e].astype(np.int64), np.r_[b_s, hi].astype(np.int64))
+
+
+def holder(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Each time's interval among the disjoint intervals ``[start, end)`` (sorted by start), -1 where none holds it."""
+    if not len(starts):
+        return np.full(len(t), -1, np.int64)
+    at = np.searchsorted(starts, t, side="right") - 1
+    return np.where((at >= 0) & (t < ends[np.maximum(at, 0)]), at, -1)
+
+
+def holding(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Whether each time lies in one of the disjoint sorted intervals ``[start, end)``."""
+    return holder(starts, ends, t) >= 0

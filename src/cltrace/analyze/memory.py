@@ -33,7 +33,7 @@ def memory(td: TraceData) -> dict[str, Any]:
             values = [v for _, v in pts]
             i = int(np.argmax(values))  # the first time the peak was reached
             row.update(peak_bytes=values[i], peak_ns=int(pts[i][0]), end_bytes=values[-1])
-            row["peak_at_ns"] = row["peak_ns"] - td.t0 if td.spans else None
+            row["peak_at_ns"] = row["peak_ns"] - td.origin if td.spans else None
             row["during"] = _open_region(td, row["peak_ns"])
         else:  # the ledger's own figures; its clock is not the file's, so no time
             row.update(peak_bytes=fig.get("peak_bytes"), peak_ns=None, end_bytes=fig.get("live_bytes"),

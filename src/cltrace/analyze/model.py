@@ -63,6 +63,22 @@ class TraceData:
             self.t0, self.t1 = int(starts.min()), int(ends)
         else:
             self.t0 = self.t1 = 0
+        self.origin = self.t0  # the trace's first span: where ``at`` counts from, windowed or not
+        self.window: tuple[np.ndarray, np.ndarray] | None = None
+
+    def set_window(self, starts: np.ndarray, ends: np.ndarray, origin: int) -> None:
+        """Analyse only these disjoint sorted intervals (``analyze.window``); ``origin``: the whole
+        trace's first span."""
+        self.window = (starts, ends)
+        self.t0, self.t1 = int(starts[0]), int(ends[-1])
+        self.origin = origin
+
+    @property
+    def intervals(self) -> tuple[np.ndarray, np.ndarray]:
+        """The time analysed: the window's intervals, or first span to last."""
+        if self.window is not None:
+            return self.window
+        return np.array([self.t0], np.int64), np.array([self.t1], np.int64)
 
     def _from_spans(self, sp: list[Span]) -> None:
         n = len(sp)
@@ -116,6 +132,13 @@ class TraceData:
             self._spans = self._batch.spans()  # type: ignore[union-attr]
         return self._spans
 
+    def take(self, rows: np.ndarray) -> "TraceData":
+        """These rows only (their batch rows, or their ``Span`` objects), with the same metadata and queues."""
+        if self._batch is not None:
+            return TraceData(self._batch.take(rows), self.meta, tracks=self.queues)
+        every = self.spans
+        return TraceData([every[i] for i in rows.tolist()], self.meta, tracks=self.queues)
+
     def path_of(self, i: int) -> tuple[str, ...]:
         return self.path_values[self.path[i]]
 
@@ -147,17 +170,31 @@ class TraceData:
                 mask[i] = True
         return mask
 
+    def process_of_threads(self) -> dict[int, Any]:
+        """Each thread track's process as the file names it: its pid, else its process's name. Empty
+        where the trace does not say (spans from the recorder: one process)."""
+        out = {}
+        for t, info in (self.meta.get("tracks") or {}).items():
+            if isinstance(info, dict) and str(t).lstrip("-").isdigit():
+                key = info.get("pid") or info.get("process")
+                if key:
+                    out[int(t)] = key
+        return out
+
     def attr(self, i: int, key: str, default: Any = None) -> Any:
         a = self.attrs[i]
         return a.get(key, default) if a else default
 
     @property
     def wall_ns(self) -> int:
+        """The time analysed: first span to last, or the window's intervals."""
+        if self.window is not None:
+            return int((self.window[1] - self.window[0]).sum())
         return self.t1 - self.t0
 
     def at(self, t: int) -> float:
         """Seconds since the trace's first span: where to look in Perfetto's timeline."""
-        return (t - self.t0) / 1e9
+        return (t - self.origin) / 1e9
 
 
 def dense(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -33,9 +33,22 @@ def utilisation_lines(a: Analysis, width: int) -> list[str]:
         cols.append(Column("xfer||kernel", time=True, keep=4))
     else:
         rows = [r[:-1] for r in rows]
-    return [f"Device utilisation over the run's wall time ({fmt_ns(wall)}); idle = host-bound (queue empty)",
+    over = "the run's wall time" if _window(a).get("kind", "whole") == "whole" else "the window's wall time"
+    return [f"Device utilisation over {over} ({fmt_ns(wall)}); idle = host-bound (queue empty)",
             "  + host-blocked (host inside finish, wait or a blocking copy) + other (queued, not started):",
             *table(cols, rows, width=width, indent="  ")]
+
+
+def _window(a: Analysis) -> dict[str, Any]:
+    return getattr(a, "window", None) or {}
+
+
+def window_line(a: Analysis) -> str:
+    """What the report covers, in words: the whole run, or the window and what it leaves out."""
+    w = _window(a)
+    label = w.get("label") or "the whole run"
+    return f"{plural(a.spans, 'span')} over {fmt_ns(a.wall['wall_ns'])}, {label}" + (
+        f": {w['note']}" if w.get("note") else "")
 
 
 def headline(a: Analysis) -> list[str]:
@@ -181,9 +194,8 @@ def memory_lines(a: Analysis, width: int, top: int = 5) -> list[str]:
 
 def render_analysis(a: Analysis, width: int | None = None, sort: str = "total", top: int | None = 10) -> str:
     width = width or terminal_width()
-    parts = [[f"cltrace analyze: {a.source}",
-              f"{plural(a.spans, 'span')} over {fmt_ns(a.wall['wall_ns'])}"
-              + ("" if a.devices else "; no device work"), *headline(a)],
+    parts = [[f"cltrace analyze: {a.source}", window_line(a) + ("" if a.devices else "; no device work"),
+              *headline(a)],
              utilisation_lines(a, width) if a.devices else [],
              finding_lines(a, width), kernel_lines(a, width, sort, top), launch_lines(a, width),
              region_lines(a, width), memory_lines(a, width)]

@@ -64,9 +64,11 @@ def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
     run = {src: sum(total(p, src) or 0 for p in tree if outermost(p, src)) for src in SOURCES}
     out: list[dict[str, Any]] = []
 
-    def visit(path: str, parent: str | None) -> None:
+    def visit(path: str, parent: str | None, shift: int) -> None:
         row = tree[path]
         kids = children.get(path, [])
+        # a node whose parent is not in the tree (left out of a window) is a root named by its path
+        name, depth = (path, 0) if parent is None and row["depth"] else (row["name"], row["depth"] - shift)
         for src in SOURCES:
             s = row[src]
             if s is None:
@@ -74,7 +76,7 @@ def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
             sub = [total(k, src) for k in kids]
             own = s["total_ns"] - sum(v for v in sub if v is not None)
             ptot = total(parent, src) if parent else None
-            out.append({"path": path, "name": row["name"], "cat": row["cat"], "depth": row["depth"],
+            out.append({"path": path, "name": name, "cat": row["cat"], "depth": depth,
                         "source": src, "label": _label(row["cat"], src), "count": s["count"],
                         "total_ns": s["total_ns"], "self_ns": own if kids else s["total_ns"],
                         "parent_pct": 100.0 * s["total_ns"] / ptot if ptot else None,
@@ -82,10 +84,10 @@ def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
                         "mean_ns": s["mean_ns"], "p50_ns": s["p50_ns"], "p99_ns": s["p99_ns"],
                         "max_ns": s["max_ns"], "errors": row["errors"]})
         for k in sorted(kids, key=key):
-            visit(k, path)
+            visit(k, path, shift)
 
     for r in sorted(roots, key=key):
-        visit(r, None)
+        visit(r, None, tree[r]["depth"])
     return out
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..timeline.spans import KERNEL, STEP
+from .intervals import holder
 from .kernels import device_codes, self_time
 from .model import TraceData
 from .regions import path_groups, region_tree
@@ -77,19 +78,13 @@ def _row(vals: np.ndarray, count: int | None = None, total: float | None = None,
                       per, float(np.percentile(v, 99)) if len(v) else None)
 
 
-def _within(begin: np.ndarray, end: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Each time's interval among ``[begin, end)`` (sorted by begin), -1 where none holds it."""
-    at = np.searchsorted(begin, t, side="right") - 1
-    return np.where((at >= 0) & (t < end[np.maximum(at, 0)]), at, -1)
-
-
 def _step_of(td: TraceData, rows: np.ndarray) -> np.ndarray:
     """Each row's step (its index among the run's steps, by host begin), -1 outside every step."""
     steps = np.flatnonzero(td.cat_mask(STEP))
     if not len(steps):
         return np.full(len(rows), -1, np.int64)
     order = steps[np.argsort(td.host_begin[steps], kind="stable")]
-    return _within(td.host_begin[order], td.host_end[order], td.host_begin[rows])
+    return holder(td.host_begin[order], td.host_end[order], td.host_begin[rows])
 
 
 def _kernels(td: TraceData, selfs: np.ndarray, per_device: bool) -> dict[Key, RowSamples]:
@@ -138,7 +133,7 @@ def _regions(td: TraceData) -> dict[Key, RowSamples]:
         mine = work[under[td.path[work]]] if len(work) else work
         if len(mine):
             rows = rows[np.argsort(td.host_begin[rows], kind="stable")]
-            at = _within(td.host_begin[rows], td.host_end[rows], td.host_begin[mine])
+            at = holder(td.host_begin[rows], td.host_end[rows], td.host_begin[mine])
             inside = at >= 0
             vals = np.bincount(at[inside], weights=wdur[under[td.path[work]]][inside], minlength=len(rows))
             src = "device"

@@ -9,6 +9,8 @@ import numpy as np
 from ..read import load_columns
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.stats import Stats
+from .model import TraceData
+from .window import as_window, select
 
 
 def _in_time_order(b: SpanBatch) -> SpanBatch:
@@ -31,8 +33,16 @@ def _in_time_order(b: SpanBatch) -> SpanBatch:
     return b
 
 
-def summarize(path: str | os.PathLike[str]) -> tuple[Stats, dict[str, Any]]:
+def summarize(path: str | os.PathLike[str], window: Any = None) -> tuple[Stats, dict[str, Any]]:
+    """The region tree of a trace file, of the whole run or of a ``window`` (``analyze.window``: a
+    Window, ``"steady"``, ``"2:12"``); a window other than the whole run is the metadata's ``window``."""
     spans, meta = load_columns(path)
+    w = as_window(window)
+    if not w.whole:
+        sel = select(TraceData(spans, meta), w)
+        if sel.rows is not None:
+            spans = spans.take(sel.rows) if isinstance(spans, SpanBatch) else [spans[i] for i in sel.rows.tolist()]
+        meta = {**meta, "window": sel.as_dict()}
     stats = Stats()
     if isinstance(spans, SpanBatch):
         stats.add(_in_time_order(spans))

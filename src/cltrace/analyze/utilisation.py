@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..timeline.spans import KERNEL, TRANSFER
-from .intervals import Coverage, union
+from .intervals import Coverage, intersect, union
 from .model import TraceData
 
 TIMELINE_BINS = 400
@@ -62,42 +62,71 @@ class Use:
 
 
 def _use(td: TraceData, idx: np.ndarray, blocked: Coverage, name: str, device: str) -> Use:
+    """Every length is measured inside the time analysed (``td.intervals``: a window may have gaps)."""
     us, ue, first = union(td.dev_start[idx], td.dev_end[idx])
     ga = np.r_[td.t0, ue]  # idle gaps: before the first interval, between them, after the last
-    gb = np.r_[us, td.t1]
+    gb = np.maximum(np.r_[us, td.t1], ga)
     enq = np.r_[td.host_begin[idx[first]], td.t1]  # when the command that ends each gap was enqueued
     h = np.clip(enq, ga, gb)
+    span = Coverage(*td.intervals)
     blk = blocked.within(ga, gb)
-    bound = (h - ga) - blocked.within(ga, h)
-    length = gb - ga
-    return Use(name, device, int(len(idx)), td.wall_ns, int((ue - us).sum()), int(bound.sum()), int(blk.sum()),
-               int((length - blk - bound).sum()), gap_start=ue[:-1], gap_end=us[1:])
+    bound = span.within(ga, h) - blocked.within(ga, h)
+    length = span.within(ga, gb)
+    return Use(name, device, int(len(idx)), td.wall_ns, int(span.within(us, ue).sum()), int(bound.sum()),
+               int(blk.sum()), int((length - blk - bound).sum()), gap_start=ue[:-1], gap_end=us[1:])
 
 
-def blocked_coverage(td: TraceData) -> Coverage:
+def blocked_coverage(td: TraceData, threads: np.ndarray | None = None) -> Coverage:
+    """The host's time inside blocking calls, within the time analysed; with ``threads``, those made on
+    these thread tracks only."""
     b = td.blocking()
+    if threads is not None:
+        b &= np.isin(td.thread, threads)
     s, e, _ = union(td.host_begin[b], td.host_end[b])
-    return Coverage(s, e)
+    return Coverage(*intersect(s, e, *td.intervals))
+
+
+class Blocking:
+    """The blocking that can leave given commands waiting: that of their own process. In a merged
+    trace each process blocks only its own queues (a child's ``finish`` does not hold the parent's
+    queue back); a trace that does not say which process a thread is in is one process."""
+
+    def __init__(self, td: TraceData) -> None:
+        self.td = td
+        self.process = td.process_of_threads()
+        self._cache: dict[Any, Coverage] = {}
+
+    def of(self, idx: np.ndarray) -> Coverage:
+        """For the commands ``idx``: the blocking calls of the processes that launched them."""
+        td, proc = self.td, self.process
+        owners = {proc.get(t) for t in np.unique(td.thread[idx]).tolist()} if proc else {None}
+        key = None if None in owners else frozenset(owners)
+        cov = self._cache.get(key)
+        if cov is None:
+            threads = None if key is None else np.array([t for t, p in proc.items() if p in key], np.int64)
+            cov = self._cache[key] = blocked_coverage(td, threads)
+        return cov
 
 
 def utilisation(td: TraceData) -> tuple[list[Use], list[Use]]:
     """(per device, per queue) busy and idle split, devices and queues in name order."""
     work = td.work
-    blocked = blocked_coverage(td)
+    blocking = Blocking(td)
     queues: list[Use] = []
     by_device: dict[str, list[int]] = {}
     for t, q in sorted(td.queues.items(), key=lambda kv: kv[1].name):
         idx = np.flatnonzero(work & (td.track == t))
         if not len(idx):
             continue
-        queues.append(_use(td, idx, blocked, q.name, q.device))
+        queues.append(_use(td, idx, blocking.of(idx), q.name, q.device))
         queues[-1].track = t
         by_device.setdefault(q.device, []).append(t)
     kernel, transfer = td.cat_mask(KERNEL), td.cat_mask(TRANSFER)
     devices: list[Use] = []
     for dev, tracks in sorted(by_device.items()):
         on = work & np.isin(td.track, tracks)
-        u = _use(td, np.flatnonzero(on), blocked, dev, dev)
+        idx = np.flatnonzero(on)
+        u = _use(td, idx, blocking.of(idx), dev, dev)
         u.queues = [td.queues[t].name for t in tracks]
         if len(tracks) > 1:
             ts, te, _ = union(td.dev_start[on & transfer], td.dev_end[on & transfer])

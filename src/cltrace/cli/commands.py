@@ -8,6 +8,7 @@ import sys
 from typing import Any, Sequence
 
 from .checks import check_device
+from .windows import add_window_arguments, no_window_on_store, window_of
 
 FORMATS = ("json", "pftrace")
 
@@ -173,11 +174,13 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from ..analyze.report import render
     from ..analyze.summary import summarize
 
-    stats, meta = summarize(args.file)
+    stats, meta = summarize(args.file, window_of(args, steady_default=False))
     if args.json:
         print(json.dumps({"regions": stats.as_dict(), "meta": meta}, indent=2, default=str))
     else:
-        print(render(stats.as_dict(), meta, title=f"cltrace summary: {args.file}", width=None))
+        w = meta.get("window")
+        where = f", {w['label']}{': ' + w['note'] if w.get('note') else ''}" if w else ""
+        print(render(stats.as_dict(), meta, title=f"cltrace summary: {args.file}{where}", width=None))
     if meta.get("truncated"):
         from ..read.checks import describe_cut
 
@@ -196,11 +199,12 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             raise CltraceError("analyze takes a FILE or --store STORE, not both")
         from .store import cmd_analyze_store
 
+        no_window_on_store(args)
         return cmd_analyze_store(args)
     if args.file is None:
         raise CltraceError("analyze needs a trace FILE, or --store STORE (or CLTRACE_STORE) for a store")
 
-    a = analyze(args.file, by_shape=args.by_shape, by=args.by)
+    a = analyze(args.file, by_shape=args.by_shape, by=args.by, window=window_of(args, steady_default=True))
     if args.json:
         print(a.to_json())
     else:
@@ -213,17 +217,19 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from ..analyze.diff import DEFAULT_PCT, diff
+    from ..analyze.diff import DEFAULT_PCT, diff_windows
 
     if args.store is not None:
         from .store import cmd_diff_store
 
+        no_window_on_store(args)
         return cmd_diff_store(args)
 
     from .diff_report import print_diff
 
     pct = DEFAULT_PCT if args.fail_above is None else args.fail_above
-    return print_diff(diff(args.a, args.b, pct), args.a, args.b, pct, args)
+    rows, wa, wb = diff_windows(args.a, args.b, pct, window_of(args, steady_default=False))
+    return print_diff(rows, args.a, args.b, pct, args, windows=(wa, wb))
 
 
 def _percent(value: str) -> float:
@@ -257,6 +263,7 @@ def add_analysis_commands(sub: Any) -> None:
     a.add_argument("--by-shape", action="store_true", help="group kernels by name and launch shape")
     a.add_argument("--by", choices=GROUPS, default=None,
                    help="group kernels by name and also launch shape or call site (the user's launching line)")
+    add_window_arguments(a, steady_default=True)
     a.set_defaults(fn=cmd_analyze)
 
     d = sub.add_parser("diff", help="compare two traces (or two runs in a store) per region and kernel; "
@@ -270,6 +277,7 @@ def add_analysis_commands(sub: Any) -> None:
                         f"(without it rows are judged at {DEFAULT_PCT:g}%% and nothing fails)")
     d.add_argument("--top", type=int, default=20, metavar="N", help="rows to list (default 20; 0: all)")
     d.add_argument("--json", action="store_true", help="print the rows as JSON")
+    add_window_arguments(d, steady_default=False)
     d.set_defaults(fn=cmd_diff)
 
 
@@ -368,6 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="region/kernel report of a trace file (.json or .pftrace)")
     s.add_argument("file", help="a trace written by cltrace (.json or .pftrace)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_window_arguments(s, steady_default=False)
     s.set_defaults(fn=cmd_summary)
 
     add_analysis_commands(sub)

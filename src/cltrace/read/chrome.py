@@ -130,7 +130,9 @@ class Others:
         if self.memory:
             meta["memory_samples"] = {k: sorted(v) for k, v in self.memory.items()}
         meta.setdefault("recorded_spans", spans)
-        meta.setdefault("tracks", {str(t): {"name": n, "process": self.processes.get(self.track_pid.get(t), "")}
+        pids = self.track_pid
+        meta.setdefault("tracks", {str(t): {"name": n, "process": self.processes.get(pids.get(t), ""),
+                                            **({"pid": pids[t]} if type(pids.get(t)) is int else {})}
                                    for t, n in self.threads.items()})
         return meta
 

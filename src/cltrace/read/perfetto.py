@@ -81,14 +81,26 @@ def _annotation_value(a: Any, strings: dict[int, str]) -> Any:
     return _str(getattr(a, kind))
 
 
-def note_track(td: Any, counter_names: dict[int, str], track_names: dict[int, tuple[str, int]]) -> None:
-    """A TrackDescriptor's name: a counter track's, or (name, parent uuid) of any other track."""
+def note_track(td: Any, counter_names: dict[int, str], track_names: dict[int, tuple[str, int, int]]) -> None:
+    """A TrackDescriptor's name: a counter track's, or (name, parent uuid, pid: 0 where it names
+    none) of any other track."""
     if td.HasField("counter"):
         counter_names[td.uuid] = _str(td.name)
     else:
         name = td.thread.thread_name if td.HasField("thread") and not td.name else td.name
         name = name or (td.process.process_name if td.HasField("process") else "")
-        track_names[td.uuid] = (_str(name), td.parent_uuid)
+        pid = td.thread.pid if td.HasField("thread") else td.process.pid if td.HasField("process") else 0
+        track_names[td.uuid] = (_str(name), td.parent_uuid, pid)
+
+
+def track_table(names: dict[int, tuple[str, int, int]]) -> dict[str, dict[str, Any]]:
+    """The metadata's ``tracks``: each track's name, its process's name and its pid (a thread's own,
+    else its parent process's), as the Chrome reader gives them."""
+    out = {}
+    for u, (n, parent, pid) in names.items():
+        up = names.get(parent, ("", 0, 0))
+        out[str(u)] = {"name": n, "process": up[0], **({"pid": pid or up[2]} if pid or up[2] else {})}
+    return out
 
 
 def metadata_of(te: Any) -> Iterator[dict[str, Any]]:
@@ -164,7 +176,7 @@ class _Reader:
         self.seqs: dict[int, _Sequence] = {}
         self.events: dict[int, list[tuple[int, int, int, Any]]] = {}  # track uuid -> (ts, index, type, payload)
         self.counter_names: dict[int, str] = {}
-        self.track_names: dict[int, tuple[str, int]] = {}  # uuid -> (name, parent uuid)
+        self.track_names: dict[int, tuple[str, int, int]] = {}  # uuid -> (name, parent uuid, pid)
         self.meta: dict[str, Any] = {}
         self.dropped = 0
         self.memory: dict[str, list[tuple[int, int]]] = {}  # context label -> (ns, live bytes)
@@ -313,9 +325,7 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
     if reader.memory:
         meta["memory_samples"] = {k: sorted(v) for k, v in reader.memory.items()}
     meta.setdefault("recorded_spans", len(spans))
-    names = reader.track_names
-    meta.setdefault("tracks", {str(u): {"name": n, "process": names.get(parent, ("", 0))[0]}
-                               for u, (n, parent) in names.items()})
+    meta.setdefault("tracks", track_table(reader.track_names))
     offset, raw = packets[-1]
     end = offset + 1 + len(uv(len(raw))) + len(raw)
     if end < len(data) or not reader.closed:  # the tail after the last complete packet is the file's own

@@ -28,7 +28,7 @@ from ..timeline.batch import SpanBatch, Tables
 from ..timeline.spans import STATUS_ERROR
 from . import checks
 from .inflate import Expanded, expand
-from .perfetto import metadata_of, _annotation_value, _site, _str, note_track, with_callers
+from .perfetto import metadata_of, _annotation_value, _site, _str, note_track, track_table, with_callers
 from .scan import C_COLS, P_COLS
 from .tree import path_ids
 
@@ -42,7 +42,7 @@ class _Rest:
 
     def __init__(self) -> None:
         self.counter_names: dict[int, str] = {}
-        self.track_names: dict[int, tuple[str, int]] = {}
+        self.track_names: dict[int, tuple[str, int, int]] = {}
         self.counter_tracks: dict[int, tuple[list[int], list[str]]] = {}  # uuid -> (packet index, name) each time
         self.meta: dict[str, Any] = {}
         self.closed = False
@@ -298,9 +298,7 @@ def _build(data: bytes, got: dict[str, Any], expanded: Expanded) -> tuple[SpanBa
     if memory:
         meta["memory_samples"] = memory
     meta.setdefault("recorded_spans", n)
-    tn = rest.track_names
-    meta.setdefault("tracks", {str(u): {"name": nm, "process": tn.get(parent, ("", 0))[0]}
-                               for u, (nm, parent) in tn.items()})
+    meta.setdefault("tracks", track_table(rest.track_names))
     if got["end"] < len(data) or not rest.closed:  # the tail after the last complete packet is the file's own
         checks.cut_off(meta, expanded.file_offset(int(got["end"])), expanded.file_bytes, int(got["packets"]), 0,
                        "packets")

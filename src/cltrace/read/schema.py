@@ -98,7 +98,7 @@ _ALIVE = _object({"context": (_text, True), "kind": (_text, True), "site": (_opt
 _MEMORY = _object({"contexts": _opt(_table(_CONTEXT)), "alive": _opt(_list(_ALIVE)), "alive_sites": _OPT_COUNT,
                    "samples_dropped": _OPT_COUNT})
 _HOST = _object({"name": _OPT_TEXT, "boot_id": _OPT_TEXT, "clock": _OPT_TEXT})
-_TRACK = _object({"name": _OPT_TEXT, "process": _OPT_TEXT})
+_TRACK = _object({"name": _OPT_TEXT, "process": _OPT_TEXT, "pid": _OPT_COUNT})
 _PROCESS = _object({"name": _OPT_TEXT})
 
 _METADATA = _object({

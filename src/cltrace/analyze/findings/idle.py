@@ -5,7 +5,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..intervals import Coverage, union
+from ..intervals import Coverage, intersect, union
 from ..text import fmt_ns
 from ...timeline.arrays import sorted_distinct as distinct
 from ...timeline.spans import STEP
@@ -34,12 +34,14 @@ def untraced(td: TraceData) -> Coverage:
 
 def long_idle_gaps(ctx: Context) -> Finding | None:
     td = ctx.td
-    off = untraced(td)
+    span = Coverage(*td.intervals)  # a gap counts inside the time analysed only (a window may have gaps)
+    cut = untraced(td)
+    off = Coverage(*intersect(cut.s, cut.e, *td.intervals))
     rows = []
     for q in ctx.queues:
         on = td.work & (td.track == q.track)
         median = float(np.median(td.dev_end[on] - td.dev_start[on])) if on.any() else 0.0
-        length = q.gap_end - q.gap_start - off.within(q.gap_start, q.gap_end)
+        length = span.within(q.gap_start, q.gap_end) - off.within(q.gap_start, q.gap_end)
         long_ = length >= max(GAP_MIN_NS, GAP_MEDIAN_FACTOR * median)
         for d, s in zip(length[long_].tolist(), q.gap_start[long_].tolist()):
             rows.append((d, s, q.name))
