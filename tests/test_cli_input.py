@@ -67,3 +67,36 @@ def test_analyze_plot_into_a_new_folder_is_written(tmp_path: Path, host_trace: P
     p = cli(tmp_path, "analyze", str(host_trace), "--plot", "new/u.png")
     assert p.returncode == 0, p.stderr
     assert (tmp_path / "new" / "u.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_chrome_trace_of_another_tool_is_read_with_one_warning(tmp_path: Path) -> None:
+    foreign = tmp_path / "other.json"
+    foreign.write_text(json.dumps({"traceEvents": [
+        {"name": "step", "ph": "X", "ts": 1, "dur": 5, "pid": 1, "tid": 1},
+        {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "args": {"name": "main"}}]}))
+    for args in (["summary", str(foreign)], ["analyze", str(foreign)], ["diff", str(foreign), str(foreign)]):
+        p = cli(tmp_path, *args)
+        assert p.returncode == 0, p.stderr
+        warnings = [line for line in p.stderr.splitlines() if line.strip()]
+        assert len(warnings) == 1 + (args[0] == "diff"), p.stderr  # once per file read
+        assert warnings[0].startswith(f"cltrace: warning: {foreign}: not written by cltrace"), p.stderr
+        assert ".json/.pftrace" in warnings[0]
+
+
+def test_an_empty_trace_of_cltrace_reads_without_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "quiet.json"
+    with cltrace.trace(path, quiet=True):
+        pass
+    p = cli(tmp_path, "summary", str(path))
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+
+
+def test_a_speedscope_profile_is_named_for_what_it_is(tmp_path: Path) -> None:
+    path = tmp_path / "run.speedscope.json"
+    with cltrace.trace(path, quiet=True):
+        with cltrace.region("r"):
+            pass
+    for args in (["summary", str(path)], ["diff", str(path), str(path)], ["analyze", str(path)]):
+        p = cli(tmp_path, *args)
+        one_error(p, f"{path}: a speedscope profile")
+        assert "speedscope.app" in p.stderr and ".json/.pftrace" in p.stderr

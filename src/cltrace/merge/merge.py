@@ -116,10 +116,7 @@ def _load(path: str) -> tuple[list[Span], dict[str, Any], bool]:
         raise TraceFileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except TraceFileError as exc:
         raise TraceFileError(f"{path}: {exc}") from None
-    try:
-        spans, meta = load(path)
-    except TraceFileError as exc:
-        raise TraceFileError(f"{path}: {exc}") from None
+    spans, meta = load(path)  # its errors name the file
     _check_meta(path, meta)
     if relative:
         base = meta["start_ns"]

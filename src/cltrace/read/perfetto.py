@@ -289,7 +289,7 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
-        raise TraceFileError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
+        raise TraceFileError(f"cannot read it: {exc.strerror}") from None
     if not data:
         raise TraceFileError("file is empty")
     file_bytes = len(data)
