@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 import cltrace
-from cltrace.analyze.report import footer, region_rows
+from cltrace.analyze.report import footer, region_rows, render
 from cltrace.analyze.summary import summarize
 from cltrace.analyze.text import Column, fmt_ns, table, unit_for
 
@@ -129,6 +129,40 @@ def test_units_and_single_durations() -> None:
     assert unit_for([120_000.0]) == ("us", 1e3)
     assert unit_for([2e11]) == ("s", 1e9)
     assert fmt_ns(2_300_000) == "2.30 ms" and fmt_ns(17) == "17 ns" and fmt_ns(None) == "-"
+
+
+def test_columns_compared_side_by_side_share_one_unit() -> None:
+    """``total A`` beside ``total B`` (and a summary's total beside self, p50 beside p99) read in one unit,
+    from the largest value among them; a column of no group keeps its own."""
+    cols = [Column("name"), Column("A", time=True, unit="t"), Column("B", time=True, unit="t"),
+            Column("alone", time=True)]
+    rows = [("k", 24_840_800, 250_000_000, 900), ("j", 53_199, 53_700, 800)]
+    head, *body = table(cols, rows, width=500)
+    assert head.split() == ["name", "A", "ms", "B", "ms", "alone", "ns"]
+    assert body[0].split() == ["k", "24.8", "250.0", "900"] and body[1].split() == ["j", "0.1", "0.1", "800"]
+
+
+def test_diff_and_summary_tables_name_one_unit_per_compared_pair() -> None:
+    """The issue's example: A's total 24.8 ms was shown in us beside B's 1.45 s in ms."""
+    from cltrace.analyze.diff import DiffRow, render_diff
+
+    row = DiffRow("kernel", "slow_pad", "device", "call", 10, 10, 24_840_800, 1_452_700_000, 53_199.0, 145_000_000.0,
+                  60_000.0, 150_000_000.0, 24_840_800, 1_452_700_000, 1_427_859_200, 1_427_859_200, 272461.7,
+                  5747.0, "regression", "because", True)
+    head = render_diff([row], "a", "b", 10.0, width=1000).splitlines()[3]
+    for name in ("total", "p50", "p99"):
+        pair = re.search(rf"{name} A (\w+) +{name} B (\w+)", head)
+        assert pair and pair[1] == pair[2], (name, head)
+    assert re.search(r"total A ms +total B ms +self change ms", head), head
+    tree = {"r": {"name": "r", "cat": "region", "depth": 0, "errors": 0, "host": None,
+                  "device": {"count": 2, "total_ns": 300_000_000, "mean_ns": 150_000_000, "p50_ns": 150_000_000,
+                             "p99_ns": 150_000_000, "max_ns": 150_000_000}},
+            "r/k": {"name": "k", "cat": "kernel", "depth": 1, "errors": 0, "host": None,
+                    "device": {"count": 200, "total_ns": 60_000, "mean_ns": 300, "p50_ns": 300, "p99_ns": 900,
+                               "max_ns": 900}}}
+    head = render(tree).splitlines()[1].split()
+    assert head[head.index("total") + 1] == head[head.index("self") + 1] == "ms", head
+    assert {head[head.index(c) + 1] for c in ("mean", "p50", "p99", "max")} == {"ms"}, head
 
 
 def test_devices_command_writes_drift_per_second_and_counts_calibrations(tmp_path: Any) -> None:

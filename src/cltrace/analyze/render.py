@@ -23,14 +23,15 @@ def _use_rows(uses: list[dict[str, Any]]) -> list[tuple]:
 
 def utilisation_lines(a: Analysis, width: int) -> list[str]:
     wall = a.wall["wall_ns"]
-    cols = [Column("device / queue", keep=9), Column("commands", keep=3), Column("busy", time=True, keep=8),
-            Column("busy %", keep=9), Column("idle", time=True, keep=7), Column("host-bound", time=True, keep=6),
-            Column("host-blocked", time=True, keep=6), Column("other", time=True, keep=5)]
+    cols = [Column("device / queue", keep=9), Column("commands", keep=3),
+            Column("busy", time=True, keep=8, unit="wall"), Column("busy %", keep=9),
+            Column("idle", time=True, keep=7, unit="wall"), Column("host-bound", time=True, keep=6, unit="wall"),
+            Column("host-blocked", time=True, keep=6, unit="wall"), Column("other", time=True, keep=5, unit="wall")]
     rows = _use_rows(a.devices)
     if len(a.queues) > len(a.devices):
         rows += [("  " + r[0],) + r[1:] for r in _use_rows(a.queues)]
     if any(r[-1] is not None for r in rows):
-        cols.append(Column("xfer||kernel", time=True, keep=4))
+        cols.append(Column("xfer||kernel", time=True, keep=4, unit="wall"))
     else:
         rows = [r[:-1] for r in rows]
     return [f"Device utilisation over the run's wall time ({fmt_ns(wall)}); idle = host-bound (queue empty)",
@@ -104,9 +105,10 @@ def _kernel_table(kernels: list[dict], width: int, sort: str, top: int | None, w
     by_site = any(r.get("site") for r in rows)
     cols = [Column("kernel", keep=9)] + ([Column("launch shape", keep=8, left=True)] if by_shape else []) + (
         [Column("call site", keep=12, left=True)] if by_site else []) + [
-        Column("count", keep=8), Column("total", time=True, keep=9), Column("self", time=True, keep=4),
-        Column("% device", keep=8), Column("first", time=True, keep=6), Column("mean", time=True, keep=7),
-        Column("p50", time=True, keep=5), Column("p99", time=True, keep=5)]
+        Column("count", keep=8), Column("total", time=True, keep=9, unit="sum"),
+        Column("self", time=True, keep=4, unit="sum"), Column("% device", keep=8),
+        Column("first", time=True, keep=6, unit="call"), Column("mean", time=True, keep=7, unit="call"),
+        Column("p50", time=True, keep=5, unit="call"), Column("p99", time=True, keep=5, unit="call")]
     data = [(r["name"],) + ((r["shape"],) if by_shape else ()) + ((_short_site(r["site"]),) if by_site else ()) +
             (r["count"], r["total_ns"], r["self_ns"], f"{r['device_pct']:.1f}", r["first_ns"], r["mean_ns"],
              r["p50_ns"], r["p99_ns"]) for r in shown]
@@ -132,8 +134,9 @@ def region_lines(a: Analysis, width: int, depth: int = 1) -> list[str]:
     if not rows:
         return []
     cols = [Column("region", keep=9), Column("src", keep=9, left=True), Column("count", keep=7),
-            Column("total", time=True, keep=9), Column("self", time=True, keep=8), Column("% parent", keep=5),
-            Column("% run", keep=6), Column("p50", time=True, keep=4), Column("p99", time=True, keep=3)]
+            Column("total", time=True, keep=9, unit="sum"), Column("self", time=True, keep=8, unit="sum"),
+            Column("% parent", keep=5), Column("% run", keep=6), Column("p50", time=True, keep=4, unit="call"),
+            Column("p99", time=True, keep=3, unit="call")]
     data, last = [], None
     for r in rows:
         name = "" if r["path"] == last else "  " * r["depth"] + r["name"]

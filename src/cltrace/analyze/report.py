@@ -106,9 +106,10 @@ def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str 
     """The region tree of a ``Stats.as_dict()`` as text; ``width=None`` fits the terminal."""
     rows = region_rows(tree)
     cols = (Column("region / kernel", keep=9), Column("src", keep=9, left=True), Column("count", keep=8),
-            Column("total", time=True, keep=9), Column("self", time=True, keep=7), Column("% parent", keep=6),
-            Column("% run", keep=7), Column("mean", time=True, keep=5), Column("p50", time=True, keep=3),
-            Column("p99", time=True, keep=4), Column("max", time=True, keep=2), Column("", keep=1, left=True))
+            Column("total", time=True, keep=9, unit="sum"), Column("self", time=True, keep=7, unit="sum"),
+            Column("% parent", keep=6), Column("% run", keep=7), Column("mean", time=True, keep=5, unit="call"),
+            Column("p50", time=True, keep=3, unit="call"), Column("p99", time=True, keep=4, unit="call"),
+            Column("max", time=True, keep=2, unit="call"), Column("", keep=1, left=True))
     data = []
     last = None
     for r in rows:
