@@ -43,6 +43,7 @@ def host_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (["diff", "{trace}", "{trace}", "--top", "-3"], "--top"),
     (["diff", "{trace}", "{trace}", "--fail-above", "-5"], "--fail-above"),
     (["diff", "{trace}", "{trace}", "--fail-above", "nan"], "--fail-above"),
+    (["summary", "{trace}", "--top", "-1"], "--top"),
     (["tune", "--top", "-1"], "--top"),
     (["tune", "-n", "0"], "--runs"),
     (["tune", "--warmup", "-1"], "--warmup"),

@@ -161,7 +161,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"regions": stats.as_dict(), "meta": meta}, indent=2, default=str))
     else:
-        print(render(stats.as_dict(), meta, title=f"cltrace summary: {args.file}", width=None))
+        print(render(stats.as_dict(), meta, title=f"cltrace summary: {args.file}", width=None, sort_by=args.sort,
+                     row_limit=args.top or None))
     if meta.get("truncated"):
         from ..read.checks import describe_cut
 
@@ -303,6 +304,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..analyze.report import SORT_KEYS as REPORT_SORT_KEYS
+
     p = _Parser(prog="cltrace", description="Where the time of OpenCL programs goes.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
 
@@ -329,6 +332,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("summary", help="region/kernel report of a trace file (.json or .pftrace)")
     s.add_argument("file", help="a trace written by cltrace (.json or .pftrace)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
+    s.add_argument("--sort", choices=REPORT_SORT_KEYS, default="total",
+                   help="order of each level of the tree, largest first (default: total)")
+    s.add_argument("--top", type=whole_number(0), default=0, metavar="N",
+                   help="only the N regions and commands largest by --sort, with the regions around them "
+                        "(default 0: all)")
     s.set_defaults(fn=cmd_summary)
 
     add_analysis_commands(sub)
