@@ -26,6 +26,14 @@ def whole_number(least: int) -> Callable[[str], int]:
     return parse
 
 
+def port(value: str) -> int:
+    """An argparse type: a TCP port, 1 to 65535."""
+    n = whole_number(1)(value)
+    if n > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, not {value!r}")
+    return n
+
+
 def percent(value: str) -> float:
     """An argparse type: a percentage >= 0, ``5`` or ``5%``."""
     try:

@@ -1,4 +1,4 @@
-"""The ``cltrace`` command: devices, demo, summary, analyze, diff, run, merge, tune."""
+"""The ``cltrace`` command: devices, demo, summary, analyze, diff, run, merge, open, tune."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .checks import check_device, check_plot_path, percent, whole_number
+from .checks import check_device, check_plot_path, percent, port, whole_number
 
 FORMATS = ("json", "pftrace")
 
@@ -362,6 +362,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("files", nargs="+", help="trace files written by cltrace (.json or .pftrace, mixed)")
     m.add_argument("-o", "--out", required=True, type=_merged_out, help="the merged trace (.json or .pftrace)")
     m.set_defaults(fn=cmd_merge)
+
+    from .open_ui import add_open_command
+
+    add_open_command(sub, port)
 
     try:
         from .tune import add_tune_arguments, main_tune
