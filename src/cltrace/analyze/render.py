@@ -1,4 +1,5 @@
-"""The analysis as text, one screen: utilisation, findings, top kernels, launches, top regions."""
+"""The analysis as text, one screen: utilisation, processes (merged traces), findings, top kernels,
+launches, transfer bandwidth, top regions, memory."""
 from __future__ import annotations
 
 import os
@@ -182,14 +183,48 @@ def memory_lines(a: Analysis, width: int, top: int = 5) -> list[str]:
     return out
 
 
+def transfer_lines(a: Analysis, width: int) -> list[str]:
+    """Bytes, device time and GB/s per direction (and device, where there are several)."""
+    rows = getattr(a, "transfers", None) or []
+    if not rows:
+        return []
+    several = len({r["device"] for r in rows}) > 1
+    cols = [Column("direction", keep=9)] + ([Column("device", keep=8, left=True)] if several else []) + [
+        Column("count", keep=7), Column("bytes", keep=8), Column("device time", time=True, keep=8),
+        Column("GB/s", keep=9), Column("mean size", keep=4)]
+    data = [(r["direction"],) + ((r["device"],) if several else ()) + (
+        r["count"], fmt_bytes(r["bytes"]), r["device_ns"], "-" if r["gb_per_s"] is None else f"{r['gb_per_s']:.2f}",
+        fmt_bytes(r["bytes"] // max(r["count"] - r["unsized"], 1)) if r["count"] > r["unsized"] else "-")
+        for r in rows]
+    unsized = sum(r["unsized"] for r in rows)
+    note = f"; {plural(unsized, 'transfer')} of unknown size left out of GB/s" if unsized else ""
+    return [f"Transfers: bandwidth over the copies' device time (GB/s = 10^9 B/s){note}:",
+            *table(cols, data, width=width, indent="  ")]
+
+
+def process_lines(a: Analysis, width: int) -> list[str]:
+    """The per-process table of a merged trace."""
+    rows = getattr(a, "processes", None) or []
+    if not rows:
+        return []
+    cols = [Column("process", keep=9), Column("pid", keep=9), Column("spans", keep=3), Column("kernels", keep=4),
+            Column("kernel", time=True, keep=7, unit="t"), Column("transfer", time=True, keep=6, unit="t"),
+            Column("busy", time=True, keep=8, unit="t"), Column("busy %", keep=8),
+            Column("blocked", time=True, keep=7, unit="t"), Column("wall", time=True, keep=5, unit="t")]
+    data = [(r["name"], r["pid"], r["spans"], r["kernels"], r["kernel_ns"], r["transfer_ns"], r["busy_ns"],
+             f"{r['busy_pct']:.1f}", r["blocked_ns"], r["wall_ns"]) for r in rows]
+    return [f"Processes ({len(rows)}, merged): device time of each one's commands, busy (its commands' union) over "
+            "its own wall time, blocked: its host in blocking calls:", *table(cols, data, width=width, indent="  ")]
+
+
 def render_analysis(a: Analysis, width: int | None = None, sort: str = "total", top: int | None = 10) -> str:
     width = width or terminal_width()
     parts = [[f"cltrace analyze: {a.source}",
               f"{plural(a.spans, 'span')} over {fmt_ns(a.wall['wall_ns'])}"
               + ("" if a.devices else "; no device work"), *headline(a)],
              utilisation_lines(a, width) if a.devices else [],
-             finding_lines(a, width), kernel_lines(a, width, sort, top), launch_lines(a, width),
-             region_lines(a, width), memory_lines(a, width)]
+             process_lines(a, width), finding_lines(a, width), kernel_lines(a, width, sort, top),
+             launch_lines(a, width), transfer_lines(a, width), region_lines(a, width), memory_lines(a, width)]
     clocks = [f"clock {c['device']}: {c.get('method')}, bound ±{c.get('bound_ns')} ns, "
               f"drift {c.get('drift_ns_per_s')} ns/s, {plural(int(c.get('points') or 0), 'calibration')}"
               for c in a.clocks]

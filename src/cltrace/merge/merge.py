@@ -193,6 +193,8 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
         pname = str(proc.get("name") or next((str(t.get("process")) for t in names.values() if isinstance(t, dict)
                                               and t.get("process") and not str(t["process"]).startswith("OpenCL")),
                                              f"pid {pid}"))
+        if pname in tracks.process_names.values():  # two runs of one command: told apart by pid
+            pname = f"{pname} (pid {pid})"
         tracks.process_names[pid] = pname
         host = f" @ {a.host or 'host ' + str(a.domain)}" if a.domain else ""
         track_map: dict[int, int] = {}

@@ -81,14 +81,32 @@ def _annotation_value(a: Any, strings: dict[int, str]) -> Any:
     return _str(getattr(a, kind))
 
 
-def note_track(td: Any, counter_names: dict[int, str], track_names: dict[int, tuple[str, int]]) -> None:
-    """A TrackDescriptor's name: a counter track's, or (name, parent uuid) of any other track."""
+def note_track(td: Any, counter_names: dict[int, str], track_names: dict[int, tuple[str, int]],
+               pids: dict[int, int]) -> None:
+    """A TrackDescriptor's name: a counter track's, or (name, parent) of any other track. A thread track
+    with no parent track belongs to the process track of its pid (``pids``: pid -> that track's uuid), as
+    trace processor reads it: its parent is noted as ``-1 - pid`` until ``tracks_meta`` resolves it."""
     if td.HasField("counter"):
         counter_names[td.uuid] = _str(td.name)
     else:
         name = td.thread.thread_name if td.HasField("thread") and not td.name else td.name
         name = name or (td.process.process_name if td.HasField("process") else "")
-        track_names[td.uuid] = (_str(name), td.parent_uuid)
+        parent = td.parent_uuid
+        if td.HasField("process"):
+            pids.setdefault(td.process.pid, td.uuid)
+        elif not parent and td.HasField("thread"):
+            parent = -1 - td.thread.pid
+        track_names[td.uuid] = (_str(name), parent)
+
+
+def tracks_meta(track_names: dict[int, tuple[str, int]], pids: dict[int, int]) -> dict[str, dict[str, str]]:
+    """The metadata's ``tracks``: each track's name and the name of its process (its parent track's)."""
+    def process(parent: int) -> str:
+        if parent < 0:
+            parent = pids.get(-1 - parent, 0)
+        return track_names.get(parent, ("", 0))[0]
+
+    return {str(u): {"name": n, "process": process(parent)} for u, (n, parent) in track_names.items()}
 
 
 def metadata_of(te: Any) -> Iterator[dict[str, Any]]:
@@ -165,6 +183,7 @@ class _Reader:
         self.events: dict[int, list[tuple[int, int, int, Any]]] = {}  # track uuid -> (ts, index, type, payload)
         self.counter_names: dict[int, str] = {}
         self.track_names: dict[int, tuple[str, int]] = {}  # uuid -> (name, parent uuid)
+        self.pids: dict[int, int] = {}  # pid -> its process track's uuid
         self.meta: dict[str, Any] = {}
         self.dropped = 0
         self.memory: dict[str, list[tuple[int, int]]] = {}  # context label -> (ns, live bytes)
@@ -194,7 +213,7 @@ class _Reader:
                     if MONOTONIC in clocks:
                         st.mono_minus_host = clocks[MONOTONIC].timestamp - c.timestamp
         elif p.HasField("track_descriptor"):
-            note_track(p.track_descriptor, self.counter_names, self.track_names)
+            note_track(p.track_descriptor, self.counter_names, self.track_names, self.pids)
         elif p.HasField("track_event"):
             self.track_event(p, st, index)
 
@@ -313,9 +332,7 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
     if reader.memory:
         meta["memory_samples"] = {k: sorted(v) for k, v in reader.memory.items()}
     meta.setdefault("recorded_spans", len(spans))
-    names = reader.track_names
-    meta.setdefault("tracks", {str(u): {"name": n, "process": names.get(parent, ("", 0))[0]}
-                               for u, (n, parent) in names.items()})
+    meta.setdefault("tracks", tracks_meta(reader.track_names, reader.pids))
     offset, raw = packets[-1]
     end = offset + 1 + len(uv(len(raw))) + len(raw)
     if end < len(data) or not reader.closed:  # the tail after the last complete packet is the file's own
