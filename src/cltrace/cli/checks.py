@@ -22,7 +22,6 @@ def whole_number(least: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, not {value!r}")
         return n
 
-    parse.__name__ = "whole number"  # argparse names the type in its own messages
     return parse
 
 

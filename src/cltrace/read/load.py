@@ -62,7 +62,8 @@ def load_columns(path: str | os.PathLike[str], scanner: Any = "default") -> tupl
     """
     p = os.fspath(path)
     with _named(p):
-        return _said(p, _columns(p, _check(p), scanner))
+        kind = _check(p)
+        return _said(p, kind, _columns(p, kind, scanner))
 
 
 def _columns(p: str, kind: str, scanner: Any) -> tuple[SpanBatch | list[Span], dict[str, Any]]:
@@ -87,18 +88,19 @@ def _columns(p: str, kind: str, scanner: Any) -> tuple[SpanBatch | list[Span], d
     return _load(p, kind)
 
 
-def _said(p: str, got: Any) -> Any:
+def _said(p: str, kind: str, got: Any) -> Any:
     """``got``, after one warning line where the file's compressed packets were skipped (past the budget),
-    or where it holds nothing cltrace wrote (a Chrome trace of another tool reads as no spans)."""
+    or where a Chrome JSON holds nothing cltrace wrote (another tool's trace reads as no spans; a
+    .pftrace of another tool is refused by its reader)."""
     spans, meta = got
     skipped = meta.get("inflate_skipped")
     if skipped:
         from .inflate import describe_skipped
 
         log.warning("cltrace: warning: %s: %s", p, describe_skipped(skipped))
-    if not len(spans) and "cltrace.version" not in meta:
-        log.warning("cltrace: warning: %s: not written by cltrace (no cltrace span or metadata in it), read as "
-                    "an empty trace; cltrace reads the .json/.pftrace files it writes", p)
+    if kind == "json" and not len(spans) and "cltrace.version" not in meta:
+        log.warning("cltrace: warning: %s: not written by cltrace (no cltrace span or metadata in it, or cut off "
+                    "before them), read as an empty trace; cltrace reads the .json/.pftrace files it writes", p)
     return got
 
 
@@ -107,7 +109,8 @@ def load(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, Any]]:
     with a one-line reason."""
     p = os.fspath(path)
     with _named(p):
-        return _said(p, _load(p, _check(p)))
+        kind = _check(p)
+        return _said(p, kind, _load(p, kind))
 
 
 def _load(p: str, kind: str) -> tuple[list[Span], dict[str, Any]]:
