@@ -270,7 +270,7 @@ def test_json_round_trips_with_a_stable_schema(analyses: dict[str, Analysis]) ->
     d = json.loads(text)
     assert d["schema"] == SCHEMA
     assert list(d) == ["source", "wall", "spans", "devices", "queues", "kernels", "launches", "findings",
-                       "regions", "timeline", "clocks", "memory", "schema", "window"]
+                       "regions", "timeline", "clocks", "memory", "transfers", "processes", "schema", "window"]
     with pytest.raises(ValueError, match="schema"):
         Analysis.from_dict({**d, "schema": "other/9"})
     readme = (Path(__file__).parents[1] / "README.md").read_text()
@@ -372,3 +372,64 @@ def test_cli_diff_against_itself_and_a_slowed_run(traces: dict[str, Path], tmp_p
     assert "kernel spin" in slow.stdout.split("regression(s) above 20%")[1]
     ok = cli("diff", str(traces["fast"]), str(traces["slow"]), cwd=tmp_path)
     assert ok.returncode == 0  # without --fail-above nothing gates
+
+
+# ---- transfer bandwidth and the per-process table ------------------------------------------
+
+def test_transfer_bandwidth_per_direction_from_device_time() -> None:
+    """GB/s = bytes over the copies' device time; the direction from the attribute, else the name;
+    a copy of unknown size counts but adds nothing to the bandwidth."""
+    from cltrace.analyze.transfers import transfers
+    from cltrace.timeline.spans import Span
+
+    def copy(i: int, name: str, nbytes: Any, dev_ns: int, **attrs: Any) -> Span:
+        t = 1_000_000 * i
+        return Span(i, 0, name, "transfer", 1, t, t + 10, device_track=7, dev_start=t + 100, dev_end=t + 100 + dev_ns,
+                    attrs={"bytes": nbytes, **attrs})
+
+    spans = [copy(1, "copy", 2_000_000, 100_000, direction="HtoD"), copy(2, "upload x", 1_000_000, 300_000,
+                                                                             direction="HtoD"),
+             copy(3, "copy X d2h", 500_000, 1_000_000), copy(4, "copy DtoH", None, 5_000_000),
+             copy(5, "map buffer", 4096, 1_000)]
+    meta = {"tracks": {"7": {"name": "Dev · queue 0", "process": "OpenCL: Dev"}}}
+    rows = {r["direction"]: r for r in transfers(TraceData(spans, meta))}
+    assert list(rows) == ["HtoD", "DtoH", "other"]
+    assert rows["HtoD"] == {"device": "Dev", "direction": "HtoD", "count": 2, "bytes": 3_000_000, "device_ns": 400_000,
+                            "sized_ns": 400_000, "unsized": 0, "gb_per_s": 7.5}
+    assert rows["DtoH"]["count"] == 2 and rows["DtoH"]["unsized"] == 1 and rows["DtoH"]["gb_per_s"] == 0.5
+    assert rows["DtoH"]["device_ns"] == 6_000_000 and rows["DtoH"]["sized_ns"] == 1_000_000
+
+
+def test_analyze_reports_the_bandwidth_of_recorded_copies(analyses: dict[str, Analysis]) -> None:
+    (down,) = analyses["blocking"].transfers  # eight blocking reads under cltrace.instrument(): DtoH
+    assert down["direction"] == "DtoH" and down["count"] == 8 and down["bytes"] == 8 * 4 * N
+    assert down["gb_per_s"] == round(down["bytes"] / down["sized_ns"], 3) and down["gb_per_s"] > 0
+    (up,) = analyses["small_copies"].transfers  # cltrace.copy records its direction
+    assert up["direction"] == "HtoD" and up["count"] == 120 and up["bytes"] == 120 * 1024
+    text = analyses["small_copies"].report(width=200)
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith("HtoD"))
+    assert f"{up['gb_per_s']:.2f}" in line and "120 KiB" in line
+    assert "Transfers: bandwidth over the copies' device time" in text
+
+
+@pytest.mark.parametrize("suffix", [".json", ".pftrace"])
+def test_a_merged_trace_has_a_table_per_process(traces: dict[str, Path], analyses: dict[str, Analysis],
+                                                tmp_path: Path, suffix: str) -> None:
+    """Two runs of one process (same pid, same command) merged: two rows, told apart by pid, each
+    with what its own file's analysis says."""
+    from cltrace.merge import merge
+
+    out = tmp_path / f"merged{suffix}"
+    merge([str(traces["fast"]), str(traces["blocking"])], str(out))
+    a = cltrace.analyze(out)
+    assert [p["file"] for p in a.processes] == [str(traces["fast"]), str(traces["blocking"])]
+    assert len({p["pid"] for p in a.processes}) == 2 and len({p["name"] for p in a.processes}) == 2
+    for p, own in zip(a.processes, (analyses["fast"], analyses["blocking"])):
+        assert p["spans"] == own.spans
+        assert p["kernel_ns"] == sum(k["total_ns"] for k in own.kernels)
+        assert p["kernels"] == sum(k["count"] for k in own.kernels)
+        assert p["busy_ns"] == own.devices[0]["busy_ns"]
+        assert p["transfer_ns"] == sum(t["device_ns"] for t in own.transfers)
+    assert a.processes[1]["blocked_ns"] > 0 and a.processes[0]["blocked_ns"] == 0  # blocking reads in the second
+    assert "Processes (2, merged)" in a.report(width=300)
+    assert analyses["fast"].processes == [] and "Processes" not in analyses["fast"].report(width=300)

@@ -10,9 +10,10 @@ import sys
 from typing import Any
 
 import numpy as np
+import pytest
 
 import cltrace
-from cltrace.analyze.report import footer, region_rows
+from cltrace.analyze.report import footer, region_rows, render
 from cltrace.analyze.summary import summarize
 from cltrace.analyze.text import Column, fmt_ns, table, unit_for
 
@@ -129,6 +130,96 @@ def test_units_and_single_durations() -> None:
     assert unit_for([120_000.0]) == ("us", 1e3)
     assert unit_for([2e11]) == ("s", 1e9)
     assert fmt_ns(2_300_000) == "2.30 ms" and fmt_ns(17) == "17 ns" and fmt_ns(None) == "-"
+
+
+def test_columns_compared_side_by_side_share_one_unit() -> None:
+    """``total A`` beside ``total B`` (and a summary's total beside self, p50 beside p99) read in one unit,
+    from the largest value among them; a column of no group keeps its own."""
+    cols = [Column("name"), Column("A", time=True, unit="t"), Column("B", time=True, unit="t"),
+            Column("alone", time=True)]
+    rows = [("k", 24_840_800, 250_000_000, 900), ("j", 53_199, 53_700, 800)]
+    head, *body = table(cols, rows, width=500)
+    assert head.split() == ["name", "A", "ms", "B", "ms", "alone", "ns"]
+    assert body[0].split() == ["k", "24.8", "250.0", "900"] and body[1].split() == ["j", "0.1", "0.1", "800"]
+
+
+def test_diff_and_summary_tables_name_one_unit_per_compared_pair() -> None:
+    """The issue's example: A's total 24.8 ms was shown in us beside B's 1.45 s in ms."""
+    from cltrace.analyze.diff import DiffRow, render_diff
+
+    row = DiffRow("kernel", "slow_pad", "device", "call", 10, 10, 24_840_800, 1_452_700_000, 53_199.0, 145_000_000.0,
+                  60_000.0, 150_000_000.0, 24_840_800, 1_452_700_000, 1_427_859_200, 1_427_859_200, 272461.7,
+                  5747.0, "regression", "because", True)
+    head = render_diff([row], "a", "b", 10.0, width=1000).splitlines()[3]
+    for name in ("total", "p50", "p99"):
+        pair = re.search(rf"{name} A (\w+) +{name} B (\w+)", head)
+        assert pair and pair[1] == pair[2], (name, head)
+    assert re.search(r"total A ms +total B ms +self change ms", head), head
+    tree = {"r": {"name": "r", "cat": "region", "depth": 0, "errors": 0, "host": None,
+                  "device": {"count": 2, "total_ns": 300_000_000, "mean_ns": 150_000_000, "p50_ns": 150_000_000,
+                             "p99_ns": 150_000_000, "max_ns": 150_000_000}},
+            "r/k": {"name": "k", "cat": "kernel", "depth": 1, "errors": 0, "host": None,
+                    "device": {"count": 200, "total_ns": 60_000, "mean_ns": 300, "p50_ns": 300, "p99_ns": 900,
+                               "max_ns": 900}}}
+    head = render(tree).splitlines()[1].split()
+    assert head[head.index("total") + 1] == head[head.index("self") + 1] == "ms", head
+    assert {head[head.index(c) + 1] for c in ("mean", "p50", "p99", "max")} == {"ms"}, head
+
+
+def _node(name: str, depth: int, count: int, total: int, cat: str = "region") -> dict[str, Any]:
+    mean = total // count
+    return {"name": name, "cat": cat, "depth": depth, "errors": 0, "device": None,
+            "host": {"count": count, "total_ns": total, "mean_ns": mean, "p50_ns": mean, "p99_ns": mean,
+                     "max_ns": mean}}
+
+
+SORT_TREE = {"a": _node("a", 0, 1, 100_000), "a/x": _node("x", 1, 50, 90_000), "a/y": _node("y", 1, 1, 5_000),
+             "b": _node("b", 0, 10, 50_000), "b/z": _node("z", 1, 1000, 1_000)}
+
+
+@pytest.mark.parametrize("sort_by, order", [
+    ("total", ["a", "a/x", "a/y", "b", "b/z"]),
+    ("count", ["b", "b/z", "a", "a/x", "a/y"]),
+    ("self", ["b", "b/z", "a", "a/x", "a/y"]),  # a's self 5 us, b's 49 us
+    ("mean", ["a", "a/y", "a/x", "b", "b/z"]),
+])
+def test_report_sorts_each_level_by_the_key_asked(sort_by: str, order: list[str]) -> None:
+    assert [r["path"] for r in region_rows(SORT_TREE, sort_by)] == order
+    text = render(SORT_TREE, sort_by=sort_by)
+    names = [ln.split()[0] for ln in text.splitlines()[3:8]]
+    assert names == [p.rpartition("/")[2] for p in order] and f"each level by {sort_by}" in text
+
+
+def test_report_row_limit_keeps_the_largest_and_the_regions_around_them() -> None:
+    rows = region_rows(SORT_TREE, "count", row_limit=2)  # z (1000 calls) and x (50), under b and a
+    assert [r["path"] for r in rows] == ["b", "b/z", "a", "a/x"]
+    text = render(SORT_TREE, sort_by="count", row_limit=2)
+    assert "(1 more region or command: the 2 largest by count are shown, with the regions around them)" in text
+    assert region_rows(SORT_TREE, row_limit=5) == region_rows(SORT_TREE) == region_rows(SORT_TREE, row_limit=0)
+    with pytest.raises(ValueError, match="sort_by must be one of total, self"):
+        region_rows(SORT_TREE, "cuda_time_total")
+    with pytest.raises(ValueError, match="row_limit"):
+        region_rows(SORT_TREE, row_limit=-1)
+
+
+def test_perf_counter_and_summary_take_a_sort_key_and_a_row_limit(tmp_path: Any) -> None:
+    path = tmp_path / "host.json"
+    with cltrace.trace(path, quiet=True):
+        for i in range(3):
+            with cltrace.region("step"):
+                with cltrace.region("many"):
+                    pass
+                for _ in range(5):
+                    with cltrace.region("often"):
+                        pass
+    text = cltrace.PerfCounter().report(sort_by="count", row_limit=1)
+    lines = text.splitlines()
+    assert [ln.split()[0] for ln in lines[3:5]] == ["step", "often"] and "many" not in text
+    out = subprocess.run([sys.executable, "-m", "cltrace", "summary", str(path), "--sort", "count", "--top", "1"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert [ln.split()[0] for ln in out.stdout.splitlines()[3:5]] == ["step", "often"]
+    assert "many" not in out.stdout and "1 more region or command" in out.stdout
 
 
 def test_devices_command_writes_drift_per_second_and_counts_calibrations(tmp_path: Any) -> None:

@@ -9,6 +9,8 @@ import textwrap
 
 import pytest
 
+import cltrace as cltrace_lib
+
 
 def cltrace(*args: str, cwd: str | os.PathLike[str], env: dict[str, str] | None = None,
             timeout: int = 240) -> subprocess.CompletedProcess[str]:
@@ -86,14 +88,20 @@ def test_summary_reads_both_formats_the_same(demo_dir):
     (b'{"hello": 1}', "traceEvents"),
     (b'[{"ph": "X", "name": "x", "ts": 1, "dur": ', "no complete event"),
 ])
-def test_summary_of_a_bad_file_exits_nonzero_with_one_line(tmp_path, content, reason):
+@pytest.mark.parametrize("command", ["summary", "diff", "analyze"])
+def test_a_bad_file_exits_nonzero_with_one_line_naming_it(tmp_path, content, reason, command):
     path = tmp_path / "bad.json"
     if content is not None:
         path.write_bytes(content)
-    proc = cltrace("summary", str(path), cwd=tmp_path)
+    good = tmp_path / "good.json"
+    with cltrace_lib.trace(good, quiet=True):
+        with cltrace_lib.region("r"):
+            pass
+    args = [str(good), str(path)] if command == "diff" else [str(path)]  # the second file named, not the first
+    proc = cltrace(command, *args, cwd=tmp_path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("cltrace: error:"), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"cltrace: error: {path}: "), proc.stderr
     assert reason in lines[0]
     assert proc.stdout == ""
 

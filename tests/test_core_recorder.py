@@ -70,6 +70,27 @@ def test_discard_keeps_the_first_spans_and_every_output_counts_the_drops(tmp_pat
     assert cltrace.PerfCounter().as_dict()["r"]["host"]["count"] == 25
 
 
+@pytest.mark.parametrize("name", ["late.json", "late.pftrace"])
+def test_export_takes_a_path_as_start_does(tmp_path, name):
+    """``RECORDER.export("x.json")``: the format from the suffix, written whole (no ``.partial`` left), the
+    same spans as a sink given by hand; a path that cannot be written is one ``OutputError`` line."""
+    cltrace.start()
+    ids = _regions(4)
+    cltrace.stop()
+    out = tmp_path / "sub" / name
+    assert RECORDER.export(str(out)) == str(out)
+    assert RECORDER.export(out) == str(out)  # a PathLike too, replacing the earlier file
+    spans, meta = tracefile.load(out)
+    assert sorted(s.id for s in spans) == ids and meta["dropped_spans"] == 0
+    assert sorted(p.name for p in out.parent.iterdir()) == [name]
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(cltrace.OutputError, match="afile") as e:
+        RECORDER.export(tmp_path / "afile" / name)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="trace format"):
+        RECORDER.export(tmp_path / "x.txt")
+
+
 def test_ring_keeps_the_latest_spans():
     cltrace.start(capacity=10, overflow="ring")
     ids = _regions(25)

@@ -485,8 +485,8 @@ def test_load_names_a_missing_perfetto_package_and_nothing_else(traced: Traced) 
 
     missing = load_with("perfetto")
     assert missing.returncode == 0, missing.stderr
-    assert missing.stdout.strip() == ("TraceFileError: reading .pftrace needs the perfetto package "
-                                      "(pip install perfetto)")
+    assert missing.stdout.strip() == (f"TraceFileError: {traced.pftrace}: reading .pftrace needs the perfetto "
+                                      "package (pip install perfetto)")
     broken = load_with("google.protobuf")  # what the reader needs besides perfetto: a real error, shown as it is
     assert broken.returncode == 1 and "TraceFileError" not in broken.stdout
     assert "ModuleNotFoundError" in broken.stderr and "google.protobuf" in broken.stderr

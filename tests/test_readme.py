@@ -20,6 +20,7 @@ def test_readme_python_examples_run(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cltrace report" in proc.stdout
+    assert "each level by self;" in proc.stdout  # report(sort_by="self", row_limit=2)
     assert proc.stdout.count("infer under request, same trace: True") == 2
     assert proc.stdout.count("decode under infer, same trace: True") == 2
     assert proc.stdout.count("scale under infer, same trace: True") == 2

@@ -19,9 +19,9 @@ def test_copy_records_a_transfer_span_with_bytes_and_device_time(queue):
     ev.wait()
     assert (back == host).all()
     spans = {s.name: s for s in RECORDER.spans()}
-    for name in ("h2d", "copy"):
+    for name, way in (("h2d", "HtoD"), ("copy", "DtoH")):
         s = spans[name]
-        assert s.cat == "transfer" and s.attrs == {"bytes": host.nbytes}
+        assert s.cat == "transfer" and s.attrs == {"bytes": host.nbytes, "direction": way}
         assert s.source == "device" and s.path == ("io", name)
 
 
@@ -44,4 +44,4 @@ def test_copy_between_buffers_traced_and_untraced(queue):
     cl.enqueue_copy(queue, out, c)
     assert (out == host).all()
     (s,) = [s for s in RECORDER.spans() if s.name == "d2d"]
-    assert s.cat == "transfer" and s.source == "device" and s.attrs == {"bytes": host.nbytes}
+    assert s.cat == "transfer" and s.source == "device" and s.attrs == {"bytes": host.nbytes, "direction": "DtoD"}

@@ -4,7 +4,8 @@ The facade: it reads the spans (a file, a list of spans, or the recorder), build
 once, keeps the part of the run asked for (``window``: the steady state unless told otherwise),
 asks each module its question (utilisation, kernels, launches, regions, findings) and
 keeps the answers as plain data: ``as_dict()`` is the stable JSON schema (``SCHEMA``) that
-``--json`` prints and ``Analysis.from_dict`` reads back (``memory``, added later, may be absent).
+``--json`` prints and ``Analysis.from_dict`` reads back (``memory``, ``transfers`` and ``processes``,
+added later, may be absent).
 """
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ from . import findings as _findings
 from .kernels import GROUPS, kernel_table, self_time
 from .launches import launches
 from .memory import memory
+from .processes import processes
 from ..timeline.arrays import sorted_distinct as distinct
 from .model import TraceData, queues_from_registry
 from .regions import region_tree
+from .transfers import transfers
 from .report import device_name, region_rows
 from .utilisation import timeline, utilisation
 from .window import STEADY, Window, apply, as_window, select
@@ -45,6 +48,8 @@ class Analysis:
     timeline: dict[str, Any]  # per queue busy fraction in equal slices of the wall interval
     clocks: list[dict[str, Any]] = field(default_factory=list)  # per device: name and clock mapping
     memory: dict[str, Any] = field(default_factory=dict)  # live device bytes per context (analyze.memory)
+    transfers: list[dict[str, Any]] = field(default_factory=list)  # bandwidth per device and direction
+    processes: list[dict[str, Any]] = field(default_factory=list)  # per process of a merged trace
     schema: str = SCHEMA
     window: dict[str, Any] = field(default_factory=dict)  # the part of the run analysed (window.Selection)
 
@@ -138,4 +143,4 @@ def analyse_columns(td: TraceData, source: str = "memory", by_shape: bool = Fals
         devices=[u.as_dict() for u in devices], queues=[u.as_dict() for u in queues],
         kernels=[r.as_dict() for r in kernel_table(td, selfs, by_shape=by_shape, by=by)], launches=la.as_dict(),
         findings=[f.as_dict() for f in found], regions=region_rows(region_tree(td)), timeline=timeline(td),
-        clocks=clocks, memory=memory(td), window=sel.as_dict())
+        clocks=clocks, memory=memory(td), window=sel.as_dict(), transfers=transfers(td), processes=processes(td))

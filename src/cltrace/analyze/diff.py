@@ -136,10 +136,12 @@ def render_diff(rows: list[DiffRow], a: str, b: str, pct: float, width: int | No
     shown = rows[:top] if top else rows
     cols = [Column("region / kernel", keep=9), Column("src", keep=8, left=True), Column("verdict", keep=10, left=True),
             Column("per", keep=6, left=True),
-            Column("count A", keep=4), Column("count B", keep=4), Column("total A", time=True, keep=7),
-            Column("total B", time=True, keep=7), Column("self change", time=True, keep=5),
-            Column("p50 A", time=True, keep=6), Column("p50 B", time=True, keep=6), Column("p50 %", keep=8),
-            Column("mean %", keep=7), Column("p99 A", time=True, keep=2), Column("p99 B", time=True, keep=2),
+            Column("count A", keep=4), Column("count B", keep=4), Column("total A", time=True, keep=7, unit="total"),
+            Column("total B", time=True, keep=7, unit="total"),
+            Column("self change", time=True, keep=5, unit="total"),
+            Column("p50 A", time=True, keep=6, unit="p50"), Column("p50 B", time=True, keep=6, unit="p50"),
+            Column("p50 %", keep=8), Column("mean %", keep=7), Column("p99 A", time=True, keep=2, unit="p99"),
+            Column("p99 B", time=True, keep=2, unit="p99"),
             Column("reason", keep=9, left=True)]
     label = {"kernel": "kernel ", "total": "total: "}
     data = [(label.get(r.kind, "") + r.name, r.source, r.verdict, r.per, r.count_a, r.count_b, r.total_a_ns, r.total_b_ns,

@@ -1,4 +1,5 @@
-"""The analysis as text, one screen: utilisation, findings, top kernels, launches, top regions."""
+"""The analysis as text, one screen: utilisation, processes (merged traces), findings, top kernels,
+launches, transfer bandwidth, top regions, memory."""
 from __future__ import annotations
 
 import os
@@ -23,14 +24,15 @@ def _use_rows(uses: list[dict[str, Any]]) -> list[tuple]:
 
 def utilisation_lines(a: Analysis, width: int) -> list[str]:
     wall = a.wall["wall_ns"]
-    cols = [Column("device / queue", keep=9), Column("commands", keep=3), Column("busy", time=True, keep=8),
-            Column("busy %", keep=9), Column("idle", time=True, keep=7), Column("host-bound", time=True, keep=6),
-            Column("host-blocked", time=True, keep=6), Column("other", time=True, keep=5)]
+    cols = [Column("device / queue", keep=9), Column("commands", keep=3),
+            Column("busy", time=True, keep=8, unit="wall"), Column("busy %", keep=9),
+            Column("idle", time=True, keep=7, unit="wall"), Column("host-bound", time=True, keep=6, unit="wall"),
+            Column("host-blocked", time=True, keep=6, unit="wall"), Column("other", time=True, keep=5, unit="wall")]
     rows = _use_rows(a.devices)
     if len(a.queues) > len(a.devices):
         rows += [("  " + r[0],) + r[1:] for r in _use_rows(a.queues)]
     if any(r[-1] is not None for r in rows):
-        cols.append(Column("xfer||kernel", time=True, keep=4))
+        cols.append(Column("xfer||kernel", time=True, keep=4, unit="wall"))
     else:
         rows = [r[:-1] for r in rows]
     over = "the run's wall time" if _window(a).get("kind", "whole") == "whole" else "the window's wall time"
@@ -117,9 +119,10 @@ def _kernel_table(kernels: list[dict], width: int, sort: str, top: int | None, w
     by_site = any(r.get("site") for r in rows)
     cols = [Column("kernel", keep=9)] + ([Column("launch shape", keep=8, left=True)] if by_shape else []) + (
         [Column("call site", keep=12, left=True)] if by_site else []) + [
-        Column("count", keep=8), Column("total", time=True, keep=9), Column("self", time=True, keep=4),
-        Column("% device", keep=8), Column("first", time=True, keep=6), Column("mean", time=True, keep=7),
-        Column("p50", time=True, keep=5), Column("p99", time=True, keep=5)]
+        Column("count", keep=8), Column("total", time=True, keep=9, unit="sum"),
+        Column("self", time=True, keep=4, unit="sum"), Column("% device", keep=8),
+        Column("first", time=True, keep=6, unit="call"), Column("mean", time=True, keep=7, unit="call"),
+        Column("p50", time=True, keep=5, unit="call"), Column("p99", time=True, keep=5, unit="call")]
     data = [(r["name"],) + ((r["shape"],) if by_shape else ()) + ((_short_site(r["site"]),) if by_site else ()) +
             (r["count"], r["total_ns"], r["self_ns"], f"{r['device_pct']:.1f}", r["first_ns"], r["mean_ns"],
              r["p50_ns"], r["p99_ns"]) for r in shown]
@@ -145,8 +148,9 @@ def region_lines(a: Analysis, width: int, depth: int = 1) -> list[str]:
     if not rows:
         return []
     cols = [Column("region", keep=9), Column("src", keep=9, left=True), Column("count", keep=7),
-            Column("total", time=True, keep=9), Column("self", time=True, keep=8), Column("% parent", keep=5),
-            Column("% run", keep=6), Column("p50", time=True, keep=4), Column("p99", time=True, keep=3)]
+            Column("total", time=True, keep=9, unit="sum"), Column("self", time=True, keep=8, unit="sum"),
+            Column("% parent", keep=5), Column("% run", keep=6), Column("p50", time=True, keep=4, unit="call"),
+            Column("p99", time=True, keep=3, unit="call")]
     data, last = [], None
     for r in rows:
         name = "" if r["path"] == last else "  " * r["depth"] + r["name"]
@@ -192,13 +196,47 @@ def memory_lines(a: Analysis, width: int, top: int = 5) -> list[str]:
     return out
 
 
+def transfer_lines(a: Analysis, width: int) -> list[str]:
+    """Bytes, device time and GB/s per direction (and device, where there are several)."""
+    rows = getattr(a, "transfers", None) or []
+    if not rows:
+        return []
+    several = len({r["device"] for r in rows}) > 1
+    cols = [Column("direction", keep=9)] + ([Column("device", keep=8, left=True)] if several else []) + [
+        Column("count", keep=7), Column("bytes", keep=8), Column("device time", time=True, keep=8),
+        Column("GB/s", keep=9), Column("mean size", keep=4)]
+    data = [(r["direction"],) + ((r["device"],) if several else ()) + (
+        r["count"], fmt_bytes(r["bytes"]), r["device_ns"], "-" if r["gb_per_s"] is None else f"{r['gb_per_s']:.2f}",
+        fmt_bytes(r["bytes"] // max(r["count"] - r["unsized"], 1)) if r["count"] > r["unsized"] else "-")
+        for r in rows]
+    unsized = sum(r["unsized"] for r in rows)
+    note = f"; {plural(unsized, 'transfer')} of unknown size left out of GB/s" if unsized else ""
+    return [f"Transfers: bandwidth over the copies' device time (GB/s = 10^9 B/s){note}:",
+            *table(cols, data, width=width, indent="  ")]
+
+
+def process_lines(a: Analysis, width: int) -> list[str]:
+    """The per-process table of a merged trace."""
+    rows = getattr(a, "processes", None) or []
+    if not rows:
+        return []
+    cols = [Column("process", keep=9), Column("pid", keep=9), Column("spans", keep=3), Column("kernels", keep=4),
+            Column("kernel", time=True, keep=7, unit="t"), Column("transfer", time=True, keep=6, unit="t"),
+            Column("busy", time=True, keep=8, unit="t"), Column("busy %", keep=8),
+            Column("blocked", time=True, keep=7, unit="t"), Column("wall", time=True, keep=5, unit="t")]
+    data = [(r["name"], r["pid"], r["spans"], r["kernels"], r["kernel_ns"], r["transfer_ns"], r["busy_ns"],
+             f"{r['busy_pct']:.1f}", r["blocked_ns"], r["wall_ns"]) for r in rows]
+    return [f"Processes ({len(rows)}, merged): device time of each one's commands, busy (its commands' union) over "
+            "its own wall time, blocked: its host in blocking calls:", *table(cols, data, width=width, indent="  ")]
+
+
 def render_analysis(a: Analysis, width: int | None = None, sort: str = "total", top: int | None = 10) -> str:
     width = width or terminal_width()
     parts = [[f"cltrace analyze: {a.source}", window_line(a) + ("" if a.devices else "; no device work"),
               *headline(a)],
              utilisation_lines(a, width) if a.devices else [],
-             finding_lines(a, width), kernel_lines(a, width, sort, top), launch_lines(a, width),
-             region_lines(a, width), memory_lines(a, width)]
+             process_lines(a, width), finding_lines(a, width), kernel_lines(a, width, sort, top),
+             launch_lines(a, width), transfer_lines(a, width), region_lines(a, width), memory_lines(a, width)]
     clocks = [f"clock {c['device']}: {c.get('method')}, bound ±{c.get('bound_ns')} ns, "
               f"drift {c.get('drift_ns_per_s')} ns/s, {plural(int(c.get('points') or 0), 'calibration')}"
               for c in a.clocks]

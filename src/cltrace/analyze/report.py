@@ -1,5 +1,6 @@
 """The region report (``PerfCounter.report()``, ``cltrace summary``): the region tree with self
-and total time, % of parent and of run, each level sorted by total time.
+and total time, % of parent and of run, each level sorted by total time (or another key, with a
+row limit, as PyTorch's ``key_averages().table(sort_by=, row_limit=)``).
 
 Each region has a device row (from device stamps: the time between its bracketing markers) and
 a host row (wall time on its thread). A command launched inside a region sits under it; its second
@@ -31,10 +32,19 @@ def format_ns(ns: float | None) -> str:
     return f"{ns:.0f}ns"
 
 
-def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
-    """The tree as rows in display order: each level sorted by total time (device time where the
-    node has it, host time otherwise), with self time and shares of parent and run per source.
-    A share of run is of the time of its kind in the nodes that have it and no ancestor with it."""
+SORT_KEYS = ("total", "self", "count", "mean", "p50", "p99", "max")
+
+
+def region_rows(tree: dict[str, Any], sort_by: str = "total", row_limit: int | None = None) -> list[dict[str, Any]]:
+    """The tree as rows in display order: each level sorted by ``sort_by`` (one of ``SORT_KEYS``, largest
+    first; of device time where the node has it, host time otherwise), with self time and shares of
+    parent and run per source. A share of run is of the time of its kind in the nodes that have it and
+    no ancestor with it. ``row_limit``: only the ``row_limit`` regions and commands largest by
+    ``sort_by``, with the regions around them (so the tree still reads); None or 0: all."""
+    if sort_by not in SORT_KEYS:
+        raise ValueError(f"sort_by must be one of {', '.join(SORT_KEYS)}, not {sort_by!r}")
+    if row_limit is not None and row_limit < 0:
+        raise ValueError(f"row_limit must be a whole number >= 0 (0 or None: all rows), not {row_limit!r}")
     children: dict[str, list[str]] = {}
     roots: list[str] = []
     for path, row in tree.items():
@@ -45,9 +55,17 @@ def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
         s = tree[path][src]
         return None if s is None else s["total_ns"]
 
-    def key(path: str) -> float:
-        d, h = total(path, "device"), total(path, "host")
-        return -(d if d is not None else h or 0)
+    def self_of(path: str, src: str) -> float:
+        sub = [total(k, src) for k in children.get(path, [])]
+        return tree[path][src]["total_ns"] - sum(v for v in sub if v is not None)
+
+    def key(path: str) -> tuple[float, str]:
+        src = "device" if tree[path]["device"] is not None else "host"
+        if tree[path][src] is None:
+            return (0.0, path)
+        v = self_of(path, src) if sort_by == "self" else tree[path][src].get(
+            "count" if sort_by == "count" else f"{sort_by}_ns")
+        return (-(v or 0), path)
 
     def outermost(path: str, src: str) -> bool:
         """Whether the node has time of this kind and no ancestor has."""
@@ -58,6 +76,14 @@ def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
             if path in tree and tree[path][src] is not None:
                 return False
         return True
+
+    shown: set[str] | None = None
+    if row_limit and len(tree) > row_limit:
+        shown = set()
+        for path in sorted(tree, key=key)[:row_limit]:
+            while path in tree and path not in shown:  # the node and the regions around it
+                shown.add(path)
+                path = path.rpartition("/")[0] if tree[path]["depth"] else ""
 
     # the run's time of each kind: its outermost nodes' (a kernel under a region without a queue is
     # top-level device time), so every share is of time that contains the row's and none passes 100
@@ -73,21 +99,21 @@ def region_rows(tree: dict[str, Any]) -> list[dict[str, Any]]:
             s = row[src]
             if s is None:
                 continue
-            sub = [total(k, src) for k in kids]
-            own = s["total_ns"] - sum(v for v in sub if v is not None)
             ptot = total(parent, src) if parent else None
             out.append({"path": path, "name": name, "cat": row["cat"], "depth": depth,
                         "source": src, "label": _label(row["cat"], src), "count": s["count"],
-                        "total_ns": s["total_ns"], "self_ns": own if kids else s["total_ns"],
+                        "total_ns": s["total_ns"], "self_ns": self_of(path, src) if kids else s["total_ns"],
                         "parent_pct": 100.0 * s["total_ns"] / ptot if ptot else None,
                         "run_pct": 100.0 * s["total_ns"] / run[src] if run[src] else None,
                         "mean_ns": s["mean_ns"], "p50_ns": s["p50_ns"], "p99_ns": s["p99_ns"],
                         "max_ns": s["max_ns"], "errors": row["errors"]})
         for k in sorted(kids, key=key):
-            visit(k, path, shift)
+            if shown is None or k in shown:
+                visit(k, path, shift)
 
     for r in sorted(roots, key=key):
-        visit(r, None, tree[r]["depth"])
+        if shown is None or r in shown:
+            visit(r, None, tree[r]["depth"])
     return out
 
 
@@ -104,13 +130,15 @@ def _pct(v: float | None) -> str | None:
 
 
 def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str = "cltrace report",
-           width: int | None = 1 << 30) -> str:
-    """The region tree of a ``Stats.as_dict()`` as text; ``width=None`` fits the terminal."""
-    rows = region_rows(tree)
+           width: int | None = 1 << 30, sort_by: str = "total", row_limit: int | None = None) -> str:
+    """The region tree of a ``Stats.as_dict()`` as text; ``width=None`` fits the terminal. ``sort_by`` and
+    ``row_limit`` as ``region_rows`` takes them."""
+    rows = region_rows(tree, sort_by, row_limit)
     cols = (Column("region / kernel", keep=9), Column("src", keep=9, left=True), Column("count", keep=8),
-            Column("total", time=True, keep=9), Column("self", time=True, keep=7), Column("% parent", keep=6),
-            Column("% run", keep=7), Column("mean", time=True, keep=5), Column("p50", time=True, keep=3),
-            Column("p99", time=True, keep=4), Column("max", time=True, keep=2), Column("", keep=1, left=True))
+            Column("total", time=True, keep=9, unit="sum"), Column("self", time=True, keep=7, unit="sum"),
+            Column("% parent", keep=6), Column("% run", keep=7), Column("mean", time=True, keep=5, unit="call"),
+            Column("p50", time=True, keep=3, unit="call"), Column("p99", time=True, keep=4, unit="call"),
+            Column("max", time=True, keep=2, unit="call"), Column("", keep=1, left=True))
     data = []
     last = None
     for r in rows:
@@ -124,8 +152,12 @@ def render(tree: dict[str, Any], meta: dict[str, Any] | None = None, title: str 
     lines.append(body[0])
     lines.append("-" * len(body[0]))
     lines.extend(body[1:])
-    lines.append("self: total minus its children's; % run: of the run's time of that kind (its outermost rows); "
-                 "enqueue: host time to issue a command")
+    left = len(tree) - len({r["path"] for r in rows})
+    if left:
+        lines.append(f"({plural(left, 'more region or command', 'more regions or commands')}: the {row_limit} "
+                     f"largest by {sort_by} are shown, with the regions around them)")
+    lines.append(f"each level by {sort_by}; self: total minus its children's; % run: of the run's time of that "
+                 "kind (its outermost rows); enqueue: host time to issue a command")
     if meta:
         lines.append("")
         lines.extend(footer(meta))
@@ -183,9 +215,12 @@ class PerfCounter:
     def as_dict(self) -> dict[str, Any]:
         return self._current()[0].as_dict()
 
-    def report(self) -> str:
+    def report(self, sort_by: str = "total", row_limit: int | None = None) -> str:
+        """The region tree as text, each level ordered by ``sort_by`` (``SORT_KEYS``: total, self, count,
+        mean, p50, p99, max; largest first). ``row_limit``: only the ``row_limit`` regions and commands
+        largest by it, with the regions around them (as PyTorch's ``table(sort_by=, row_limit=)``)."""
         stats, meta = self._current()
-        return render(stats.as_dict(), meta)
+        return render(stats.as_dict(), meta, sort_by=sort_by, row_limit=row_limit)
 
     def reset(self) -> None:
         if self._stats is None:

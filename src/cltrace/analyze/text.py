@@ -1,4 +1,5 @@
-"""Text tables for the terminal: one unit per time column, names never cut.
+"""Text tables for the terminal: one unit per time column (shared by columns compared side by side), names
+never cut.
 
 A table fits the terminal by leaving out its least important columns (each column says how
 important it is), never by cutting a name: a cut name cannot be found in the timeline.
@@ -63,13 +64,16 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 @dataclass
 class Column:
-    """A table column. ``time`` columns hold ns and get one unit for the column; ``keep`` ranks
-    what stays when the terminal is narrow (higher stays longer; the first column always stays)."""
+    """A table column. ``time`` columns hold ns and get one unit for the column, named in its header;
+    time columns of the same ``unit`` group share it (``total A`` beside ``total B`` in one unit), taken
+    from the largest value among them. ``keep`` ranks what stays when the terminal is narrow (higher
+    stays longer; the first column always stays)."""
 
     title: str
     time: bool = False
     keep: int = 5
     left: bool = False
+    unit: str | None = None
 
 
 def terminal_width() -> int:
@@ -92,9 +96,13 @@ def table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], width: int |
     width = width or terminal_width()
     cells: list[list[str]] = [[] for _ in rows]
     titles = []
+    groups: dict[str, list[Any]] = {}
+    for c, col in enumerate(columns):
+        if col.time and col.unit is not None:
+            groups.setdefault(col.unit, []).extend(r[c] for r in rows)
     for c, col in enumerate(columns):
         if col.time:
-            unit, scale = unit_for([r[c] for r in rows])
+            unit, scale = unit_for(groups[col.unit] if col.unit is not None else [r[c] for r in rows])
             titles.append(f"{col.title} {unit}" if col.title else unit)
             for r, row in enumerate(rows):
                 cells[r].append(fmt_in(row[c], scale))

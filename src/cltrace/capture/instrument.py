@@ -50,7 +50,7 @@ from ..record.callsite import capture as _site
 from ..record.recorder import RECORDER, new_id
 from ..record.allocations import classes as _memory_classes, pool_classes as _pool_classes
 from ..record.failures import sizes as _sizes
-from ..record.regions import (Gate, current_parent, failed_launch, own_on, record_failure, record_hooked,
+from ..record.regions import (Gate, current_parent, direction, failed_launch, own_on, record_failure, record_hooked,
                               record_launch, update_region_mode)
 from ..timeline.spans import BUILD, FILL, KERNEL, MARKER, STATUS_ERROR, SYNC, TRANSFER
 from ..timeline.tracks import COMPILE_THREAD
@@ -185,7 +185,8 @@ def enqueue_copy(queue: Any, dest: Any, src: Any, **kwargs: Any) -> Any:
         raise
     he = _perf()
     name, nbytes = _copy_info(dest, src, kwargs)
-    attrs: dict[str, Any] = {"bytes": nbytes, "blocking": bool(kwargs.get("is_blocking", True))}
+    attrs: dict[str, Any] = {"bytes": nbytes, "direction": direction(dest, src),
+                             "blocking": bool(kwargs.get("is_blocking", True))}
     _record(name, TRANSFER, queue, ev, hb, he, attrs)
     return ev
 

@@ -2,9 +2,46 @@
 is one ``cltrace: error: ...`` line (exit 2) at once, not a traceback after a long run."""
 from __future__ import annotations
 
+import argparse
 import os
+from typing import Callable
 
 from ..errors import CltraceError
+
+
+def whole_number(least: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``least`` (``--top -1`` is a usage error, not a row
+    quietly dropped)."""
+
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            n = least - 1
+        if n < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, not {value!r}")
+        return n
+
+    return parse
+
+
+def port(value: str) -> int:
+    """An argparse type: a TCP port, 1 to 65535."""
+    n = whole_number(1)(value)
+    if n > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, not {value!r}")
+    return n
+
+
+def percent(value: str) -> float:
+    """An argparse type: a percentage >= 0, ``5`` or ``5%``."""
+    try:
+        v = float(value.rstrip("%"))
+    except ValueError:
+        v = float("nan")
+    if not v >= 0 or v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a percentage >= 0 (e.g. 5 or 5%), not {value!r}")
+    return v
 
 
 def check_device() -> None:
@@ -20,8 +57,11 @@ def check_device() -> None:
 
 def check_plot_path(path: str) -> None:
     """``path`` can take a matplotlib chart: a format matplotlib writes, in a folder that
-    exists (made here) and can be written."""
-    from matplotlib.figure import Figure
+    exists (made here) and can be written; matplotlib is installed."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise CltraceError(f"--plot {path}: drawing needs matplotlib: pip install 'cltrace[plot]'") from None
 
     from ..export.base import FOLDER_MODE
     from ..record.files import make_dirs

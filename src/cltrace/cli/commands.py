@@ -1,4 +1,4 @@
-"""The ``cltrace`` command: devices, demo, summary, analyze, diff, run, merge, tune."""
+"""The ``cltrace`` command: devices, demo, summary, analyze, diff, run, merge, open, tune."""
 from __future__ import annotations
 
 import argparse
@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any, Sequence
 
-from .checks import check_device
+from .checks import check_device, check_plot_path, percent, port, whole_number
 from .windows import add_window_arguments, no_window_on_store, window_of
 
 FORMATS = ("json", "pftrace")
@@ -18,16 +18,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:
         self.exit(2, f"cltrace: error: {message} (see {self.prog} --help)\n")
-
-
-def _positive(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, not {value!r}")
-    return n
 
 
 def _formats(value: str) -> tuple[str, ...]:
@@ -180,7 +170,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
     else:
         w = meta.get("window")
         where = f", {w['label']}{': ' + w['note'] if w.get('note') else ''}" if w else ""
-        print(render(stats.as_dict(), meta, title=f"cltrace summary: {args.file}{where}", width=None))
+        print(render(stats.as_dict(), meta, title=f"cltrace summary: {args.file}{where}", width=None,
+                     sort_by=args.sort, row_limit=args.top or None))
     if meta.get("truncated"):
         from ..read.checks import describe_cut
 
@@ -203,6 +194,8 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return cmd_analyze_store(args)
     if args.file is None:
         raise CltraceError("analyze needs a trace FILE, or --store STORE (or CLTRACE_STORE) for a store")
+    if args.plot:
+        check_plot_path(args.plot)  # before the analysis, not after its report
 
     a = analyze(args.file, by_shape=args.by_shape, by=args.by, window=window_of(args, steady_default=True))
     if args.json:
@@ -232,13 +225,6 @@ def cmd_diff(args: argparse.Namespace) -> int:
     return print_diff(rows, args.a, args.b, pct, args, windows=(wa, wb))
 
 
-def _percent(value: str) -> float:
-    try:
-        return float(value.rstrip("%"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a percentage: {value!r} (e.g. 5 or 5%)") from None
-
-
 def _png(value: str) -> str:
     if not value.lower().endswith(".png"):
         raise argparse.ArgumentTypeError(f"{value!r}: the plot is a PNG file, name it *.png")
@@ -259,7 +245,7 @@ def add_analysis_commands(sub: Any) -> None:
     a.add_argument("--json", action="store_true", help="print the analysis as JSON (schema cltrace.analysis/1)")
     a.add_argument("--plot", metavar="FILE.png", type=_png, help="also draw utilisation over time and top kernels")
     a.add_argument("--sort", choices=SORT_KEYS, default="total", help="order of the kernel table (default: total)")
-    a.add_argument("--top", type=int, default=10, metavar="N", help="kernels to list (default 10; 0: all)")
+    a.add_argument("--top", type=whole_number(0), default=10, metavar="N", help="kernels to list (default 10; 0: all)")
     a.add_argument("--by-shape", action="store_true", help="group kernels by name and launch shape")
     a.add_argument("--by", choices=GROUPS, default=None,
                    help="group kernels by name and also launch shape or call site (the user's launching line)")
@@ -271,11 +257,11 @@ def add_analysis_commands(sub: Any) -> None:
     d.add_argument("a", help="the baseline trace (.json or .pftrace); with --store, the baseline run id")
     d.add_argument("b", help="the trace to compare with it; with --store, a run id")
     add_store_argument(d)
-    d.add_argument("--fail-above", type=_percent, metavar="PCT",
+    d.add_argument("--fail-above", type=percent, metavar="PCT",
                    help="exit 1 on a regression above PCT percent: the run's device time, a region or a kernel "
                         "slower beyond the runs' spread, or a new kernel taking more than PCT%% of A's device time "
                         f"(without it rows are judged at {DEFAULT_PCT:g}%% and nothing fails)")
-    d.add_argument("--top", type=int, default=20, metavar="N", help="rows to list (default 20; 0: all)")
+    d.add_argument("--top", type=whole_number(0), default=20, metavar="N", help="rows to list (default 20; 0: all)")
     d.add_argument("--json", action="store_true", help="print the rows as JSON")
     add_window_arguments(d, steady_default=False)
     d.set_defaults(fn=cmd_diff)
@@ -347,11 +333,13 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..analyze.report import SORT_KEYS as REPORT_SORT_KEYS
+
     p = _Parser(prog="cltrace", description="Where the time of OpenCL programs goes.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")
 
     d = sub.add_parser("devices", help="list OpenCL devices, profiling support and clock calibration")
-    d.add_argument("--samples", type=_positive, default=64, help="marker samples per calibration (default 64)")
+    d.add_argument("--samples", type=whole_number(1), default=64, help="marker samples per calibration (default 64)")
     d.add_argument("--json", action="store_true", help="print the details as JSON only")
     d.set_defaults(fn=cmd_devices)
 
@@ -367,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     dm = sub.add_parser("demo", help="train a tiny MLP with OpenCL kernels, traced")
     dm.add_argument("--out", default="traces", help="directory for demo.<format> (default: traces)")
-    dm.add_argument("--steps", type=_positive, default=40, help="training steps (default 40)")
+    dm.add_argument("--steps", type=whole_number(1), default=40, help="training steps (default 40)")
     dm.add_argument("--schedule", type=_schedule, metavar="K=N,...",
                     help="which steps to trace (default: two cycles of warmup=1 and the rest active)")
     add_outputs(dm, "json,pftrace")
@@ -377,6 +365,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("file", help="a trace written by cltrace (.json or .pftrace)")
     s.add_argument("--json", action="store_true", help="print the report as JSON")
     add_window_arguments(s, steady_default=False)
+    s.add_argument("--sort", choices=REPORT_SORT_KEYS, default="total",
+                   help="order of each level of the tree, largest first (default: total)")
+    s.add_argument("--top", type=whole_number(0), default=0, metavar="N",
+                   help="only the N regions and commands largest by --sort, with the regions around them "
+                        "(default 0: all)")
     s.set_defaults(fn=cmd_summary)
 
     add_analysis_commands(sub)
@@ -404,6 +397,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("files", nargs="+", help="trace files written by cltrace (.json or .pftrace, mixed)")
     m.add_argument("-o", "--out", required=True, type=_merged_out, help="the merged trace (.json or .pftrace)")
     m.set_defaults(fn=cmd_merge)
+
+    from .open_ui import add_open_command
+
+    add_open_command(sub, port)
 
     try:
         from .tune import add_tune_arguments, main_tune

@@ -5,6 +5,8 @@ import argparse
 import os
 from typing import Any
 
+from .checks import percent, whole_number
+
 
 def add_load_command(sub: Any) -> None:
     ld = sub.add_parser("load", help="load trace files into a ClickHouse store (embedded folder or server URL)")
@@ -13,7 +15,7 @@ def add_load_command(sub: Any) -> None:
     ld.add_argument("--service", metavar="NAME", help="service.name of the loaded spans (default: cltrace)")
     ld.add_argument("--run-id", metavar="ID", help="the job's run id, for files recorded without one")
     ld.add_argument("--rank", metavar="N", help="the rank, for files recorded without one")
-    ld.add_argument("--jobs", type=int, default=min(4, os.cpu_count() or 1), metavar="N",
+    ld.add_argument("--jobs", type=whole_number(1), default=min(4, os.cpu_count() or 1), metavar="N",
                     help="files loaded at once (default: min(4, cores))")
     ld.set_defaults(fn=cmd_load)
 
@@ -31,7 +33,7 @@ def add_scope_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--service", metavar="NAME", help="only spans of this service.name")
     g.add_argument("--step", default="step", metavar="NAME",
                    help="steps are spans of category step or named NAME (default: step)")
-    g.add_argument("--threshold", type=float, default=10.0, metavar="PCT",
+    g.add_argument("--threshold", type=percent, default=10.0, metavar="PCT",
                    help="a rank straggles at a step taking more than PCT%% over the median (default 10)")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..analyze.report import format_ns
 from ..export.base import create_output, partial_path, put_in_place
-from .checks import check_device, check_plot_path
+from .checks import check_device, check_plot_path, whole_number
 
 
 def _size(value: str) -> tuple[int, int, int]:
@@ -66,20 +66,20 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiles", type=_shapes, metavar="LIST",
                         help="tiles TILE_XxTILE_Y to try, e.g. 1x1,4x4,8x4 (default: from the device)")
     parser.add_argument("--unroll", type=_ints, metavar="LIST", help="unroll factors, e.g. 1,2,4")
-    parser.add_argument("-n", "--runs", type=int, default=10, help="timed launches per trial (default 10)")
-    parser.add_argument("--warmup", type=int, default=1,
+    parser.add_argument("-n", "--runs", type=whole_number(1), default=10, help="timed launches per trial (default 10)")
+    parser.add_argument("--warmup", type=whole_number(0), default=1,
                         help="untimed launches per trial (default 1: the first launch carries the JIT)")
     parser.add_argument("--no-check", action="store_true", help="do not check each trial's result against numpy")
     parser.add_argument("--no-persist", action="store_true", help="do not store the winner in the tune DB")
-    parser.add_argument("--confirm", type=int, default=5, metavar="K",
+    parser.add_argument("--confirm", type=whole_number(0), default=5, metavar="K",
                         help="re-measure the K fastest and the untuned default in interleaved rounds "
                              "before choosing (default 5; 0: decide on the sweep alone)")
-    parser.add_argument("--rounds", type=int, default=5,
+    parser.add_argument("--rounds", type=whole_number(1), default=5,
                         help="interleaved confirmation rounds (default 5, 3 launches per candidate each)")
     parser.add_argument("--check", action="store_true",
                         help="do not sweep: re-measure the winner stored for --size against the default "
                              "and evict it if it no longer wins")
-    parser.add_argument("--top", type=int, default=15, help="rows of the ranked table (default 15; 0: all)")
+    parser.add_argument("--top", type=whole_number(0), default=15, help="rows of the ranked table (default 15; 0: all)")
     parser.add_argument("--plot", metavar="FILE", help="save a chart of the sweep (needs cltrace[plot])")
     parser.add_argument("--out", metavar="TRACE", action="append",
                         help="also trace the sweep to this file (.json, .pftrace; repeatable)")
@@ -119,16 +119,7 @@ def main_tune(args: argparse.Namespace) -> int:
     from ..programs.compiler import default_queue
     from ..capture.session import trace
 
-    if args.runs < 1 or args.warmup < 0 or args.confirm < 0 or args.rounds < 1:
-        print("cltrace: error: tune needs --runs >= 1, --warmup >= 0, --confirm >= 0 and --rounds >= 1",
-              file=sys.stderr)
-        return 2
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            print("cltrace tune: --plot needs matplotlib: pip install 'cltrace[plot]'", file=sys.stderr)
-            return 2
         check_plot_path(args.plot)  # before the sweep, not after it
     check_device()
     queue = default_queue()

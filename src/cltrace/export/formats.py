@@ -8,6 +8,9 @@ from __future__ import annotations
 import importlib
 from typing import Any, Callable
 
+from ..record.recorder import Recorder
+from .base import partial_path, put_in_place
+
 # Format name -> (file suffix, "module:attribute" of its sink class, relative to this package).
 _BUILTIN: dict[str, tuple[str, str]] = {
     "json": (".json", ".chrome:ChromeTraceSink"),
@@ -59,3 +62,13 @@ def factory(fmt: str) -> Callable[[str], Any]:
 def sink_for(path: str, fmt: str | None = None) -> Any:
     """A new sink writing ``path`` in ``fmt`` (default: the format of the path's suffix)."""
     return factory(fmt or format_for(path))(path)
+
+
+def file_writer(path: str) -> tuple[Any, Callable[[], None]]:
+    """A sink writing the trace file ``path`` (format from its suffix) as ``<path>.partial``, and the
+    call that renames it to ``path`` once the sink is closed (``Recorder.export`` of a path)."""
+    sink = sink_for(partial_path(path), format_for(path))
+    return sink, lambda: put_in_place(path)
+
+
+Recorder.file_writer = staticmethod(file_writer)

@@ -116,10 +116,7 @@ def _load(path: str) -> tuple[list[Span], dict[str, Any], bool]:
         raise TraceFileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except TraceFileError as exc:
         raise TraceFileError(f"{path}: {exc}") from None
-    try:
-        spans, meta = load(path)
-    except TraceFileError as exc:
-        raise TraceFileError(f"{path}: {exc}") from None
+    spans, meta = load(path)  # its errors name the file
     _check_meta(path, meta)
     if relative:
         base = meta["start_ns"]
@@ -196,6 +193,8 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
         pname = str(proc.get("name") or next((str(t.get("process")) for t in names.values() if isinstance(t, dict)
                                               and t.get("process") and not str(t["process"]).startswith("OpenCL")),
                                              f"pid {pid}"))
+        if pname in tracks.process_names.values():  # two runs of one command: told apart by pid
+            pname = f"{pname} (pid {pid})"
         tracks.process_names[pid] = pname
         host = f" @ {a.host or 'host ' + str(a.domain)}" if a.domain else ""
         track_map: dict[int, int] = {}

@@ -66,6 +66,9 @@ def _events(text: str) -> tuple[list[Any], tuple[int, int] | None]:
         except json.JSONDecodeError as exc:
             raise TraceFileError(f"not valid JSON: {exc}") from None
         events = obj.get("traceEvents") if isinstance(obj, dict) else None
+        if not isinstance(events, list) and _speedscope(obj):
+            raise TraceFileError("a speedscope profile (open it in https://www.speedscope.app), not a trace: "
+                                 "cltrace reads the .json/.pftrace traces it writes")
         if not isinstance(events, list):
             raise TraceFileError("JSON object has no traceEvents list")
         return events, None
@@ -79,6 +82,12 @@ def _events(text: str) -> tuple[list[Any], tuple[int, int] | None]:
     if not events:
         raise TraceFileError("not a Chrome trace: no complete event could be read")
     return events, (read, skipped)
+
+
+def _speedscope(obj: Any) -> bool:
+    """Whether a JSON object is a speedscope profile (``cltrace.trace("x.speedscope.json")`` writes them)."""
+    return isinstance(obj, dict) and ("speedscope" in str(obj.get("$schema", "")) or
+                                      ("shared" in obj and "profiles" in obj))
 
 
 def read_text(path: str) -> str:

@@ -1,9 +1,10 @@
 """Loading a trace file of either format: the format is told from the file's first bytes."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import TraceFileError
 from ..timeline.batch import SpanBatch
@@ -26,13 +27,26 @@ def detect(path: str) -> str:
     raise TraceFileError("not a trace file (neither Chrome JSON nor Perfetto protobuf)")
 
 
-def _check(path: str | os.PathLike[str]) -> tuple[str, str]:
-    p = os.fspath(path)
+def _check(p: str) -> str:
     if not os.path.exists(p):
-        raise TraceFileError(f"no such file: {p}")
+        raise TraceFileError("no such file")
     if os.path.isdir(p):
-        raise TraceFileError(f"is a directory: {p}")
-    return p, detect(p)
+        raise TraceFileError("is a directory")
+    try:
+        return detect(p)
+    except OSError as exc:
+        raise TraceFileError(f"cannot read it: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def _named(p: str) -> Iterator[None]:
+    """A reader's ``TraceFileError`` names the file it is about: ``x.json: file is empty``."""
+    try:
+        yield
+    except TraceFileError as exc:
+        if str(exc).startswith(f"{p}: "):
+            raise
+        raise TraceFileError(f"{p}: {exc}") from None
 
 
 # Formats the scanner reads into columns (chrome_columns, perfetto_columns).
@@ -46,7 +60,13 @@ def load_columns(path: str | os.PathLike[str], scanner: Any = "default") -> tupl
     ``scanner``: the native scanner (``scan.NATIVE``, the default; None where not built or
     ``CLTRACE_NATIVE=0``), or None for the general readers. Raises TraceFileError with a one-line reason.
     """
-    p, kind = _check(path)
+    p = os.fspath(path)
+    with _named(p):
+        kind = _check(p)
+        return _said(p, kind, _columns(p, kind, scanner))
+
+
+def _columns(p: str, kind: str, scanner: Any) -> tuple[SpanBatch | list[Span], dict[str, Any]]:
     if scanner == "default":
         from .scan import NATIVE as scanner
     if scanner is not None and kind in COLUMNAR:
@@ -62,27 +82,35 @@ def load_columns(path: str | os.PathLike[str], scanner: Any = "default") -> tupl
             try:
                 got = fast(p, scanner)
             except OSError as exc:
-                raise TraceFileError(f"cannot read {p}: {exc.strerror}") from None
+                raise TraceFileError(f"cannot read it: {exc.strerror}") from None
             if got is not None:
-                return _said(p, got)
-    return _said(p, _load(p, kind))
+                return got
+    return _load(p, kind)
 
 
-def _said(p: str, got: Any) -> Any:
-    """``got``, after one warning line where the file's compressed packets were skipped (past the budget)."""
-    skipped = got[1].get("inflate_skipped")
+def _said(p: str, kind: str, got: Any) -> Any:
+    """``got``, after one warning line where the file's compressed packets were skipped (past the budget),
+    or where a Chrome JSON holds nothing cltrace wrote (another tool's trace reads as no spans; a
+    .pftrace of another tool is refused by its reader)."""
+    spans, meta = got
+    skipped = meta.get("inflate_skipped")
     if skipped:
         from .inflate import describe_skipped
 
         log.warning("cltrace: warning: %s: %s", p, describe_skipped(skipped))
+    if kind == "json" and not len(spans) and "cltrace.version" not in meta:
+        log.warning("cltrace: warning: %s: not written by cltrace (no cltrace span or metadata in it, or cut off "
+                    "before them), read as an empty trace; cltrace reads the .json/.pftrace files it writes", p)
     return got
 
 
 def load(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, Any]]:
     """Spans and metadata of a ``.json`` or ``.pftrace`` file, as ``Span`` objects. Raises TraceFileError
     with a one-line reason."""
-    p, kind = _check(path)
-    return _said(p, _load(p, kind))
+    p = os.fspath(path)
+    with _named(p):
+        kind = _check(p)
+        return _said(p, kind, _load(p, kind))
 
 
 def _load(p: str, kind: str) -> tuple[list[Span], dict[str, Any]]:

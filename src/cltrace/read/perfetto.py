@@ -81,25 +81,38 @@ def _annotation_value(a: Any, strings: dict[int, str]) -> Any:
     return _str(getattr(a, kind))
 
 
-def note_track(td: Any, counter_names: dict[int, str], track_names: dict[int, tuple[str, int, int]]) -> None:
-    """A TrackDescriptor's name: a counter track's, or (name, parent uuid, pid: 0 where it names
-    none) of any other track."""
+def note_track(td: Any, counter_names: dict[int, str], track_names: dict[int, tuple[str, int, int]],
+               pids: dict[int, int]) -> None:
+    """A TrackDescriptor's name: a counter track's, or (name, parent uuid, pid: 0 where it names none) of
+    any other track. A thread track with no parent track belongs to the process track of its pid (``pids``:
+    pid -> that track's uuid), as trace processor reads it: its parent is noted as ``-1 - pid`` until
+    ``tracks_meta`` resolves it."""
     if td.HasField("counter"):
         counter_names[td.uuid] = _str(td.name)
     else:
         name = td.thread.thread_name if td.HasField("thread") and not td.name else td.name
         name = name or (td.process.process_name if td.HasField("process") else "")
         pid = td.thread.pid if td.HasField("thread") else td.process.pid if td.HasField("process") else 0
-        track_names[td.uuid] = (_str(name), td.parent_uuid, pid)
+        parent = td.parent_uuid
+        if td.HasField("process"):
+            pids.setdefault(td.process.pid, td.uuid)
+        elif not parent and td.HasField("thread"):
+            parent = -1 - td.thread.pid
+        track_names[td.uuid] = (_str(name), parent, pid)
 
 
-def track_table(names: dict[int, tuple[str, int, int]]) -> dict[str, dict[str, Any]]:
-    """The metadata's ``tracks``: each track's name, its process's name and its pid (a thread's own,
-    else its parent process's), as the Chrome reader gives them."""
+def tracks_meta(track_names: dict[int, tuple[str, int, int]], pids: dict[int, int]) -> dict[str, dict[str, Any]]:
+    """The metadata's ``tracks``: each track's name, its process's name (its parent track's) and its pid
+    (a thread's own, else its process's), as the Chrome reader gives them."""
+    def up(parent: int) -> tuple[str, int, int]:
+        if parent < 0:
+            parent = pids.get(-1 - parent, 0)
+        return track_names.get(parent, ("", 0, 0))
+
     out = {}
-    for u, (n, parent, pid) in names.items():
-        up = names.get(parent, ("", 0, 0))
-        out[str(u)] = {"name": n, "process": up[0], **({"pid": pid or up[2]} if pid or up[2] else {})}
+    for u, (n, parent, pid) in track_names.items():
+        p = up(parent)
+        out[str(u)] = {"name": n, "process": p[0], **({"pid": pid or p[2]} if pid or p[2] else {})}
     return out
 
 
@@ -177,6 +190,7 @@ class _Reader:
         self.events: dict[int, list[tuple[int, int, int, Any]]] = {}  # track uuid -> (ts, index, type, payload)
         self.counter_names: dict[int, str] = {}
         self.track_names: dict[int, tuple[str, int, int]] = {}  # uuid -> (name, parent uuid, pid)
+        self.pids: dict[int, int] = {}  # pid -> its process track's uuid
         self.meta: dict[str, Any] = {}
         self.dropped = 0
         self.memory: dict[str, list[tuple[int, int]]] = {}  # context label -> (ns, live bytes)
@@ -206,7 +220,7 @@ class _Reader:
                     if MONOTONIC in clocks:
                         st.mono_minus_host = clocks[MONOTONIC].timestamp - c.timestamp
         elif p.HasField("track_descriptor"):
-            note_track(p.track_descriptor, self.counter_names, self.track_names)
+            note_track(p.track_descriptor, self.counter_names, self.track_names, self.pids)
         elif p.HasField("track_event"):
             self.track_event(p, st, index)
 
@@ -301,7 +315,7 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
         with open(path, "rb") as fh:
             data = fh.read()
     except OSError as exc:
-        raise TraceFileError(f"cannot read {os.fspath(path)}: {exc.strerror}") from None
+        raise TraceFileError(f"cannot read it: {exc.strerror}") from None
     if not data:
         raise TraceFileError("file is empty")
     file_bytes = len(data)
@@ -325,7 +339,7 @@ def load_pftrace(path: str | os.PathLike[str]) -> tuple[list[Span], dict[str, An
     if reader.memory:
         meta["memory_samples"] = {k: sorted(v) for k, v in reader.memory.items()}
     meta.setdefault("recorded_spans", len(spans))
-    meta.setdefault("tracks", track_table(reader.track_names))
+    meta.setdefault("tracks", tracks_meta(reader.track_names, reader.pids))
     offset, raw = packets[-1]
     end = offset + 1 + len(uv(len(raw))) + len(raw)
     if end < len(data) or not reader.closed:  # the tail after the last complete packet is the file's own

@@ -28,7 +28,7 @@ from ..timeline.batch import SpanBatch, Tables
 from ..timeline.spans import STATUS_ERROR
 from . import checks
 from .inflate import Expanded, expand
-from .perfetto import metadata_of, _annotation_value, _site, _str, note_track, track_table, with_callers
+from .perfetto import metadata_of, _annotation_value, _site, _str, note_track, tracks_meta, with_callers
 from .scan import C_COLS, P_COLS
 from .tree import path_ids
 
@@ -43,6 +43,7 @@ class _Rest:
     def __init__(self) -> None:
         self.counter_names: dict[int, str] = {}
         self.track_names: dict[int, tuple[str, int, int]] = {}
+        self.pids: dict[int, int] = {}  # pid -> its process track's uuid
         self.counter_tracks: dict[int, tuple[list[int], list[str]]] = {}  # uuid -> (packet index, name) each time
         self.meta: dict[str, Any] = {}
         self.closed = False
@@ -50,7 +51,7 @@ class _Rest:
     def packet(self, p: Any, index: int) -> None:
         if p.HasField("track_descriptor"):
             td = p.track_descriptor
-            note_track(td, self.counter_names, self.track_names)
+            note_track(td, self.counter_names, self.track_names, self.pids)
             if td.HasField("counter"):
                 at, names = self.counter_tracks.setdefault(td.uuid, ([], []))
                 at.append(index)
@@ -298,7 +299,7 @@ def _build(data: bytes, got: dict[str, Any], expanded: Expanded) -> tuple[SpanBa
     if memory:
         meta["memory_samples"] = memory
     meta.setdefault("recorded_spans", n)
-    meta.setdefault("tracks", track_table(rest.track_names))
+    meta.setdefault("tracks", tracks_meta(rest.track_names, rest.pids))
     if got["end"] < len(data) or not rest.closed:  # the tail after the last complete packet is the file's own
         checks.cut_off(meta, expanded.file_offset(int(got["end"])), expanded.file_bytes, int(got["packets"]), 0,
                        "packets")

@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 from .. import _state
 from .._version import version
+from ..errors import OutputError
 from ..timeline import host, stamps
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.clock import ClockRegistry
@@ -445,9 +446,31 @@ class Recorder:
                 self.sinks.remove(sink)
             sink.close(self.metadata())
 
-    def export(self, sink: Any) -> None:
-        """Write the spans kept in memory to a sink in one go and close it. Its metadata counts
-        the spans memory did not keep as missing from it."""
+    # How export() writes a trace file named by a path: path -> (sink writing ``<path>.partial``, the
+    # call putting it in place once closed). Set by ``export.formats``, which this layer cannot import.
+    file_writer: Callable[[str], tuple[Any, Callable[[], None]]] | None = None
+
+    def export(self, out: str | os.PathLike[str] | Any) -> str | None:
+        """Write the spans kept in memory to ``out`` in one go: a path (format from its suffix, as
+        ``cltrace.start()`` takes it; written as ``<path>.partial`` and renamed when complete, and
+        returned) or a sink (closed after). The metadata counts the spans memory did not keep as
+        missing. A path that cannot be written raises ``OutputError``."""
+        if not isinstance(out, (str, os.PathLike)):
+            self._export(out)
+            return None
+        path = os.fspath(out)
+        if self.file_writer is None:  # set whenever cltrace is imported
+            raise OutputError(f"cannot write {path!r}: no trace writers loaded (import cltrace)")
+        sink, finish = self.file_writer(path)
+        try:
+            self._export(sink)
+        except OSError as exc:
+            raise OutputError(f"cannot write the trace {path!r}: {exc.strerror or exc}; "
+                              "choose a path in a folder you can write to") from None
+        finish()
+        return path
+
+    def _export(self, sink: Any) -> None:
         batch = self.batch()
         with self.memory.replay():
             sink.start(self)

@@ -525,5 +525,15 @@ def copy(queue: Any, dest: Any, src: Any, name: str | None = None, **kwargs: Any
     finally:
         set_own(was)
     he = _perf()
-    _record(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes}, _site(2))
+    _record(name or "copy", queue, ev, hb, he, TRANSFER, {"bytes": nbytes, "direction": direction(dest, src)},
+            _site(2))
     return ev
+
+
+_DEVICE_MEMORY = tuple(t for t in (getattr(cl, "MemoryObjectHolder", None), getattr(cl, "SVMPointer", None)) if t)
+
+
+def direction(dest: Any, src: Any) -> str:
+    """A copy's direction, as ``analyze`` groups transfer bandwidth: HtoD, DtoH, DtoD (or HtoH)."""
+    d, s = isinstance(dest, _DEVICE_MEMORY), isinstance(src, _DEVICE_MEMORY)
+    return f"{'D' if s else 'H'}to{'D' if d else 'H'}"
