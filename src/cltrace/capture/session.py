@@ -227,10 +227,13 @@ def _unhook_pyopencl() -> None:
         _instrument.uninstrument()
 
 
+_env_paths: set[str] = set()  # the files CLTRACE=1 asked for (absolute), while its session writes them
+
+
 def _writing(path: str | os.PathLike[str]) -> bool:
-    """Whether the session already writes ``path``."""
-    full = os.path.abspath(os.fspath(path))
-    return any(entry[2] == full for entry in _session_paths.values())
+    """Whether ``path`` is a file ``CLTRACE=1``'s session already writes (the program's own ``trace()``
+    naming it again gets no second sink; any other path held by this process goes to a numbered name)."""
+    return bool(_session_sinks) and os.path.abspath(os.fspath(path)) in _env_paths
 
 
 def active() -> bool:
@@ -269,6 +272,7 @@ def _stop(failed: bool) -> None:
     _unhook_pyopencl()
     RECORDER.flush(block=True)
     wrote, kept = [], []
+    _env_paths.clear()
     while _session_sinks:
         sink = _session_sinks.pop(0)
         path, announce, full = _session_paths.pop(id(sink), (None, False, None))
@@ -487,6 +491,7 @@ def _start_from_env() -> tuple[list[str], list[Any], bool]:
         try:
             start(path, quiet=None if default else True)  # CLTRACE_OUT's files are where the user said
             opened.append(path)
+            _env_paths.add(os.path.abspath(path))
         except OutputError as exc:
             log.warning("cltrace: CLTRACE_OUT: %s (this output is off)", exc)
     if otlp is not None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from .base import partial_path
+from ..record.files import make_dirs
+from .base import FILE_MODE, FOLDER_MODE, partial_path
 from .formats import format_for, suffix
 
 try:
@@ -48,12 +49,12 @@ def _take(path: str) -> tuple[int, bool] | None:
     partial = partial_path(path)
     if fcntl is None:  # pragma: no cover (Windows)
         try:
-            return os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o666), True
+            return os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL, FILE_MODE), True
         except FileExistsError:
             return None
     while True:
         try:
-            fd, created = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), True
+            fd, created = os.open(partial, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE), True
         except FileExistsError:
             try:
                 fd, created = os.open(partial, os.O_RDWR | os.O_CLOEXEC), False
@@ -84,7 +85,7 @@ def claim(paths: Sequence[str]) -> tuple[list[str], list[int]]:
     for p in paths:
         d = os.path.dirname(p)
         if d:
-            os.makedirs(d, exist_ok=True)
+            make_dirs(d, FOLDER_MODE)
     for n in range(MAX_NUMBER + 1):
         names = [numbered(p, n) for p in paths]
         taken: list[tuple[str, int, bool]] = []
