@@ -10,6 +10,7 @@ import atexit
 import importlib.util
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -36,16 +37,58 @@ def _exit_status(code: Any) -> int:
     return 1
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # cltrace's own files
+
+
 def _print_exception(exc: BaseException, script: str) -> None:
-    """The traceback ``python script.py`` would print: frames from the script's own code on."""
+    """The traceback ``python script.py`` would print: frames from the script's own code on, and none
+    of cltrace's after the program's last (an exception raised inside one of pyopencl's hooks, a
+    KeyboardInterrupt in a hooked ``finish``, ends at the program's line, as without cltrace)."""
     tb = exc.__traceback__
     target = os.path.abspath(script)
     t = tb
     while t is not None and os.path.abspath(t.tb_frame.f_code.co_filename) != target:
         t = t.tb_next
+    last_own = None
+    u = t
+    while u is not None:
+        if not os.path.abspath(u.tb_frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
+            last_own = u
+        u = u.tb_next
+    if last_own is not None:
+        last_own.tb_next = None
     # t is None for e.g. a SyntaxError in the script: Python then prints no traceback lines either.
     traceback.print_exception(type(exc), exc, t, file=sys.stderr)
     sys.stderr.flush()
+
+
+_INTERRUPTED: set[bool] = set()  # {True} once the script ended by KeyboardInterrupt: the command dies by SIGINT
+
+
+def _die_if_interrupted() -> None:
+    """Registered before the program's exit handlers and the merge, so it runs after them: like
+    ``python`` after an uncaught KeyboardInterrupt, end by SIGINT (status -2 to a parent, 130 in a
+    shell), not by ``exit(130)``."""
+    if _INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def _closing_exit(real: Any, pid: int) -> Any:
+    """``os._exit`` for the script's run: in this process, the trace is closed first (a complete
+    file, as coverage's ``patch = _exit`` saves its data); a forked child's goes straight through
+    (its own files are closed by ``capture.children``)."""
+    def _exit(status: int) -> None:
+        if os.getpid() == pid:
+            try:
+                session.stop()
+            except BaseException:  # the program asked to end now: nothing of ours stops it
+                pass
+        real(status)
+    _exit.__wrapped__ = real  # type: ignore[attr-defined]
+    return _exit
 
 
 def module_file(name: str) -> str:
@@ -86,7 +129,8 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     it runs; its ``__file__`` is absolute, as ``python script.py`` gives it. Returns the
     script's exit status: 0, its ``SystemExit`` code (None -> 0, a message -> printed, 1),
     1 after an uncaught exception (traceback printed as Python prints it), 130 after
-    KeyboardInterrupt. The trace is written in every case; with ``quiet=False`` (as the
+    KeyboardInterrupt (with ``merge_at_exit``, the command, the process then ends by SIGINT once its
+    exit handlers ran, as ``python`` does). ``os._exit`` in the script closes the trace first. The trace is written in every case; with ``quiet=False`` (as the
     ``cltrace run`` command calls it) one ``cltrace: wrote ...`` line on stderr says where. SIGTERM closes the trace, then ends
     the process as it would have without cltrace. An output that cannot be written raises
     ``session.OutputError`` before the script starts. ``schedule``: trace the steps it says, the
@@ -132,6 +176,8 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
         if root:
             merge_children_at_exit(outputs, family, quiet)
 
+    if merge_at_exit:  # before the merge and the program's own exit handlers: it runs after them
+        atexit.register(_die_if_interrupted)
     if follow and merge_at_exit:  # before the script: the program's own exit handlers run before it
         atexit.register(merge_at_end)
     try:
@@ -143,6 +189,8 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
         if follow:
             family = children.follow(outputs, extra_sinks, BOOT_DIR)
         instrument()
+        real_exit = os._exit
+        os._exit = _closing_exit(real_exit, os.getpid())
         try:
             if module:
                 runpy.run_module(script, run_name="__main__", alter_sys=True)
@@ -153,9 +201,12 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
         except KeyboardInterrupt as exc:
             _print_exception(exc, full)
             status = 130
+            _INTERRUPTED.add(True)
         except BaseException as exc:
             _print_exception(exc, full)
             status = 1
+        finally:
+            os._exit = real_exit
         sys.stdout.flush()
     finally:
         if not was_instrumented:
