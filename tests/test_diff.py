@@ -123,7 +123,7 @@ def test_a_run_without_steps_is_compared_as_a_whole_run(runs: dict[str, Any]) ->
     rows = diff(runs["same"][0], runs["no_steps"], 25.0)
     total = [r for r in rows if r.kind == "total"]
     assert len(total) == 1 and total[0].per == "run" and total[0].count_a and total[0].count_b
-    assert total[0].verdict in ("ok", "regression") and "1 sample" in total[0].reason
+    assert total[0].verdict in ("ok", "regression", "faster") and "1 sample" in total[0].reason  # noise decides which
     assert next(r for r in rows if r.name == "spin").per == "run"  # per step against per launch: whole runs
     assert not {r.verdict for r in rows if r.kind != "region"} & {"new", "removed"}  # the step spans are A's only
 
