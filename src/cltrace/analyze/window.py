@@ -129,8 +129,17 @@ def _steps(td: TraceData) -> tuple[np.ndarray, np.ndarray]:
     """The step rows by host begin, and each one's number (its ``step`` attribute, else its place)."""
     rows = np.flatnonzero(td.cat_mask(STEP))
     rows = rows[np.argsort(td.host_begin[rows], kind="stable")]
-    nums = np.array([td.attr(int(i), "step", k + 1) for k, i in enumerate(rows.tolist())], np.int64)
+    nums = np.array([_step_number(td.attr(int(i), "step", k + 1), k + 1) for k, i in enumerate(rows.tolist())],
+                    np.int64)
     return rows, nums
+
+
+def _step_number(value: object, place: int) -> int:
+    """A step span's number as the file says it, where it is a sensible integer; else its place (a file
+    from elsewhere may say anything there)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < 1 << 62:
+        return int(value)
+    return place
 
 
 def _span_of(nums: np.ndarray) -> str:
