@@ -157,6 +157,7 @@ def test_every_rule_has_a_program_that_fires_it() -> None:
     assert len(rules) == len(RULES) == len({r for _, r in CASES}) and {r for _, r in CASES} == set(RULES)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("program, rule", CASES)
 def test_each_rule_fires_on_its_program(analyses: dict[str, Analysis], program: str, rule: str) -> None:
     f = analyses[program].finding(rule)
@@ -167,6 +168,7 @@ def test_each_rule_fires_on_its_program(analyses: dict[str, Analysis], program: 
         assert inst["at_s"] >= 0 and inst["dur_ns"] >= 0 and "ts_ns" in inst
 
 
+@pytest.mark.timing
 def test_no_rule_fires_on_the_clean_demo(traces: dict[str, Path]) -> None:
     """Over the whole run, as the rules' thresholds were set. The steady state of this 10-step demo
     leaves out step 1, whose first launches (JIT, cold caches) are long on the device: on PoCL sharing

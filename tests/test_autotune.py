@@ -457,6 +457,7 @@ def test_cltrace_autotune_stays_the_function_whatever_is_imported() -> None:
     assert got["names"] == ["Autotuner", "AutotuneResult", "Config", "KernelTemplate", "Trial"]
 
 
+@pytest.mark.timing
 def test_cli_tune(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from cltrace.cli.commands import main
 

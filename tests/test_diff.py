@@ -38,6 +38,8 @@ __kernel void spin_renamed(__global float *a, const int iters) {
 }
 __kernel void add1(__global float *a) { a[get_global_id(0)] += 1.0f; }
 """
+pytestmark = pytest.mark.timing  # every verdict here rides on real runs' durations on a shared CPU
+
 N = 4096
 STEPS = 12
 ITERS = 1500

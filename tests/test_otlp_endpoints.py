@@ -238,6 +238,7 @@ def fail_then_stop(sink: OtlpSink) -> float:
     return time.monotonic() - t
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 @pytest.mark.parametrize("collector_kind", ["silent", "dead"])
 def test_close_waits_at_most_the_failing_timeout_once_exports_fail(protocol: str, collector_kind: str,

@@ -51,6 +51,7 @@ def test_memory_per_retained_span_is_small(queue, kernels):
     assert RECORDER.batch().n == 0
 
 
+@pytest.mark.timing
 def test_a_device_behind_never_holds_the_launching_thread(queue, kernels, capsys):
     """A user event holds the device: launches pile up unresolved past the cap, and the launching thread
     goes on (a backlog in flight is memory, not a reason to stop the program); everything arrives once the

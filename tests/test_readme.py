@@ -47,7 +47,10 @@ def test_ci_runs_the_readmes_setup_then_its_test_command():
     setup, tests = _setup_blocks()
     assert setup.startswith("sh .ci/install-pocl.sh && python3 -m venv .venv && . .venv/bin/activate && ")
     assert setup.endswith("pip install -e '.[test]' && cltrace demo")
-    assert tests == "python -m pytest -q && CLTRACE_NATIVE=0 python -m pytest -q"
+    # every test on both paths: the feature tests, then the timing ones (each path once more for what failed)
+    assert tests == ('python -m pytest -q -m "not timing" && CLTRACE_NATIVE=0 python -m pytest -q -m "not timing" && '
+                     '(python -m pytest -q -m timing || python -m pytest -q -m timing --lf) && '
+                     '(CLTRACE_NATIVE=0 python -m pytest -q -m timing || CLTRACE_NATIVE=0 python -m pytest -q -m timing --lf)')
     script = README.parent / ".ci" / "install-pocl.sh"
     assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
 

@@ -299,6 +299,7 @@ def test_a_data_loader_that_never_closes_its_pool_exits_and_merges(tmp_path: Any
     _check_merged(tmp_path, ct)
 
 
+@pytest.mark.timing
 def test_a_python_subprocess_exits_and_merges(tmp_path: Any) -> None:
     ct, took, limit = _both(tmp_path, "sub.py", SUBPROCESS)
     assert took < limit, (took, limit)

@@ -283,6 +283,7 @@ def test_kernel_and_region_totals_are_the_file_analysis(store: Store, job: list[
         assert (r.count, r.total_ns, r.max_ns) == (fr["count"], fr["total_ns"], fr["max_ns"])
 
 
+@pytest.mark.timing
 def test_the_straggler_is_named_with_its_cause(store: Store, job: list[str]) -> None:
     store.load(job[:3])
     a = store.analyze(run="job-7")
