@@ -2,7 +2,7 @@
 ``timeline._stamps`` (event stamps in bulk), ``timeline._resolve`` (the resolver's passes over columns), ``timeline._stats`` (per-path statistics),
 ``record._region`` (region enter/exit), ``export._chrome`` (Chrome JSON lines), ``export.perfetto._packets`` (Perfetto packets),
 ``export.perfetto._writer`` (the .pftrace writer's whole batch pass), ``export.perfetto._deflate``
-(compressing its packets).
+(compressing its packets), ``read._scan`` (reading traces back): nine modules from ten files.
 Project metadata lives in pyproject.toml.
 
 ``optional=True``: where no C compiler exists the install still succeeds and cltrace runs its

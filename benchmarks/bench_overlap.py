@@ -208,7 +208,6 @@ def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool =
     RECORDER.clear()
     cltrace.configure(regions="projected" if mode == "projected" else "auto")
     before = stamps.reaper_stats() or {}
-    waits0 = RECORDER.device_waits
     t0 = perf()
     try:
         if trace:
@@ -220,8 +219,7 @@ def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool =
         m.gemm, m.relu, m.sgd, cltrace.region, cltrace.timing_region, cltrace.step = saved  # type: ignore[assignment]
     total = perf() - t0
     after = stamps.reaper_stats() or {}
-    out = [f"  probe {m.n} {mode} x{steps} {'traced' if trace else 'untraced'}: {total / 1e6:.1f} ms; back-pressure waits "
-           f"{RECORDER.device_waits - waits0}; reaper " + ", ".join(
+    out = [f"  probe {m.n} {mode} x{steps} {'traced' if trace else 'untraced'}: {total / 1e6:.1f} ms; reaper " + ", ".join(
                f"{k} {after.get(k, 0) - before.get(k, 0)}" for k in ("harvests", "harvests_front", "harvests_declined", "harvest_ms",
                                                                       "read_inline", "reaped"))]
     for kind, ds in sorted(calls.items()):

@@ -98,7 +98,7 @@ def main() -> None:
             cltrace.stop()
             gc.enable()
             print(f"{name}: start() {started * 1e3:.1f} ms; longest {worst * 1e3:.2f} ms at {at:.2f} s; "
-                  f"recorded {RECORDER.recorded}, lost {RECORDER.lost}, device waits {RECORDER.device_waits}")
+                  f"recorded {RECORDER.recorded}, lost {RECORDER.lost}")
 
 
 if __name__ == "__main__":

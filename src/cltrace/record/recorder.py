@@ -117,7 +117,6 @@ class Recorder:
         self.memory_dropped = 0
         self.lost = 0
         self.recorded = 0
-        self.device_waits = 0
         self.start_ns = perf_ns()
         self.start_unix_ns = time.time_ns()
         self._room = max_pending
@@ -371,7 +370,6 @@ class Recorder:
             self.memory_dropped = 0
             self.lost = 0
             self.recorded = 0
-            self.device_waits = 0
             self.memory.clear()
         heap.give_back()  # the store's columns, freed above, back to the OS (record/heap.py)
 
@@ -411,7 +409,7 @@ class Recorder:
         self.stats = Stats()
         self.resolver = Resolver(self.tracks, self.clocks, self.tables)
         self._store = collections.deque()
-        self._stored = self.memory_dropped = self.lost = self.recorded = self.device_waits = 0
+        self._stored = self.memory_dropped = self.lost = self.recorded = 0
         self._lock = threading.RLock()
         self._worker = None
         self._wake = threading.Event()
@@ -499,18 +497,6 @@ RECORDER = Recorder()
 push = RECORDER.push
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=RECORDER.reset_after_fork)
-
-
-def enable() -> None:
-    _state.ENABLED = True
-
-
-def disable() -> None:
-    _state.ENABLED = False
-
-
-def is_enabled() -> bool:
-    return _state.ENABLED
 
 
 @atexit.register
