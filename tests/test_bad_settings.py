@@ -1,4 +1,4 @@
-"""Issue 14, items 9, 13 and 14, as a user meets them: bad settings at ``import cltrace`` cost
+"""As a user meets them: bad settings at ``import cltrace`` cost
 one output and one warning line, never the program; CLI mistakes are one ``cltrace: error:``
 line with exit 2; every run says where its files are; ``devices --json`` is JSON alone."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 14, item 6: SIGTERM (``timeout``, ``docker stop``, job schedulers) leaves a complete
+"""SIGTERM (``timeout``, ``docker stop``, job schedulers) leaves a complete
 trace, then the process ends as it would have without cltrace. Real subprocesses, real signals."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 14, item 4: every command pyopencl can enqueue is traced under ``instrument()``.
+"""Every command pyopencl can enqueue is traced under ``instrument()``.
 
 The list of entry points comes from pyopencl itself (every ``enqueue_*`` it exports), so a
 new one fails here until it is hooked or put on ``NO_DEVICE_WORK`` with its reason.

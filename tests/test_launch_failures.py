@@ -1,4 +1,4 @@
-"""Issue 14, items 2 and 5: launching never breaks once tracing is on, and a failed launch
+"""Launching never breaks once tracing is on, and a failed launch
 leaves a failed span and raises the same pyopencl error naming the kernel and its sizes,
 through ``cltrace.launch``, ``Kernel`` launches and ``instrument()``."""
 from __future__ import annotations
