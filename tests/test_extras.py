@@ -90,6 +90,10 @@ def test_otlp_flag_names_the_otlp_extra(demo: Path) -> None:
     r = _cli(["demo", "--steps", "2", "--out", "t2"], demo, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
     _one_line_error(r, "OTEL_EXPORTER_OTLP_ENDPOINT (OTLP export)", "otlp")
     assert not (demo / "t2").exists()  # stopped before the run, not after it
+    (demo / "hello.py").write_text("print('ran')\n")
+    r = _cli(["run", "--otlp", "http://127.0.0.1:4318", "hello.py"], demo)
+    _one_line_error(r, "--otlp", "otlp")
+    assert "ran" not in r.stdout
 
 
 def test_plot_names_the_plot_extra_before_the_report(demo: Path) -> None:
