@@ -30,4 +30,17 @@ expect otlp demo --steps 2 --out t2 --otlp http://127.0.0.1:4318
 expect plot analyze t/demo.pftrace --plot p.png
 expect clickhouse load t/demo.pftrace --store st
 [ ! -e st ] || { echo "bare-venv: FAIL: --store made a folder" >&2; exit 1; }
+cat > prog.py <<'PY'
+import numpy as np
+import pyopencl as cl
+ctx = cl.create_some_context(interactive=False)
+q = cl.CommandQueue(ctx)
+buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE, 1024)
+cl.enqueue_fill_buffer(q, buf, np.float32(0), 0, 1024)
+q.finish()
+PY
+err=$(CLTRACE=1 CLTRACE_OUT=env.json OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 "$venv/bin/python" prog.py 2>&1)
+case "$err" in *"needs the [otlp] extra"*) ;; *) echo "bare-venv: FAIL: CLTRACE=1 with OTEL_EXPORTER_OTLP_ENDPOINT: $err" >&2; exit 1;; esac
+grep -q '"fill"' env.json || { echo "bare-venv: FAIL: CLTRACE=1 wrote no trace of the fill" >&2; exit 1; }
+echo "bare-venv: CLTRACE=1 with OTEL_EXPORTER_OTLP_ENDPOINT: $err (the trace written)"
 echo "bare-venv: OK: demo and summary of .json/.pftrace in a core-only venv ($venv)"
