@@ -100,6 +100,7 @@ def test_plot_names_the_plot_extra_before_the_report(demo: Path) -> None:
     r = _cli(["analyze", "t/demo.pftrace", "--plot", "p.png"], demo)
     _one_line_error(r, "--plot", "plot")
     assert r.stdout == "" and not (demo / "p.png").exists()
+    _one_line_error(_cli(["tune", "--plot", "sweep.png"], demo), "--plot", "plot")  # before the sweep
 
 
 def test_store_names_the_clickhouse_extra_and_makes_no_folder(demo: Path) -> None:
