@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import (CltraceError, DeviceError, EventTimerError, OutputError, ProfilingNotEnabledError, TraceFileError,
-                     WindowError)
+from .errors import (CltraceError, DeviceError, EventTimerError, MissingExtraError, OutputError, ProfilingNotEnabledError,
+                     TraceFileError, WindowError)
 from .record.queues import active_queue, default_device, has_profiling, profiling_queue, set_queue
 from .record import callsite as _callsite
 from .record import regions as _regions
@@ -32,7 +32,7 @@ from .tune import AutotuneResult, Autotuner, Config, KernelTemplate, Trial, auto
 
 __all__ = [
     "CltraceError", "DeviceError", "EventTimerError", "OutputError", "ProfilingNotEnabledError", "TraceFileError",
-    "WindowError",
+    "WindowError", "MissingExtraError",
     "active_queue", "default_device", "has_profiling", "profiling_queue", "set_queue",
     "RECORDER", "Buffer", "Image", "SVMAllocation", "copy", "launch", "record_launch", "region", "timing_region",
     "PerfCounter", "enabled", "start", "stop", "trace", "schedule", "Schedule", "step", "steps", "Cycle", "Span",

@@ -40,3 +40,14 @@ class TraceFileError(CltraceError):
 class WindowError(CltraceError, ValueError):
     """A window of a report (steps, a time range, a region) that the trace does not have, or that
     contradicts itself. The message says what the trace has."""
+
+
+class MissingExtraError(CltraceError, ImportError):
+    """A feature whose optional dependencies are not installed. Importing cltrace and writing or
+    reading .json/.pftrace need none; OTLP export, plots and the store each need their extra, and
+    the message names it: ``--otlp needs the [otlp] extra: pip install 'cltrace[otlp]'``."""
+
+    def __init__(self, feature: str, extra: str) -> None:
+        super().__init__(f"{feature} needs the [{extra}] extra: pip install 'cltrace[{extra}]'")
+        self.feature = feature
+        self.extra = extra

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ..errors import CltraceError
+from ..errors import MissingExtraError
 from ..export.base import create_output
 
 if TYPE_CHECKING:
@@ -22,8 +22,8 @@ def plot(a: "Analysis", path: str | os.PathLike[str], top: int = 10) -> str:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         import numpy as np
-    except ImportError:
-        raise CltraceError("--plot needs matplotlib: pip install 'cltrace[plot]'") from None
+    except ModuleNotFoundError:
+        raise MissingExtraError("--plot", "plot") from None
     path = os.fspath(path)
     queues = a.timeline["queues"]
     depth = a.launches["queue_depth"]

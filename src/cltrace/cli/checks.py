@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Callable
 
-from ..errors import CltraceError
+from ..errors import CltraceError, MissingExtraError
 
 
 def whole_number(least: int) -> Callable[[str], int]:
@@ -60,8 +60,8 @@ def check_plot_path(path: str) -> None:
     exists (made here) and can be written; matplotlib is installed."""
     try:
         from matplotlib.figure import Figure
-    except ImportError:
-        raise CltraceError(f"--plot {path}: drawing needs matplotlib: pip install 'cltrace[plot]'") from None
+    except ModuleNotFoundError:
+        raise MissingExtraError("--plot", "plot") from None
 
     from ..export.base import FOLDER_MODE
     from ..record.files import make_dirs

@@ -47,7 +47,7 @@ def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
         return []
     from ..export.otlp import OtlpSink
 
-    from ..errors import CltraceError
+    from ..errors import CltraceError, MissingExtraError
     from ..export.otlp.config import env_problems
 
     problems = env_problems()
@@ -59,6 +59,8 @@ def _otlp_sinks(args: argparse.Namespace) -> list[Any]:
         raise CltraceError(problems[0])
     try:
         return [OtlpSink(endpoint=args.otlp or None, protocol=args.otlp_protocol)]
+    except MissingExtraError:
+        raise MissingExtraError("--otlp" if args.otlp else "OTEL_EXPORTER_OTLP_ENDPOINT (OTLP export)", "otlp") from None
     except (ValueError, TypeError) as exc:
         raise CltraceError(f"--otlp {args.otlp}: {exc}" if args.otlp else str(exc)) from None
 

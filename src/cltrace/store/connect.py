@@ -12,14 +12,31 @@ import os
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import CltraceError
+from ..errors import CltraceError, MissingExtraError
 
 ENV = "CLTRACE_STORE"
-INSTALL = "pip install 'cltrace[clickhouse]'"
 
 
 class StoreError(CltraceError):
     """A store cannot be opened or used; the message says what to do."""
+
+
+class StoreExtraError(StoreError, MissingExtraError):
+    """The store's driver (clickhouse-connect, and chDB for a folder) is not installed."""
+
+
+def require_driver(store: str | os.PathLike[str] | None) -> None:
+    """The store's packages are installed (chDB too unless ``store`` names a server), else one line
+    naming the extra; checked before a folder is made or a trace is read."""
+    import importlib
+
+    spec = os.fspath(store) if store is not None else os.environ.get(ENV, "")
+    server = urlsplit(spec).scheme.lower() in ("http", "https", "clickhouse", "clickhouses")
+    try:
+        for name in ["clickhouse_connect"] + ([] if server else ["chdb"]):
+            importlib.import_module(name)  # the store imports them next anyway
+    except ModuleNotFoundError:
+        raise StoreExtraError("the store", "clickhouse") from None
 
 
 def resolve(store: str | os.PathLike[str] | None, create: bool = True) -> tuple[str, str | None]:
@@ -55,11 +72,11 @@ def open_client(dsn: str) -> Any:
     try:
         import clickhouse_connect
     except ModuleNotFoundError:
-        raise StoreError(f"the store needs clickhouse-connect and chdb: {INSTALL}") from None
+        raise StoreExtraError("the store", "clickhouse") from None
     try:
         return clickhouse_connect.get_client(dsn=dsn, settings={"mutations_sync": 1} if not dsn.startswith("chdb") else None)
     except ImportError:
-        raise StoreError(f"an embedded store needs chdb: {INSTALL}") from None
+        raise StoreExtraError("an embedded store", "clickhouse") from None
     except Exception as exc:  # the driver's own exceptions: connection refused, auth, a chDB folder clash
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StoreError(f"cannot open the store {dsn}: {first}") from None

@@ -10,7 +10,7 @@ from typing import Any, Iterable, Iterator
 from . import derived, schema
 from .analysis import StoreAnalysis, analyse, totals
 from .questions.common import Scope
-from .connect import StoreError, open_client, resolve
+from .connect import StoreError, open_client, require_driver, resolve
 from .load import CHUNK_ROWS, LoadResult, load_file
 
 
@@ -38,6 +38,7 @@ class Store:
 
     def __init__(self, store: str | os.PathLike[str] | None = None, database: str | None = None,
                  table: str = schema.TABLE, create: bool = True) -> None:
+        require_driver(store)
         dsn, db = resolve(store, create)
         self.dsn = dsn
         self.database = database or db or schema.DATABASE

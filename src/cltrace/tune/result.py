@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..analyze.report import format_ns
+from ..errors import MissingExtraError
 from ..export.base import create_output, partial_path, put_in_place
 from .config import Config, fmt_dims
 
@@ -268,8 +269,8 @@ class AutotuneResult:
             matplotlib.use("Agg", force=False)
             import matplotlib.pyplot as plt
             from matplotlib.patches import Patch
-        except ImportError:
-            raise ImportError("AutotuneResult.plot needs matplotlib: pip install 'cltrace[plot]'") from None
+        except ModuleNotFoundError:
+            raise MissingExtraError("AutotuneResult.plot", "plot") from None
         ranked = self.ranked()
         if not ranked:
             raise ValueError("AutotuneResult.plot: no successful trial to plot")

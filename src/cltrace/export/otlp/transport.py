@@ -1,5 +1,6 @@
 """Where spans go: a tracer provider, a user's exporter, or the SDK's OTLP gRPC and HTTP
-exporters, taught to send requests cltrace already encoded.
+exporters, taught to send requests cltrace already encoded. The exporters are the ``[otlp]`` extra;
+a tracer provider or a user's exporter needs only the SDK.
 
 They keep the SDK's transport, retries and the rest of its ``OTEL_EXPORTER_OTLP_*`` configuration
 (headers, certificates, compression); where to connect and whether in plain text is cltrace's one
@@ -13,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 from opentelemetry.sdk.trace.export import SpanExportResult
 
+from ...errors import MissingExtraError
 from .config import GRPC, Target, parse_headers, resolve_protocol, resolve_target
 
 
@@ -31,12 +33,12 @@ class Encoded:
 
 def grpc_exporter(target: Target, headers: dict[str, str] | None, timeout_s: float,
                   on_error: Callable[[str], None]) -> tuple[Any, bool]:
-    import grpc
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-        ExportTraceServiceRequest,
-        ExportTraceServiceResponse,
-    )
+    try:
+        import grpc
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+    except ModuleNotFoundError:
+        raise MissingExtraError("OTLP export", "otlp") from None
 
     def serialize(request: Any) -> bytes:
         return request if isinstance(request, bytes) else request.SerializeToString()
@@ -74,7 +76,10 @@ def grpc_exporter(target: Target, headers: dict[str, str] | None, timeout_s: flo
 
 def http_exporter(target: Target, headers: dict[str, str] | None, timeout_s: float,
                   on_error: Callable[[str], None]) -> tuple[Any, bool]:
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ModuleNotFoundError:
+        raise MissingExtraError("OTLP export", "otlp") from None
 
     class _Exporter(OTLPSpanExporter):
         def export(self, spans: Any) -> Any:
