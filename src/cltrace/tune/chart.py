@@ -11,14 +11,11 @@ from __future__ import annotations
 
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .config import Config
-from .confirm import _rounds_won
-from .result import Trial, quantile
+from .rounds import round_medians, rounds_won
 
-if TYPE_CHECKING:
-    from .result import AutotuneResult
 
 WINNER = "winner"
 DEFAULT = "default"
@@ -40,11 +37,11 @@ class Role:
     config: Config
     kind: str
     note: str
-    sweep: Trial | None
-    rounds: Trial | None
+    sweep: Any  # its sweep Trial, or None when only the rounds measured it
+    rounds: Any  # its confirmation Trial, or None when it was not re-measured
 
 
-def roles(result: "AutotuneResult") -> list[Role]:
+def roles(result: Any) -> list[Role]:
     """Every configuration with figures, in the picture's order: the winner (or the kept default) first,
     then the re-measured candidates by their round medians, then the sweep-only trials by median."""
     conf = result.confirmation
@@ -67,7 +64,7 @@ def roles(result: "AutotuneResult") -> list[Role]:
             sp = result.speedup()
             beats = f"\n{sp:.2f}x the default" if sp and base is not None else ""
             if conf is not None and base is not None and t is not None and t.ok:
-                beats += f", won {_rounds_won(t, base, tol, conf.runs)} of {conf.rounds} rounds"
+                beats += f", won {rounds_won(t.times_ns, base.times_ns, tol, conf.runs)} of {conf.rounds} rounds"
             return WINNER, f"WINNER: {how}{beats}" if how else "WINNER"
         if c == default:
             if result.real_win is False:
@@ -105,13 +102,7 @@ def roles(result: "AutotuneResult") -> list[Role]:
     return out
 
 
-def round_medians(t: Trial, runs: int) -> list[float]:
-    """The median of each confirmation round's ``runs`` launches (times are in round order)."""
-    ts = t.times_ns
-    return [quantile(sorted(ts[i:i + runs]), 0.5) for i in range(0, len(ts) - runs + 1, runs)]
-
-
-def caption(result: "AutotuneResult") -> str:
+def caption(result: Any) -> str:
     """How the winner was chosen, in words, for under the chart."""
     conf, tol = result.confirmation, result.tolerance
     if conf is not None:
@@ -126,7 +117,7 @@ def caption(result: "AutotuneResult") -> str:
     return how
 
 
-def figure(result: "AutotuneResult", top: int = 15) -> Any:
+def figure(result: Any, top: int = 15) -> Any:
     """The matplotlib figure; see the module docstring. Of the sweep-only trials, the ``top`` fastest are drawn
     (a grid sweep may run hundreds); the rest are counted under the chart."""
     try:
@@ -167,7 +158,7 @@ def figure(result: "AutotuneResult", top: int = 15) -> Any:
             ax.hlines(yy, val(r.rounds.p10_ns), val(r.rounds.p90_ns), color=color, lw=4)
             ax.plot([val(r.rounds.median_ns)], [yy], "D", color=color, mec="black", mew=0.5, ms=6)
             if conf is not None:
-                meds = round_medians(r.rounds, conf.runs)
+                meds = round_medians(r.rounds.times_ns, conf.runs)
                 ax.plot([val(m) for m in meds], [yy] * len(meds), "|", color="black", ms=9, mew=1)
         elif r.rounds is None and conf is not None and split is None:
             split = y

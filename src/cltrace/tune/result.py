@@ -11,19 +11,10 @@ from typing import Any, Mapping, Sequence
 from ..analyze.report import format_ns
 from ..export.base import create_output, partial_path, put_in_place
 from .config import Config, fmt_dims
+from .rounds import quantile
 
 OK = "ok"
 FAILED = "failed"
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of sorted values, interpolated linearly (numpy's default method)."""
-    if not sorted_values:
-        raise ValueError("quantile of no values")
-    pos = (len(sorted_values) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True)
