@@ -13,7 +13,7 @@ from cltrace.tune.result import Confirmation
 
 plt = pytest.importorskip("matplotlib.pyplot")
 
-A, B, C, D, E = (Config(None, None, u) for u in (1, 2, 3, 4, 5))
+A, B, C, D, E, F = (Config(None, None, u) for u in (1, 2, 3, 4, 5, 6))
 RUNS, ROUNDS = 3, 5
 
 
@@ -23,11 +23,12 @@ def _rounds(*per_round: int) -> list[int]:
 
 
 def _result(default_rounds: tuple[int, ...] = (100, 101, 99, 102, 100)) -> AutotuneResult:
-    # The sweep: B looked fastest (10), C next (12), D (13), E (30, not re-measured), default A (100).
+    # The sweep: B looked fastest (10), then F (11, within noise of B but last in sweep order: not re-measured),
+    # C (12), D (13), E (30, not re-measured), default A (100).
     sweep = (Trial.measured(A, [99, 100, 101, 102, 98]), Trial.measured(C, [11, 12, 13, 12, 12]),
              Trial.measured(D, [12, 13, 14, 13, 13]), Trial.measured(B, [9, 10, 11, 10, 10]),
-             Trial.measured(E, [29, 30, 31, 30, 30]))
-    order = {A: 0, C: 1, D: 2, B: 3, E: 4}
+             Trial.measured(E, [29, 30, 31, 30, 30]), Trial.measured(F, [10, 11, 11, 11, 12]))
+    order = {A: 0, C: 1, D: 2, B: 3, E: 4, F: 5}
     # The rounds: B was only lucky (20), D is the fastest (11), C within noise of it (12), C first in order.
     trials = (Trial.measured(C, _rounds(12, 12, 13, 12, 12)), Trial.measured(D, _rounds(11, 11, 12, 11, 11)),
               Trial.measured(B, _rounds(20, 21, 20, 20, 22)), Trial.measured(A, _rounds(*default_rounds)))
@@ -40,7 +41,7 @@ def _result(default_rounds: tuple[int, ...] = (100, 101, 99, 102, 100)) -> Autot
 def _notes(ax: Any) -> dict[str, str]:
     """The note beside each row, keyed by the row's tick label."""
     labels = [t.get_text() for t in ax.get_yticklabels()]
-    notes = {round(t.xy[1]): t.get_text() for t in ax.texts if hasattr(t, "xy")}
+    notes = {round(t.xy[1]): t.get_text().replace("\n", " ") for t in ax.texts if hasattr(t, "xy")}
     return {labels[y]: n for y, n in notes.items()}
 
 
@@ -52,7 +53,10 @@ def test_roles_say_why_the_winner_won_and_why_a_faster_looking_trial_did_not() -
     assert got[C].kind == WINNER and "within noise of the fastest" in got[C].note and D.label() in got[C].note
     assert got[D].kind == WITHIN_NOISE and "fastest in the rounds" in got[D].note
     assert got[B].kind == NOT_CONFIRMED and got[B].note.startswith("looked faster in the sweep; not confirmed")
-    assert got[E].kind == SWEEP_ONLY
+    assert got[E].kind == SWEEP_ONLY and got[E].note == "sweep only: clearly slower than the sweep's fastest"
+    assert got[F].kind == SWEEP_ONLY and got[F].note == ("sweep only: looked faster than the winner; within noise of "
+                                                         "the sweep's fastest, later in sweep order, so not re-measured")
+    assert [r.config for r in roles(res)][-2:] == [F, E]  # the sweep-only trials last, by their sweep medians
     assert "won 5 of 5 rounds" in got[C].note
 
 
@@ -68,7 +72,7 @@ def test_figure_shows_winner_first_noise_band_default_p10_and_notes() -> None:
         assert notes[labels[0]].startswith("WINNER")
         assert "not confirmed" in notes[B.label()] and "looked faster in the sweep" in notes[B.label()]
         assert "within noise" in notes[D.label()]
-        assert notes[E.label()].startswith("sweep only")
+        assert notes[E.label()].startswith("sweep only") and "looked faster than the winner" in notes[F.label()]
         band = next(p for p in ax.patches if p.get_gid() == NOISE_BAND)
         d = res.confirmation.trial(D)
         x0, x1 = sorted((band.get_x(), band.get_x() + band.get_width()))
@@ -109,8 +113,8 @@ def test_figure_draws_the_top_sweep_only_trials_and_counts_the_rest(tmp_path: An
     fig = res.figure(top=0)
     try:
         labels = [t.get_text() for t in fig.axes[0].get_yticklabels()]
-        assert E.label() not in labels and len(labels) == 4
-        assert "1 more sweep-only trials" in " ".join(t.get_text() for t in fig.texts)
+        assert E.label() not in labels and F.label() not in labels and len(labels) == 4
+        assert "2 more sweep-only trials" in " ".join(t.get_text() for t in fig.texts)
     finally:
         plt.close(fig)
     path = res.plot(str(tmp_path / "sweep.png"))

@@ -72,12 +72,13 @@ def roles(result: Any) -> list[Role]:
             return DEFAULT, "untuned default"
         if t is None:
             s = sweep[c]
-            if fastest is not None and conf is not None:
-                sf = min((sweep[x.config] for x in cands if x.config in sweep), key=lambda x: x.median_ns,
-                         default=None)
-                if sf is not None and not sf.clearly_faster_than(s, tol):
-                    return SWEEP_ONLY, "sweep only: within noise in the sweep, later in sweep order (not re-measured)"
-            return SWEEP_ONLY, "sweep only: not re-measured"
+            looked = ("looked faster than the winner; " if winner in sweep
+                      and s.median_ns < sweep[winner].median_ns else "")
+            sf = min((x for x in sweep.values() if x.config != default), key=lambda x: x.median_ns, default=None)
+            if conf is not None and sf is not None and not sf.clearly_faster_than(s, tol):
+                return SWEEP_ONLY, (f"sweep only: {looked}within noise of the sweep's fastest, "
+                                    "later in sweep order, so not re-measured")
+            return SWEEP_ONLY, f"sweep only: {looked}clearly slower than the sweep's fastest"
         if not t.ok:
             return FAILED_ROUNDS, f"failed in the rounds [{t.stage}]"
         if fastest is not None and fastest.clearly_faster_than(t, tol):
@@ -162,7 +163,8 @@ def figure(result: Any, top: int = 15) -> Any:
                 ax.plot([val(m) for m in meds], [yy] * len(meds), "|", color="black", ms=9, mew=1)
         elif r.rounds is None and conf is not None and split is None:
             split = y
-        ax.annotate(r.note, xy=(1.01, y), xycoords=ax.get_yaxis_transform(), va="center", ha="left",
+        note = "\n".join(w for line in r.note.split("\n") for w in textwrap.wrap(line, 80))
+        ax.annotate(note, xy=(1.01, y), xycoords=ax.get_yaxis_transform(), va="center", ha="left",
                     fontsize=7, color=color, fontweight="bold" if r.kind == WINNER else "normal",
                     annotation_clip=False)
     if split is not None and split > 0:
@@ -195,7 +197,7 @@ def figure(result: Any, top: int = 15) -> Any:
         line.set_gid(DEFAULT_P10)
         line.set_label("default's p10: a real win's median must be " + ("right" if flops else "left") + " of it")
         handles.append(line)
-    handles += [Patch(color=COLORS[k], label=k) for k in (WINNER, DEFAULT, WITHIN_NOISE, NOT_CONFIRMED, SWEEP_ONLY)
+    handles += [Patch(color=COLORS[k], label=k + (" (not re-measured)" if k == SWEEP_ONLY else "")) for k in (WINNER, DEFAULT, WITHIN_NOISE, NOT_CONFIRMED, SWEEP_ONLY)
                 if any(r.kind == k for r in rows)]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.0, -0.5 / rows_in), fontsize=6.5, ncol=2,
               frameon=False)
