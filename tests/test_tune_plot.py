@@ -120,3 +120,24 @@ def test_figure_draws_the_top_sweep_only_trials_and_counts_the_rest(tmp_path: An
     path = res.plot(str(tmp_path / "sweep.png"))
     with open(path, "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_figure_without_confirmation_rounds_decides_on_the_sweep_and_says_so() -> None:
+    sweep = (Trial.measured(A, [99, 100, 101, 102, 98]), Trial.measured(C, [10, 11, 12, 12, 12]),
+             Trial.measured(B, [9, 10, 11, 10, 10]), Trial.measured(E, [29, 30, 31, 30, 30]))
+    winner, real_win, verdict = decide(sweep, A, {A: 0, C: 1, B: 2, E: 3}, 0.05)
+    res = AutotuneResult(winner, sweep, "k", "dev", baseline=A, real_win=real_win, verdict=verdict)
+    assert winner == C  # within noise of B, first in sweep order
+    fig = res.figure()
+    try:
+        ax = fig.axes[0]
+        labels = [t.get_text() for t in ax.get_yticklabels()]
+        notes = _notes(ax)
+        assert labels[0] == f"{C.label()} (winner)" and "first in sweep order" in notes[labels[0]]
+        assert notes[E.label()] == "clearly slower than the sweep's fastest (no confirmation rounds)"
+        assert not any("not confirmed" in n for n in notes.values())
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "each round's median" not in legend and any(t.startswith("noise band") for t in legend)
+        assert "No confirmation rounds" in " ".join(t.get_text() for t in fig.texts)
+    finally:
+        plt.close(fig)

@@ -68,7 +68,7 @@ def roles(result: Any) -> list[Role]:
             return WINNER, f"WINNER: {how}{beats}" if how else "WINNER"
         if c == default:
             if result.real_win is False:
-                return DEFAULT, "default, KEPT: no candidate's median below its p10 (no real win)"
+                return DEFAULT, "default, KEPT: no candidate clearly beats it (no real win)"
             return DEFAULT, "untuned default"
         if t is None:
             s = sweep[c]
@@ -82,12 +82,14 @@ def roles(result: Any) -> list[Role]:
         if not t.ok:
             return FAILED_ROUNDS, f"failed in the rounds [{t.stage}]"
         if fastest is not None and fastest.clearly_faster_than(t, tol):
+            if conf is None:
+                return SWEEP_ONLY, "clearly slower than the sweep's fastest (no confirmation rounds)"
             looked = (winner is not None and c in sweep and winner in sweep
                       and sweep[c].median_ns < sweep[winner].median_ns)
             return NOT_CONFIRMED, (("looked faster in the sweep; " if looked else "")
                                    + f"not confirmed: clearly slower than the fastest in the {source}")
         if result.real_win is False and base is not None:
-            return WITHIN_NOISE, "does not clearly beat the default (median not below its p10)"
+            return WITHIN_NOISE, "within noise of the fastest; does not clearly beat the default"
         if fastest is not None and fastest.config == c:
             return WITHIN_NOISE, f"fastest in the {source}, but later in sweep order than the winner (within noise)"
         return WITHIN_NOISE, "within noise of the fastest, later in sweep order"
