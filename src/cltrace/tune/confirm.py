@@ -27,7 +27,8 @@ from ..record.regions import category_region
 from ..record.timing import _events_of, _span_ns
 from ..timeline.spans import REGION
 from .config import Config
-from .result import Confirmation, Trial, quantile
+from .result import Confirmation, Trial
+from .rounds import rounds_won
 from .runner import TrialRunner
 
 
@@ -117,7 +118,8 @@ def decide(trials: Sequence[Trial], default: Config | None, order: Mapping[Confi
     if why_not:
         return default, False, (f"no real win: {pick.config.label()} {_figures(pick)} does not clearly beat the "
                                 f"default {_figures(base)} ({why_not}){note}; keeping the default")
-    won = f", won {_rounds_won(pick, base, tolerance, runs)} of {len(base.times_ns) // runs} rounds" if runs else ""
+    won = (f", won {rounds_won(pick.times_ns, base.times_ns, tolerance, runs)} of {len(base.times_ns) // runs} rounds"
+           if runs else "")
     return pick.config, True, (f"{pick.config.label()} {_figures(pick)} beats the default {_figures(base)}: "
                                f"median below its p10{won}, {base.median_ns / pick.median_ns:.2f}x{note}")
 
@@ -131,19 +133,9 @@ def _beats(t: Trial, base: Trial, tolerance: float, runs: int | None) -> str | N
     if runs:
         n = min(len(t.times_ns), len(base.times_ns)) // runs
         need = math.ceil(0.8 * n)
-        if _rounds_won(t, base, tolerance, runs) < need:
+        if rounds_won(t.times_ns, base.times_ns, tolerance, runs) < need:
             return f"it won fewer than {need} of {n} rounds"
     return None
-
-
-def _rounds_won(t: Trial, base: Trial, tolerance: float, runs: int) -> int:
-    """Rounds in which ``t``'s median was more than ``tolerance`` below ``base``'s (times are in round order)."""
-    n = min(len(t.times_ns), len(base.times_ns)) // runs
-
-    def med(ts: Sequence[int], r: int) -> float:
-        return quantile(sorted(ts[r * runs:(r + 1) * runs]), 0.5)
-
-    return sum(med(t.times_ns, r) * (1 + tolerance) < med(base.times_ns, r) for r in range(n))
 
 
 def _figures(t: Trial) -> str:

@@ -9,22 +9,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..analyze.report import format_ns
-from ..errors import MissingExtraError
 from ..export.base import create_output, partial_path, put_in_place
 from .config import Config, fmt_dims
+from .rounds import quantile
 
 OK = "ok"
 FAILED = "failed"
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of sorted values, interpolated linearly (numpy's default method)."""
-    if not sorted_values:
-        raise ValueError("quantile of no values")
-    pos = (len(sorted_values) - 1) * q
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 @dataclass(frozen=True)
@@ -164,6 +154,7 @@ class AutotuneResult:
     verdict: str = ""
     device_name: str | None = None
     evicted: str | None = None
+    tolerance: float = 0.05  # the fraction by which medians had to differ to count (``Autotuner(tolerance=)``)
 
     @property
     def best(self) -> Trial | None:
@@ -260,61 +251,25 @@ class AutotuneResult:
         marks = (["winner"] if config == self.winner else []) + (["default"] if config == self.default else [])
         return ("  <- " + ", ".join(marks)) if marks else ""
 
-    def figure(self) -> Any:
-        """A matplotlib figure of the sweep: each trial's median with its p10-p90 range, fastest
-        first; the default and the winner marked; the device by name in the title."""
-        try:
-            import matplotlib
+    def figure(self, top: int = 15) -> Any:
+        """A matplotlib figure that shows how the winner was chosen (``chart.figure``): the winner first,
+        each trial's sweep and confirmation-round spread, the noise band, a note per trial, a caption;
+        the ``top`` fastest of the trials that were not re-measured."""
+        from .chart import figure
 
-            matplotlib.use("Agg", force=False)
-            import matplotlib.pyplot as plt
-            from matplotlib.patches import Patch
-        except ModuleNotFoundError:
-            raise MissingExtraError("AutotuneResult.plot", "plot") from None
-        ranked = self.ranked()
-        if not ranked:
-            raise ValueError("AutotuneResult.plot: no successful trial to plot")
-        use_gflops = bool(self.flops)
-
-        def val(ns: float) -> float:
-            return self.flops / ns if use_gflops else ns / 1e6
-
-        mid = [val(t.median_ns) for t in ranked]
-        lo = [abs(m - val(t.p90_ns if use_gflops else t.p10_ns)) for t, m in zip(ranked, mid)]
-        hi = [abs(val(t.p10_ns if use_gflops else t.p90_ns) - m) for t, m in zip(ranked, mid)]
-        winner, default = self.winner, self.default
-        colors = ["tab:green" if t.config == winner else
-                  "tab:orange" if t.config == default else "tab:blue" for t in ranked]
-        labels = [t.config.label() + (" (winner)" if t.config == winner else "")
-                  + (" (default)" if t.config == default else "") for t in ranked]
-        fig, ax = plt.subplots(figsize=(8, max(2.5, 0.28 * len(ranked) + 1.4)))
-        ys = list(range(len(ranked)))
-        ax.barh(ys, mid, xerr=[lo, hi], color=colors, error_kw={"elinewidth": 0.8, "capsize": 2})
-        ax.set_yticks(ys, labels, fontsize=7)
-        ax.invert_yaxis()
-        ax.set_xlabel(("GFLOP/s at the median device time" if use_gflops else "median device time per launch (ms)")
-                      + ", bars p10-p90")
-        ax.legend(handles=[Patch(color="tab:green", label="winner"), Patch(color="tab:orange", label="default"),
-                           Patch(color="tab:blue", label="trial")], loc="lower right", fontsize=7)
-        fails = len(self.failures())
-        sub = (f"winner {winner.label()}, {self.speedup():.2f}x the default (confirmed)"
-               if winner is not None and self.real_win and self.speedup() else
-               "no real win over the default: default kept" if self.real_win is False else "")
-        ax.set_title(f"{self._title()}: {len(ranked)} ok, {fails} failed" + (f"\n{sub}" if sub else ""), fontsize=9)
-        fig.tight_layout()
-        return fig
+        return figure(self, top)
 
     def plot(self, path: str) -> str:
         """Save ``figure()`` to ``path`` (the format from its extension); returns the path. Drawn into
         ``path.partial`` and renamed: a chart that fails to draw leaves an earlier one as it was."""
-        fig = self.figure()
-        import matplotlib.pyplot as plt
+        from .chart import close
 
+        fig = self.figure()
         try:
             with create_output(partial_path(path)) as fh:
                 fig.savefig(fh, format=os.path.splitext(path)[1][1:].lower() or None)
         finally:
-            plt.close(fig)
+            close(fig)
         put_in_place(path)
         return path
 
@@ -326,7 +281,7 @@ class AutotuneResult:
             "flops": self.flops, "persisted": self.persisted, "evicted": self.evicted,
             "best_config": self.best_config.as_dict() if self.best_config is not None else None,
             "baseline": self.baseline.as_dict() if self.baseline is not None else None,
-            "real_win": self.real_win, "verdict": self.verdict,
+            "real_win": self.real_win, "verdict": self.verdict, "tolerance": self.tolerance,
             "measurements": [t.as_dict() for t in self.measurements],
             "confirmation": self.confirmation.as_dict() if self.confirmation is not None else None,
         }

@@ -215,7 +215,7 @@ class Autotuner:
                 evicted = self._evict(template, shape_key)
         result = AutotuneResult(best, tuple(runner.trials), name, self.limits.device_key, shape_key,
                                 flops, base, strategy, persisted, conf, real_win, verdict,
-                                self.limits.device_name, evicted)
+                                self.limits.device_name, evicted, self.tolerance)
         self._results[(_fn_key(kernel_fn), shape_key)] = result
         self._results[(_fn_key(kernel_fn), None)] = result
         return result
