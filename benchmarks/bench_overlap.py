@@ -4,9 +4,9 @@ Each step: ``forward`` (2 tiled GEMMs and a ReLU), ``backward`` (2 GEMMs), ``opt
 updates) inside a ``step`` region, ``cltrace.step()`` at its top, no ``finish`` inside the loop, so
 the host runs ahead of the device as real training does. Matrix sizes cover a launch-bound (256),
 a balanced (512-1024) and a GEMM-bound (2048) step on an H100 (this GEMM: ~20 TFLOPS there). Each variant
-(no regions, host-only regions, device regions on the queue) runs traced to ``.json`` + ``.pftrace`` from ``start()`` to
-the files closed (``projected``: regions on the queue projected from their commands instead of
-bracketed by markers), against the same loop untraced, alternating, and the table gives the median of
+(no regions, host-only regions, regions on the queue) runs traced to ``.json`` + ``.pftrace`` from ``start()`` to
+the files closed (``device``: regions on the queue with the defaults, projected from their commands now that
+tracing records every pyopencl command; ``markers``: bracketed by two markers; ``projected``: asked for), against the same loop untraced, alternating, and the table gives the median of
 the pairs' ratios. ``--probe`` times every call of the launching thread in one traced run of each
 variant and lists the calls that blocked (the evidence of where the host waits).
 
@@ -68,9 +68,11 @@ __kernel void sgd(__global float* w, __global const float* dw, const float lr) {
 }
 """
 
-MODES = ("none", "host", "device", "projected")
-# regions: none; host-only (no queue); on the queue, bracketed by two markers each (the default where pyopencl
-# is not instrumented); on the queue, projected from their commands (``cltrace.configure(regions="projected")``)
+MODES = ("none", "host", "device", "markers", "projected")
+# regions: none; host-only (no queue); on the queue with the defaults (``"auto"``: projected, since tracing
+# records every pyopencl command); on the queue bracketed by two markers each (``regions="markers"``); on the
+# queue, projected from their commands (``regions="projected"``)
+_REGIONS = {"markers": "markers", "projected": "projected"}
 
 
 class Mlp:
@@ -99,7 +101,7 @@ class Mlp:
 
     def step(self, mode: str) -> None:
         n, q = self.n, self.q
-        rq = q if mode in ("device", "projected") else None
+        rq = q if mode in ("device", "markers", "projected") else None
         region = None if mode == "none" else cltrace.region
         row, col = self.row, self.col
 
@@ -144,7 +146,7 @@ def untraced(m: Mlp, steps: int, mode: str) -> float:
 def traced(m: Mlp, steps: int, mode: str, tmp: str) -> float:
     """Seconds from ``start()`` to both files closed."""
     RECORDER.clear()
-    cltrace.configure(regions="projected" if mode == "projected" else "auto")
+    cltrace.configure(regions=_REGIONS.get(mode, "auto"))
     paths = [os.path.join(tmp, f"overlap.{ext}") for ext in ("json", "pftrace")]
     t0 = time.perf_counter()
     cltrace.start(*paths, quiet=True)
@@ -206,7 +208,7 @@ def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool =
     cltrace.timing_region = timed_region(cltrace.timing_region)  # type: ignore[assignment]
     cltrace.step = timed("step()", cltrace.step)  # type: ignore[assignment]
     RECORDER.clear()
-    cltrace.configure(regions="projected" if mode == "projected" else "auto")
+    cltrace.configure(regions=_REGIONS.get(mode, "auto"))
     before = stamps.reaper_stats() or {}
     t0 = perf()
     try:
