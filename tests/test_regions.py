@@ -284,8 +284,9 @@ def test_a_projected_region_spans_its_commands(tmp_path, cl_ctx, queue, kernels,
     add_fwd, add_step, add_other = by["add"]
     assert step.dev_start == spin_q.dev_start  # its first command, launched in a host-only child
     assert step.dev_end == add_step.dev_end  # its last command on the queue, launched outside any child
-    assert (fwd.dev_start, fwd.dev_end) == (add_fwd.dev_start, add_fwd.dev_end)  # the other queue's spin not in it
-    assert spin_other.dev_end > fwd.dev_end or spin_other.dev_start < fwd.dev_start
+    # exactly its one command on the queue: the other queue's spin did not widen it (where that spin ran, beside
+    # it on a CPU device or not, is the device's business)
+    assert (fwd.dev_start, fwd.dev_end) == (add_fwd.dev_start, add_fwd.dev_end) and spin_other.dev_start is not None
     assert by["idle"][0].dev_start is None and by["idle"][0].source == "host"
     elsewhere = by["elsewhere"][0]  # its thread's last command went to another queue: one marker ends it
     assert elsewhere.source == "device" and elsewhere.dev_start >= add_step.dev_end

@@ -62,6 +62,7 @@ _warned = False
 # True while the hooks are installed: code that records its own pyopencl calls (cltrace.launch,
 # record_launch around enqueue_copy) can read it to avoid a second span per command.
 ACTIVE = False
+_asked = False  # instrument() was called by the user or cltrace run (not only by a session): it outlives sessions
 
 NO_PROFILING = "unavailable: queue without PROFILING_ENABLE"
 
@@ -487,11 +488,17 @@ def _hooks() -> list[tuple[Any, str, Any]]:
     ]
 
 
-def instrument() -> None:
-    """Hook pyopencl so work issued through it is traced (while tracing is on). Idempotent."""
+def instrument(*, for_session: bool = False) -> None:
+    """Hook pyopencl so work issued through it is traced (while tracing is on). Idempotent.
+    ``for_session``: installed by ``start()`` for its session only (``"auto"`` regions keep markers)."""
     global _warned, ACTIVE
+    global _asked
     with _lock:
+        if not for_session:
+            _asked = True
         if _saved:
+            if not for_session:  # the user asks for what a session installed: it stays, and projects
+                update_region_mode(hooks_project=True)
             return
         _warned = False
         _set_originals(_cl.enqueue_nd_range_kernel, cl.enqueue_copy, cl.enqueue_fill_buffer,
@@ -507,7 +514,7 @@ def instrument() -> None:
             _saved.append((cmd.owner, cmd.attr, cmd.attr in vars(cmd.owner), original))
             setattr(cmd.owner, cmd.attr, command_hook(original, cmd))
         ACTIVE = _state.INSTRUMENTED = True
-        update_region_mode()
+        update_region_mode(hooks_project=not for_session)
 
 
 def _set_originals(ndrange: Any, copy: Any, fill: Any, build: Any, queue: Any) -> None:
@@ -522,8 +529,9 @@ def _set_waits(finish: Any, wait: Any, wait_events: Any) -> None:
 
 def uninstrument() -> None:
     """Put back every pyopencl attribute ``instrument()`` replaced (the very same objects)."""
-    global ACTIVE
+    global ACTIVE, _asked
     with _lock:
+        _asked = False
         ACTIVE = _state.INSTRUMENTED = False
         update_region_mode()
         while _saved:
@@ -537,3 +545,8 @@ def uninstrument() -> None:
 def instrumented() -> bool:
     """Whether the hooks are installed."""
     return ACTIVE
+
+
+def asked() -> bool:
+    """Whether ``instrument()`` was called for more than a session (the user, ``cltrace run``)."""
+    return _asked

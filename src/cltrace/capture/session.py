@@ -216,7 +216,7 @@ def _hook_pyopencl() -> None:
     The hooks read the tracing flag first: outside a session they are taken off, and cost nothing."""
     global _hooked_here
     if _record_pyopencl and not _instrument.instrumented():
-        _instrument.instrument()
+        _instrument.instrument(for_session=True)
         _hooked_here = True
 
 
@@ -224,7 +224,8 @@ def _unhook_pyopencl() -> None:
     global _hooked_here
     if _hooked_here:
         _hooked_here = False
-        _instrument.uninstrument()
+        if not _instrument.asked():
+            _instrument.uninstrument()
 
 
 _env_paths: set[str] = set()  # the files CLTRACE=1 asked for (absolute), while its session writes them
