@@ -5,8 +5,8 @@ updates) inside a ``step`` region, ``cltrace.step()`` at its top, no ``finish`` 
 the host runs ahead of the device as real training does. Matrix sizes cover a launch-bound (256),
 a balanced (512-1024) and a GEMM-bound (2048) step on an H100 (this GEMM: ~20 TFLOPS there). Each variant
 (no regions, host-only regions, regions on the queue) runs traced to ``.json`` + ``.pftrace`` from ``start()`` to
-the files closed (``device``: regions on the queue with the defaults, projected from their commands now that
-tracing records every pyopencl command; ``markers``: bracketed by two markers; ``projected``: asked for), against the same loop untraced, alternating, and the table gives the median of
+the files closed (``device``: regions on the queue with the defaults, ``"auto"``; ``markers``: bracketed by two
+markers; ``projected``: projected from their commands), against the same loop untraced, alternating, and the table gives the median of
 the pairs' ratios. ``--probe`` times every call of the launching thread in one traced run of each
 variant and lists the calls that blocked (the evidence of where the host waits).
 
@@ -69,9 +69,8 @@ __kernel void sgd(__global float* w, __global const float* dw, const float lr) {
 """
 
 MODES = ("none", "host", "device", "markers", "projected")
-# regions: none; host-only (no queue); on the queue with the defaults (``"auto"``: projected, since tracing
-# records every pyopencl command); on the queue bracketed by two markers each (``regions="markers"``); on the
-# queue, projected from their commands (``regions="projected"``)
+# regions: none; host-only (no queue); on the queue with the defaults (``"auto"``); on the queue bracketed by
+# two markers each (``regions="markers"``); on the queue, projected from their commands (``regions="projected"``)
 _REGIONS = {"markers": "markers", "projected": "projected"}
 
 
