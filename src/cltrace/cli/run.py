@@ -62,14 +62,14 @@ def _print_exception(exc: BaseException, script: str) -> None:
     sys.stderr.flush()
 
 
-_INTERRUPTED: set[bool] = set()  # {True} once the script ended by KeyboardInterrupt: the command dies by SIGINT
+_interrupted = False  # the script ended by KeyboardInterrupt: the command dies by SIGINT, as python does
 
 
 def _die_if_interrupted() -> None:
     """Registered before the program's exit handlers and the merge, so it runs after them: like
     ``python`` after an uncaught KeyboardInterrupt, end by SIGINT (status -2 to a parent, 130 in a
     shell), not by ``exit(130)``."""
-    if _INTERRUPTED:
+    if _interrupted:
         sys.stdout.flush()
         sys.stderr.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -146,6 +146,7 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
     process has exited as ``python`` would (threads joined, the program's atexit handlers run, its
     pools and executors shut down by their own exit code): cltrace never ends the program's children.
     """
+    global _interrupted
     script = os.fspath(script)
     if module:
         try:
@@ -201,7 +202,7 @@ def run_script(script: str, argv: Sequence[str] = (), outputs: Sequence[str] = (
         except KeyboardInterrupt as exc:
             _print_exception(exc, full)
             status = 130
-            _INTERRUPTED.add(True)
+            _interrupted = True
         except BaseException as exc:
             _print_exception(exc, full)
             status = 1
