@@ -265,3 +265,18 @@ def test_a_later_trace_starts_from_the_live_level(ctx: Any, instrumented: None, 
     assert [v for _, v in load(second)[1]["memory_samples"][label(ctx)]] == [MiB, 3 * MiB]
     assert [v for _, v in load(late)[1]["memory_samples"][label(ctx)]] == [MiB, 2 * MiB, MiB, 3 * MiB]
     del kept, more
+
+
+def test_sinks_of_one_start_begin_from_one_sample(ctx: Any, tmp_path: Path) -> None:
+    """Two files of one run say the same thing: the level memory starts from is one sample, not one
+    per sink taken a few microseconds apart (CI once saw a packed and a plain pftrace disagree)."""
+    from cltrace.export.perfetto import PerfettoTraceSink
+
+    with cltrace.trace():
+        held = cl.Buffer(ctx, RW, 4096)  # alive when the next run starts
+    packed, plain = tmp_path / "a.pftrace", tmp_path / "b.pftrace"
+    with cltrace.trace(PerfettoTraceSink(packed), PerfettoTraceSink(plain, compress=False)):
+        cl.Buffer(ctx, RW, 1024).release()
+    a, b = (load(p)[1]["memory_samples"][label(ctx)] for p in (packed, plain))
+    assert a == b and [v for _, v in a] == [4096, 5120, 4096]
+    del held

@@ -64,6 +64,7 @@ class Ledger:
         self._events: collections.deque = collections.deque()
         self._serials = itertools.count(1)
         self._lock = threading.RLock()
+        self._opened: Any = None  # (position, level, first samples) of the last open()
         self._labels: dict[int, tuple[int, str, list[str]]] = {}  # context handle -> (key, label, devices)
         self.contexts: dict[int, ContextMemory] = {}  # context key -> figures
         self.live: dict[int, tuple[int, int, str, Any, int]] = {}  # serial -> (context key, bytes, kind, site, t)
@@ -156,9 +157,15 @@ class Ledger:
         with self._lock:
             if self._replay:
                 return (self.generation, 0), []
+            position = (self.generation, len(self._t))
+            level = [(k, c.live) for k, c in self.contexts.items() if c.live]
+            last = self._opened
+            if last is not None and last[0] == position and last[1] == level:
+                return position, list(last[2])  # sinks of one start begin from one sample
             now = perf_ns()
-            return ((self.generation, len(self._t)),
-                    [(now, k, c.live) for k, c in self.contexts.items() if c.live])
+            first = [(now, k, live) for k, live in level]
+            self._opened = (position, level, first)
+            return position, first
 
     @contextlib.contextmanager
     def replay(self) -> Iterator[None]:
