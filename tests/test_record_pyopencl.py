@@ -32,7 +32,7 @@ def test_plain_pyopencl_inside_trace_is_recorded_and_put_back_at_stop(cl_ctx: An
     originals = (_cl.enqueue_nd_range_kernel, cl.enqueue_copy, cl.CommandQueue, _cl.CommandQueue.finish)
     host = np.ones(1024, np.float32)
     with cltrace.trace():
-        assert instrumented() and regions.region_mode() == "auto (markers)"  # see the README: not yet projected
+        assert instrumented() and regions.region_mode() == "auto (projected)"
         q = cl.CommandQueue(cl_ctx)  # made while tracing: profiling on
         assert q.properties & cl.command_queue_properties.PROFILING_ENABLE
         cl.enqueue_copy(q, buf, host)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -310,3 +311,35 @@ def test_regions_project_by_default_only_where_every_enqueue_is_traced(queue, re
     assert regions.region_mode() == "auto (markers)"
     with pytest.raises(ValueError, match="auto, projected, markers"):
         cltrace.configure(regions="nvtx")
+
+
+def test_a_region_resolves_after_every_earlier_record_of_its_thread(tmp_path, cl_ctx, queue, kernels, region_mode,
+                                                                    chrome):
+    """A projected region's device span is widened from its children's. Resolved before a child whose command
+    completed later (on another queue here; on one queue, read a moment before the region's own last command
+    was), the child's extent came too late and an outer region on the child's track began after the child:
+    CI saw this once with four threads sharing a queue. A region waits for every earlier record of its thread."""
+    import pyopencl as cl
+
+    other = cltrace.profiling_queue(cl_ctx)
+    gate = cl.UserEvent(cl_ctx)
+    region_mode("projected")
+    path = tmp_path / "gate.json"
+    with cltrace.trace(path, quiet=True):
+        with cltrace.region("outer", queue):
+            with cltrace.region("inner", other):
+                gated = kernels.kernel("add")
+                gated.set_args(kernels.a, kernels.b)
+                cl.enqueue_nd_range_kernel(queue, gated, (kernels.n,), None, wait_for=[gate])
+                kernels.launch_add(other)
+        other.finish()
+        for _ in range(500):  # until inner's last command reads complete (its gated sibling cannot)
+            RECORDER.flush(block=False)
+            if not [r for r in RECORDER.resolver.waiting + list(RECORDER.pending) if r[1] == "add" and r[8] is other]:
+                break
+            time.sleep(0.01)
+        gate.set_status(cl.command_execution_status.COMPLETE)
+        queue.finish()
+    tr = chrome.read(path)
+    assert tr.children_outside_parents() == []
+    assert len(RECORDER.resolver._extents) == 0  # no child's extent left behind for a region already resolved

@@ -490,15 +490,14 @@ def _hooks() -> list[tuple[Any, str, Any]]:
 
 def instrument(*, for_session: bool = False) -> None:
     """Hook pyopencl so work issued through it is traced (while tracing is on). Idempotent.
-    ``for_session``: installed by ``start()`` for its session only (``"auto"`` regions keep markers)."""
+    ``for_session``: installed by ``start()`` for its session only (taken off at its ``stop()`` unless
+    ``instrument()`` was called for more meanwhile)."""
     global _warned, ACTIVE
     global _asked
     with _lock:
         if not for_session:
             _asked = True
         if _saved:
-            if not for_session:  # the user asks for what a session installed: it stays, and projects
-                update_region_mode(hooks_project=True)
             return
         _warned = False
         _set_originals(_cl.enqueue_nd_range_kernel, cl.enqueue_copy, cl.enqueue_fill_buffer,
@@ -514,7 +513,7 @@ def instrument(*, for_session: bool = False) -> None:
             _saved.append((cmd.owner, cmd.attr, cmd.attr in vars(cmd.owner), original))
             setattr(cmd.owner, cmd.attr, command_hook(original, cmd))
         ACTIVE = _state.INSTRUMENTED = True
-        update_region_mode(hooks_project=not for_session)
+        update_region_mode()
 
 
 def _set_originals(ndrange: Any, copy: Any, fill: Any, build: Any, queue: Any) -> None:

@@ -339,18 +339,9 @@ def set_region_mode(mode: str) -> None:
     update_region_mode()
 
 
-_hooks_project = True  # the hooks were installed by instrument()/cltrace run (not only for a trace() session)
-
-
-def update_region_mode(hooks_project: bool | None = None) -> None:
-    """Recompute ``_state.PROJECT_REGIONS`` (the mode was set, or pyopencl's hooks came or went).
-    ``hooks_project``: whether hooks installed now make ``"auto"`` project (``instrument()``, ``cltrace
-    run``: yes; the hooks a ``trace()`` session installs for itself: not yet, see the README)."""
-    global _hooks_project
-    if hooks_project is not None:
-        _hooks_project = hooks_project
-    _state.PROJECT_REGIONS = _region_mode == "projected" or (
-        _region_mode == "auto" and _state.INSTRUMENTED and _hooks_project)
+def update_region_mode() -> None:
+    """Recompute ``_state.PROJECT_REGIONS`` (the mode was set, or pyopencl's hooks came or went)."""
+    _state.PROJECT_REGIONS = _region_mode == "projected" or (_region_mode == "auto" and _state.INSTRUMENTED)
 
 
 def region_mode() -> str:

@@ -107,6 +107,7 @@ class Resolver:
         pending, tickets, devices = st.settle(ints, hs, status, raw, failed)
         if pending:
             pending_rows = status > 0
+            self._hold_regions(ints, pending_rows)
             self.waiting = list(compress(todo, pending_rows))
             keep = ~pending_rows
             todo = list(compress(todo, keep))
@@ -121,6 +122,23 @@ class Resolver:
         if self._tail is not None:
             return tail.columns(self, self._tail, todo, ints, status, raw)
         return self._columns(todo, ints, (ints[stamps.C_FLAGS] & stamps.F_DEV) != 0, status, raw)
+
+    def _hold_regions(self, ints: np.ndarray, pending_rows: np.ndarray) -> None:
+        """Keep waiting (in place) every region behind a waiting record of its own thread. A region is widened
+        to its children's device extents, and its children are the thread's records before it: resolved first,
+        it would miss a child whose command completed later (on another queue, or read a moment before the
+        region's own last command was), and an outer region on that child's track would begin after it."""
+        waiting = np.flatnonzero(pending_rows)
+        threads = ints[stamps.C_THREAD]
+        lut = self._region_lut  # its last entry (False) stands for every category beyond the regions'
+        regions = np.flatnonzero(lut[np.minimum(ints[stamps.C_CAT], len(lut) - 1)] & ~pending_rows)
+        if not len(regions):
+            return
+        keys, first = np.unique(threads[waiting], return_index=True)  # each thread's first waiting record
+        first = waiting[first]
+        mine = threads[regions]
+        at = np.minimum(np.searchsorted(keys, mine), len(keys) - 1)
+        pending_rows[regions[(keys[at] == mine) & (first[at] < regions)]] = True
 
     @staticmethod
     def _done(hs: np.ndarray) -> None:
