@@ -351,3 +351,37 @@ def test_bad_schedule_input_is_one_line_and_exit_2(tmp_path: Path, args: list[st
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cltrace: error:") and says in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("mode", ["projected", "markers"])
+def test_a_step_on_a_queue_is_projected_like_a_region(mode: str, kernels: Any, queue: Any) -> None:
+    """Projected, ``step(queue)`` enqueues nothing of its own (a marker is a command: ~10 µs of a
+    training step's host time on NVIDIA's driver): its device span runs from its first command's START to
+    its last's END, exactly; a step that launched nothing has a host span only. With markers it brackets
+    its commands."""
+    from cltrace.record import regions
+    from cltrace.record.recorder import RECORDER
+
+    regions.set_region_mode(mode)
+    try:
+        with cltrace.trace(quiet=True, schedule=cltrace.schedule(wait=0, warmup=0, active=3, repeat=1)):
+            for i in cltrace.steps(range(3), queue):
+                if i < 2:
+                    kernels.launch_spin(queue, 200)
+                    with cltrace.region("work", queue):
+                        kernels.launch_add(queue)
+            queue.finish()
+    finally:
+        regions.set_region_mode("auto")
+    spans = RECORDER.spans()
+    steps = sorted((s for s in spans if s.cat == "step"), key=lambda s: s.host_begin)
+    cmds = sorted((s for s in spans if s.cat == "kernel"), key=lambda s: s.host_begin)
+    assert len(steps) == 3 and len(cmds) == 4
+    for k, step in enumerate(steps[:2]):
+        spin, add = cmds[2 * k], cmds[2 * k + 1]
+        if mode == "projected":
+            assert (step.dev_start, step.dev_end) == (spin.dev_start, add.dev_end)
+        else:
+            assert step.dev_start <= spin.dev_start and step.dev_end >= add.dev_end
+    if mode == "projected":
+        assert steps[2].dev_start is None and steps[2].source == "host"

@@ -4,7 +4,9 @@ Opened and closed once per step (never on a launch or region's path). The step g
 of the calling thread's region stack with the path ``("step",)`` and parent 0, whatever is
 open beneath it: it is always a root, and every step's children add up under one path
 (``step/forward``) in the reports. With a queue (given, or the active one of
-``cltrace.set_queue``) it also gets a device span bracketed by two markers, as a region does.
+``cltrace.set_queue``) it also gets a device span, as a region does: projected from the commands the
+thread launched during the step (no command of its own) while regions are projected, else bracketed by
+two markers.
 """
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from ..errors import ProfilingNotEnabledError
 from . import queues as _queues
 from .queues import has_profiling
 from .recorder import RECORDER, new_id
-from .regions import _tls
+from .regions import _OUT_OF_ORDER, _projected, _tls
+from .. import _state
 from ..timeline.spans import STEP
 
 PATH = (STEP,)
@@ -28,7 +31,7 @@ _perf = time.perf_counter_ns
 class OpenStep:
     """A step begun and not yet ended: what its record needs at the end."""
 
-    __slots__ = ("name", "span_id", "begin_ns", "attrs", "_stack", "_queue", "_ev0")
+    __slots__ = ("name", "span_id", "begin_ns", "attrs", "_stack", "_queue", "_ev0", "_project")
 
     def __init__(self, number: int, attrs: dict[str, Any] | None, queue: Any = None) -> None:
         self.name = f"step {number}"
@@ -39,22 +42,32 @@ class OpenStep:
         if queue is not None and not has_profiling(queue):
             raise ProfilingNotEnabledError(f"cltrace.step on {self.name}")
         self._queue = queue
+        # as a region's (regions._projects): an in-order queue while regions are projected
+        self._project = project = (queue is not None and _state.PROJECT_REGIONS
+                                   and not queue.properties & _OUT_OF_ORDER)
         self.span_id = sid = new_id()
         st.append((sid, PATH))
         self.begin_ns = _perf()
-        self._ev0 = None if self._queue is None else cl.enqueue_marker(self._queue)
+        # projected: the thread's last command so far marks where the step's own commands begin
+        self._ev0 = None if queue is None else st.last_ev if project else cl.enqueue_marker(queue)
 
     def end(self) -> int:
         """Close the step and record its span; returns its host end."""
-        q = self._queue
-        ev1 = None if q is None else cl.enqueue_marker(q)
-        end = _perf()
+        q, e0, ev1 = self._queue, self._ev0, None
         st = self._stack
+        if q is not None:
+            if self._project:
+                e0, q = _projected(st, q, e0)
+            else:
+                ev1 = cl.enqueue_marker(q)
+        end = _perf()
         sid = self.span_id
         if st and st[-1][0] == sid:
             st.pop()
         else:  # a region opened before the step is still open beneath it, or the step outlived one
             st[:] = [e for e in st if e[0] != sid]
-        RECORDER.push((STEP, self.name, sid, 0, PATH, st.key, self.begin_ns, end, q, self._ev0, ev1,
+        if not st and self._project:  # the thread's last command is no region's end now
+            st.last_q = st.last_ev = None
+        RECORDER.push((STEP, self.name, sid, 0, PATH, st.key, self.begin_ns, end, q, e0, ev1,
                        self.attrs, None, None, capture()))
         return end
