@@ -1,4 +1,4 @@
-"""``cltrace run`` exits as ``python`` does for programs with process pools (issue 28): multiprocessing
+"""``cltrace run`` exits as ``python`` does for programs with process pools: multiprocessing
 pools with fork, spawn and forkserver, closed, terminated or left open; ProcessPoolExecutor; a
 data loader that owns a pool and never closes it; subprocess running Python; and a child that never
 finishes its trace, which costs the parent a bounded wait and one line, never a hang.
@@ -25,7 +25,7 @@ import pytest
 from cltrace.cli.run import CHILD_WAIT_S
 from cltrace.read import load
 
-MARGIN_S = 3.0  # cltrace run's wall time may exceed python's by this much (issue 28)
+MARGIN_S = 3.0  # cltrace run's wall time may exceed python's by this much
 TIMEOUT_S = 120  # a hang fails the test instead of holding the suite
 
 # Imported by every worker: launches the kernel ``k`` n times on its own context, returns (pid, n).
