@@ -1,6 +1,6 @@
 """What recording call sites costs: a traced launch, copy and region with and without them, per path.
 
-Hot path, per call, tracing on (``bench_core.py``'s method: contenders alternate, best of
+Hot path, per call, tracing on (contenders alternate, best of
 ``--repeat`` rounds; the queue is drained and the recorder's deque emptied between rounds, so no
 back-pressure wait lands in a round). Rounds are short and many: on a machine whose few cores also
 run the CPU device and other work, the best of many short rounds is what the code costs. "no sites"
@@ -31,23 +31,40 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
 import tempfile
 import time
+import timeit
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyopencl as cl
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_core import best_per_call, fmt_time  # noqa: E402  the same method
+import cltrace
+from cltrace.record import callsite, regions
+from cltrace.record.recorder import RECORDER, R_SITE
+from cltrace.export.chrome import ChromeTraceSink
+from cltrace.export.perfetto import PerfettoTraceSink
+from cltrace.timeline.batch import Tables
 
-import cltrace  # noqa: E402
-from cltrace.record import callsite, regions  # noqa: E402
-from cltrace.record.recorder import RECORDER, R_SITE  # noqa: E402
-from cltrace.export.chrome import ChromeTraceSink  # noqa: E402
-from cltrace.export.perfetto import PerfettoTraceSink  # noqa: E402
-from cltrace.timeline.batch import Tables  # noqa: E402
+
+def best_per_call(fns: dict[str, Callable[[], Any]], number: int, repeat: int,
+                  between: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Seconds per call of each fn: the best of ``repeat`` rounds, contenders alternating."""
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            between()
+            best[k] = min(best[k], timeit.timeit(fn, number=number) / number)
+    between()
+    return best
+
+
+def fmt_time(s: float) -> str:
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    if s >= 1e-6:
+        return f"{s * 1e6:.2f} us"
+    return f"{s * 1e9:.0f} ns"
 from cltrace.timeline.resolve import Resolver  # noqa: E402
 
 SOURCE = "__kernel void add(__global float *a, __global const float *b) { int i = get_global_id(0); a[i] += b[i]; }"

@@ -41,7 +41,8 @@ _MS = tuple(f"{i:03d}" for i in range(1000))
 
 
 class PerSpanSink(ChromeTraceSink):
-    """The writer before batch encoders: its ``write`` loop and text caches, verbatim."""
+    """The writer before batch encoders: its ``write`` loop and text caches, verbatim but for the flows' category
+    (now the slice's own, as the product writes it, so the event lines still compare equal)."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path)
@@ -134,15 +135,15 @@ class PerSpanSink(ChromeTraceSink):
                     packed += 1
                 else:
                     app(f'{xh}{hh}{ts},"dur":{dur},"args":{args}}},\n{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
-                        f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},{hh}{ts}}},\n'
-                        f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},{dh}{dts}}},')
+                        f'{{"ph":"s","cat":"{cat}","name":"launch","id":{sid},{hh}{ts}}},\n'
+                        f'{{"ph":"f","bp":"e","cat":"{cat}","name":"launch","id":{sid},{dh}{dts}}},')
                     packed += 3
             elif cat in region_cats:
                 app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},')
             else:
                 app(f'{lead}{xh}{dh}{dts},"dur":{ddur},"args":{args}}},\n'
-                    f'{{"ph":"s","cat":"launch","name":"launch","id":{sid},{hh}{ts}}},\n'
-                    f'{{"ph":"f","bp":"e","cat":"launch","name":"launch","id":{sid},{dh}{dts}}},')
+                    f'{{"ph":"s","cat":"{cat}","name":"launch","id":{sid},{hh}{ts}}},\n'
+                    f'{{"ph":"f","bp":"e","cat":"{cat}","name":"launch","id":{sid},{dh}{dts}}},')
                 packed += 2
         self.events_written += packed
         if out:
@@ -191,7 +192,7 @@ def workload(n: int) -> tuple[Any, list[SpanBatch]]:
         j = (i // 4) % 3
         row = (i + 1, 0 if step else region_id, name_id["step" if step else kernels[j]],
                cat_id["region" if step else "kernel"], threads[k], t, t + hd, queues[k], dq, dq + 500, ds, ds + dd,
-               ds + 7_777_000_000, ds + dd + 7_777_000_000, 0, path_id)
+               ds + 7_777_000_000, ds + dd + 7_777_000_000, 0, path_id, -1)  # -1: no call site
         for c, v in zip(NAMES, row):
             rows[c].append(v)
         attrs.append(None if step else configs[j])

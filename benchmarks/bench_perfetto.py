@@ -144,7 +144,7 @@ def compressors(path: str, spans: int, repeat: int) -> dict[str, tuple[float, fl
     """ns and bytes per span of each compressor on a file's packets (expanded), in chunks as the sink packs them."""
     from cltrace.read.inflate import expand
 
-    data = expand(open(path, "rb").read())
+    data = expand(open(path, "rb").read()).data
     chunk = PerfettoTraceSink.CHUNK
     pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)]
     runs = {"zlib level 1 (python path)": compress.python_zlib}

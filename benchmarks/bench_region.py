@@ -1,7 +1,7 @@
 """An enabled region's cost: the C region, the Python fallback and one OpenTelemetry SDK span, side by side.
 
 Rows (``with cltrace.timing_region("x"): pass`` with tracing on, hot path only, measured as
-``bench_core.py`` measures it: contenders alternate, best of ``--repeat`` rounds, the recorder's
+``bench_core.py`` measures it (its helpers copied here): contenders alternate, best of ``--repeat`` rounds, the recorder's
 deque emptied between rounds):
 
   native region      the C ``__enter__``/``__exit__`` (``cltrace.record._region``)
@@ -21,16 +21,54 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import sys
-from typing import Callable, Iterator
+import timeit
+from typing import Any, Callable, Iterator
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_core import best_per_call, fmt_time, otel_tracers  # noqa: E402  the same method
+from opentelemetry import trace as otel_trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-import cltrace  # noqa: E402
-from opentelemetry import trace as otel_trace  # noqa: E402
-from cltrace.record import otel_context, regions  # noqa: E402
-from cltrace.record.recorder import RECORDER  # noqa: E402
+import cltrace
+from cltrace.record import otel_context, regions
+from cltrace.record.recorder import RECORDER
+
+
+def best_per_call(fns: dict[str, Callable[[], Any]], number: int, repeat: int,
+                  between: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Seconds per call of each fn: the best of ``repeat`` rounds, contenders alternating."""
+    best = {k: float("inf") for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            between()
+            best[k] = min(best[k], timeit.timeit(fn, number=number) / number)
+    between()
+    return best
+
+
+def fmt_time(s: float) -> str:
+    if s >= 1e-3:
+        return f"{s * 1e3:.2f} ms"
+    if s >= 1e-6:
+        return f"{s * 1e6:.2f} us"
+    return f"{s * 1e9:.0f} ns"
+
+
+def otel_tracers() -> tuple[Any, Any, Callable[[], None]]:
+    """OpenTelemetry SDK tracers with SimpleSpanProcessor and BatchSpanProcessor into memory, and a clear."""
+    simple = TracerProvider()
+    simple_exp = InMemorySpanExporter()
+    simple.add_span_processor(SimpleSpanProcessor(simple_exp))
+    batch = TracerProvider()
+    batch_exp = InMemorySpanExporter()
+    batch.add_span_processor(BatchSpanProcessor(batch_exp))
+
+    def clear() -> None:
+        simple_exp.clear()
+        batch.force_flush()
+        batch_exp.clear()
+
+    return simple.get_tracer("bench"), batch.get_tracer("bench"), clear
 
 
 @contextlib.contextmanager

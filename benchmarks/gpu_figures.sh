@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of the closing notes, in one go, on a machine with NVIDIA GPUs and Python but no
 # pyopencl (the lent H200 hosts): wheels carried in .whl/, the C extensions built there.
-#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup harvest diag sweep breakdown fprofile devices pipeline reaper noreaper probes fallback stamps profile clock multi tune perfetto read
+#   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup devices pipeline noreaper fallback diag sweep stamps clock multi tune perfetto read
 set -uo pipefail
 out=${1:?OUTDIR}; shift
 steps=${*:-setup devices pipeline perfetto read fallback clock multi tune}
@@ -17,30 +17,16 @@ for step in $steps; do
       python3 setup.py -q build_ext --inplace 2>&1 | tail -3 ;;
     devices) python3 -m cltrace devices --samples 16 ;;
     pipeline) python3 benchmarks/bench_pipeline.py --launches 200000 --rounds 3 --capacity-spans 200000 --stall-s 1 2>&1 | tee "$out/pipeline.txt" ;;
-    harvest)
-      python3 benchmarks/harvest_probe.py --launches 100000 --rounds 3 2>&1 | tee "$out/harvest.txt"
-      for f in 4 0; do python3 benchmarks/harvest_probe.py --launches 100000 --rounds 3 --finish-every $f 2>&1 | tail -16; done | tee -a "$out/harvest.txt" ;;
-    reaper) python3 benchmarks/reaper_probe.py --launches 100000 --rounds 3 2>&1 | tee "$out/reaper.txt" ;;
     noreaper) CLTRACE_REAPER=0 python3 benchmarks/bench_pipeline.py --launches 200000 --rounds 3 --capacity-spans 200000 --stall-s 1 2>&1 | tee "$out/pipeline-noreaper.txt" ;;
-    probes)
-      for r in 1 0; do
-        echo "--- CLTRACE_REAPER=$r"
-        CLTRACE_REAPER=$r python3 benchmarks/worker_probe.py 2>&1 | tail -15
-        CLTRACE_REAPER=$r python3 benchmarks/stall_where.py --threads 2 --quiet 2>&1 | tail -12
-      done 2>&1 | tee "$out/probes.txt" ;;
     fallback) CLTRACE_NATIVE=0 python3 benchmarks/bench_pipeline.py --launches 100000 --rounds 2 --capacity-spans 100000 --stall-s 1 --stall-trials 3 2>&1 | tee "$out/pipeline-fallback.txt" ;;
     stamps) python3 benchmarks/bench_stamps.py 2>&1 | tail -20 | tee "$out/stamps.txt" ;;
-    profile) python3 benchmarks/profile_pipeline.py --spans 200000 --top 15 2>&1 | tee "$out/profile.txt" ;;
     clock) python3 benchmarks/clock_proof.py --seconds 10 --launches 2000 2>&1 | tail -8 | tee "$out/clock.txt" ;;
     multi) python3 benchmarks/multi_gpu_proof.py "$out/mgpu" 2>&1 | tail -40 | tee "$out/multi.txt" ;;
     diag)
-      python3 benchmarks/stall_where.py --threads 2 --after-ms 100 > "$out/stall_where.txt" 2>&1; tail -3 "$out/stall_where.txt"
       for sw in default 0.5; do
         python3 benchmarks/bench_pipeline.py --only e2e,stall --launches 200000 --rounds 2 --stall-s 1 \
           $([ $sw = default ] || echo --switch-ms $sw) 2>&1 | tail -4 | tee -a "$out/diag.txt"
       done ;;
-    breakdown) python3 benchmarks/e2e_breakdown.py --launches 100000 --rounds 3 2>&1 | tail -60 | tee "$out/breakdown.txt" ;;
-    fprofile) CLTRACE_NATIVE=0 python3 benchmarks/profile_pipeline.py --spans 50000 --top 12 2>&1 | tee "$out/profile-fallback.txt" ;;
     sweep)
       for sw in 0 0.1 0.25 0.5 1; do
         echo "--- CLTRACE_SWITCH_MS=$sw"

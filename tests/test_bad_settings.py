@@ -42,7 +42,7 @@ def cltrace(tmp_path: Any, *args: str, **env: str) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=300)
 
 
-# ---- item 9: import-time settings -------------------------------------------------------------
+# ---- import-time settings -------------------------------------------------------------
 
 @pytest.mark.parametrize("setting, says", [
     ({"CLTRACE_OUT": "trace.txt"}, ["CLTRACE_OUT", "trace.txt", ".json"]),
@@ -72,7 +72,7 @@ def test_a_bad_output_beside_a_good_one_costs_only_itself(tmp_path: Any) -> None
     assert "r" in [e["name"] for e in json.loads((tmp_path / "good.json").read_text()) if e.get("ph") == "X"]
 
 
-# ---- item 13: where the files are ------------------------------------------------------------
+# ---- where the files are ------------------------------------------------------------
 
 def test_cltrace_1_without_out_writes_a_default_file_and_says_where(tmp_path: Any) -> None:
     p = python(tmp_path, PROGRAM, CLTRACE="1")

@@ -1,4 +1,4 @@
-"""The core install works alone and each extra's feature names its extra (issue 32, item 18).
+"""The core install works alone and each extra's feature names its extra.
 
 Each test runs cltrace in a subprocess whose imports of the extras' modules really fail: a
 ``sys.meta_path`` finder raises ModuleNotFoundError for them, as a venv without the extra does (no

@@ -134,3 +134,38 @@ def test_import_cltrace_loads_neither_opentelemetry_nor_perfetto() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CLTRACE", "OTEL_"))}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+LOADERS = {"import_module", "__import__", "run_path", "run_module", "spec_from_file_location"}
+
+
+def _names_loaded(path: Path) -> set[str]:
+    """The top-level names a script imports, also inside functions, and the string literals it hands to
+    a loader (importlib, runpy); a relative import counts as its dotted name."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            found.add((node.module or "").split(".")[0] if not node.level else "." * node.level + (node.module or ""))
+            if node.level:
+                found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if name in LOADERS:
+                found.update(Path(a.value).stem for a in node.args
+                             if isinstance(a, ast.Constant) and isinstance(a.value, str))
+    return found
+
+
+def test_no_benchmark_imports_another() -> None:
+    """Each file in benchmarks/ reads alone: what two share is copied, not imported (the test helper
+    ``tests/otlp_collector.py`` is not a benchmark)."""
+    scripts = sorted(BENCHMARKS.glob("*.py"))
+    assert len(scripts) > 5, f"no benchmarks found in {BENCHMARKS}"
+    stems = {p.stem for p in scripts}
+    bad = [f"{p.name} -> {n}" for p in scripts for n in sorted(_names_loaded(p) & stems - {p.stem})]
+    bad += [f"{p.name} -> {n}" for p in scripts for n in sorted(_names_loaded(p)) if n.startswith(".")]
+    assert not bad, f"benchmarks importing other benchmarks (copy what they share instead): {bad}"

@@ -1,4 +1,4 @@
-"""Issue 9, item 3: device memory as a per-context counter of live bytes, its peak, and the
+"""Device memory as a per-context counter of live bytes, its peak, and the
 allocation sites of what is still alive, in both file formats and in ``cltrace analyze``."""
 from __future__ import annotations
 

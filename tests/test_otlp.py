@@ -326,6 +326,7 @@ def run_and_time_stop(sink: OtlpSink, body: Any) -> float:
     return time.monotonic() - t0
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_collector_absent_returns_promptly_and_counts(protocol: str, caplog: pytest.LogCaptureFixture) -> None:
     port = free_port()  # nothing listens there
@@ -350,6 +351,7 @@ def test_collector_absent_returns_promptly_and_counts(protocol: str, caplog: pyt
     assert not [r for r in caplog.records if r.name.startswith("opentelemetry.exporter")]
 
 
+@pytest.mark.timing
 def test_collector_killed_mid_run(kernels: Any, queue: Any) -> None:
     with RotelCollector() as col:
         sink = OtlpSink(col.grpc_endpoint, protocol="grpc", timeout_s=0.5, close_timeout_s=1.5)
@@ -372,6 +374,7 @@ def test_collector_killed_mid_run(kernels: Any, queue: Any) -> None:
     assert st["failed"] + st["dropped"] == 3
 
 
+@pytest.mark.timing
 def test_full_queue_drops_and_counts(queue: Any) -> None:
     sink = OtlpSink(f"127.0.0.1:{free_port()}", protocol="grpc", timeout_s=1.0, close_timeout_s=0.3,
                     max_queue_spans=5, senders=1)
@@ -423,6 +426,7 @@ def test_spans_still_in_flight_at_exit_are_delivered(protocol: str, collector: R
     assert sorted(s["name"] for s in got.values()) == ["at exit %d" % i for i in range(10)] + ["cltrace.run"]
 
 
+@pytest.mark.timing
 def test_undelivered_spans_reported_at_exit() -> None:
     p, took = run_script(f"""
         import cltrace

@@ -282,6 +282,7 @@ def test_a_worker_left_behind_takes_no_later_sinks_log_records(silent_port: int)
     assert dead.diagnosis().startswith(("connection refused", "no answer within")), dead.diagnosis()
 
 
+@pytest.mark.timing
 def test_the_failing_timeout_is_configurable(silent_port: int) -> None:
     sink = OtlpSink(f"127.0.0.1:{silent_port}", protocol="grpc", timeout_s=0.5, failing_close_timeout_s=0.2)
     took = fail_then_stop(sink)

@@ -167,6 +167,7 @@ print(off, on, max(hosts), RECORDER.recorded, RECORDER.lost)
 """
 
 
+@pytest.mark.timing
 def test_no_long_stall_from_cltrace_under_thread_stress(tmp_path):
     """Two threads launch as fast as they can with both writers on: the longest pause between loop
     iterations stays near the untraced one, and an empty region never holds cltrace's work."""
@@ -198,6 +199,7 @@ while True:
 """
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("suffix", [".json", ".pftrace"])
 def test_killed_one_second_after_start_leaves_spans_and_the_clock(tmp_path, suffix):
     a, b = tmp_path / "k.json", tmp_path / "k.pftrace"

@@ -297,6 +297,7 @@ def many_spans_file(path: str, n: int) -> None:
                 pass
 
 
+@pytest.mark.timing
 def test_cut_json_with_a_corrupt_line_is_read_in_linear_time_keeping_every_readable_event(tmp_path: Any) -> None:
     path = str(tmp_path / "big.json")
     many_spans_file(path, 8000)

@@ -1,4 +1,4 @@
-"""``cltrace run`` exits as ``python`` does for programs with process pools (issue 28): multiprocessing
+"""``cltrace run`` exits as ``python`` does for programs with process pools: multiprocessing
 pools with fork, spawn and forkserver, closed, terminated or left open; ProcessPoolExecutor; a
 data loader that owns a pool and never closes it; subprocess running Python; and a child that never
 finishes its trace, which costs the parent a bounded wait and one line, never a hang.
@@ -25,7 +25,7 @@ import pytest
 from cltrace.cli.run import CHILD_WAIT_S
 from cltrace.read import load
 
-MARGIN_S = 3.0  # cltrace run's wall time may exceed python's by this much (issue 28)
+MARGIN_S = 3.0  # cltrace run's wall time may exceed python's by this much
 TIMEOUT_S = 120  # a hang fails the test instead of holding the suite
 
 # Imported by every worker: launches the kernel ``k`` n times on its own context, returns (pid, n).
@@ -268,6 +268,7 @@ def _check_merged(tmp_path: Any, ct: subprocess.CompletedProcess) -> None:
     assert "still writing" not in ct.stderr, ct.stderr
 
 
+@pytest.mark.timing
 def test_the_issue_script_a_fork_pool_left_open_exits_as_under_python(tmp_path: Any) -> None:
     ct, took, limit = _both(tmp_path, "pool.py", ISSUE_SCRIPT)
     assert ct.stdout == "328350\n"
@@ -277,6 +278,7 @@ def test_the_issue_script_a_fork_pool_left_open_exits_as_under_python(tmp_path: 
 METHODS = [m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods()]
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("end", ["open", "close", "terminate", "with"])
 @pytest.mark.parametrize("method", METHODS)
 def test_pools_of_kernel_launching_workers_exit_and_merge(tmp_path: Any, method: str, end: str) -> None:
@@ -285,6 +287,7 @@ def test_pools_of_kernel_launching_workers_exit_and_merge(tmp_path: Any, method:
     _check_merged(tmp_path, ct)
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("end", ["open", "with"])
 def test_process_pool_executor_exits_and_merges(tmp_path: Any, end: str) -> None:
     ct, took, limit = _both(tmp_path, "executor.py", EXECUTOR, end)
@@ -292,6 +295,7 @@ def test_process_pool_executor_exits_and_merges(tmp_path: Any, end: str) -> None
     _check_merged(tmp_path, ct)
 
 
+@pytest.mark.timing
 def test_a_data_loader_that_never_closes_its_pool_exits_and_merges(tmp_path: Any) -> None:
     ct, took, limit = _both(tmp_path, "loader.py", LOADER)
     assert took < limit, (took, limit)
@@ -306,6 +310,7 @@ def test_a_python_subprocess_exits_and_merges(tmp_path: Any) -> None:
     _check_merged(tmp_path, ct)
 
 
+@pytest.mark.timing
 def test_a_child_still_writing_costs_a_bounded_wait_and_one_line(tmp_path: Any) -> None:
     (tmp_path / "stuck.py").write_text(textwrap.dedent(STUCK))
     kids = []

@@ -1,4 +1,4 @@
-"""What cltrace keeps on disk cannot change what kernels compute (issue 30, items 3 to 5).
+"""What cltrace keeps on disk cannot change what kernels compute.
 
 The program cache, the tune store and the device verdicts are trusted only in folders of the user's own
 that no one else can write; they are made 0700 (0600 files) whatever the umask, and traces 0644 in 0755
@@ -111,7 +111,7 @@ def modes(root: Path) -> dict[str, int]:
     return {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in [root, *root.rglob("*")]}
 
 
-# ---- item 3: whose folder the caches trust --------------------------------------------------------------------
+# ---- whose folder the caches trust --------------------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["folder 0777", "folder 1777", "cache root group-writable", "another user's folder"])
 def test_a_binary_planted_in_a_folder_others_can_write_is_refused(
@@ -232,7 +232,7 @@ def test_a_device_verdict_others_can_write_is_not_believed(queue: Any, caplog: p
     assert "planted" in path.read_text(), "nothing written into that folder"
 
 
-# ---- item 4: stored defines never become other compiler options ----------------------------------------------
+# ---- stored defines never become other compiler options ----------------------------------------------
 
 @pytest.mark.parametrize("value", ["1 -DINJECTED=1", "1\t-DINJECTED", "-DINJECTED", "1)", "x y", "", "'1'",
                                    ["1"], {"a": 1}, float("nan")])
@@ -278,7 +278,7 @@ def test_stored_params_that_are_not_positive_integers_are_ignored(
     assert len(warned) == 1 and "its params" in warned[0], warned
 
 
-# ---- item 5: a header nested too deep for the parser ---------------------------------------------------------
+# ---- a header nested too deep for the parser ---------------------------------------------------------
 
 def test_a_program_entry_nested_too_deep_is_removed_and_rebuilt(cl_ctx: Any, queue: Any, tmp_path: Path,
                                                                  caplog: pytest.LogCaptureFixture) -> None:

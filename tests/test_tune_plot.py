@@ -1,4 +1,4 @@
-"""The autotune plot tells how the winner was chosen (issue 32 item 15): the winner first and labelled,
+"""The autotune plot tells how the winner was chosen: the winner first and labelled,
 each trial's sweep and round spread, the noise band, 'within noise' / 'not confirmed' / 'sweep only' notes."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Winners a noisy run cannot overturn (issue 12): medians with p10/p90, interleaved confirmation rounds
+"""Winners a noisy run cannot overturn: medians with p10/p90, interleaved confirmation rounds
 with the untuned default, only a real win stored with its figures, verify/--check evicting, the plot."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tune store (issue 14, item 3): winners keyed also on the problem signature, entries that are not
+"""The tune store: winners keyed also on the problem signature, entries that are not
 objects ignored with one warning, stored winners that no longer build or fit dropped with one warning,
 no temporary file left by a failed write."""
 from __future__ import annotations
