@@ -2,7 +2,7 @@
 
 Data path, in one direction:
 
-    record (hot path, the user's thread: a tuple appended to a deque, no wait, no lock)
+    record (hot path, the user's thread: a tuple appended to a deque, no wait, no lock; timeline/raw.py)
       -> resolve (worker thread "cltrace-resolver", in chunks: events -> stamps -> host timeline;
          one ``SpanBatch`` of columns per chunk; see timeline/resolve.py)
       -> statistics, the in-memory store and every sink, each fed the whole batch
@@ -45,6 +45,7 @@ from ..errors import OutputError
 from ..timeline import host, stamps
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.clock import ClockRegistry
+from ..timeline.raw import R_EV0, R_EV1
 from ..timeline.resolve import Resolver
 from ..timeline.spans import Span
 from ..timeline.stats import Stats
@@ -54,14 +55,6 @@ from . import heap, job, switch
 from .memory import Ledger
 
 log = logging.getLogger("cltrace")
-
-# Raw record layout (a plain tuple; the hot path builds nothing else):
-# (cat, name, span_id, parent_id, path, thread_key, host_begin, host_end,
-#  queue, ev0, ev1, attrs, status, error, site)
-# ``site`` is the raw call-site capture (record/callsite.py: code objects and offsets, or None); the
-# resolver looks its lines up.
-(R_CAT, R_NAME, R_ID, R_PARENT, R_PATH, R_THREAD, R_HB, R_HE, R_QUEUE, R_EV0, R_EV1, R_ATTRS, R_STATUS, R_ERROR,
- R_SITE) = range(15)
 
 _ids = itertools.count(1)
 new_id: Callable[[], int] = _ids.__next__  # atomic under the GIL
