@@ -37,7 +37,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from .. import _state
 from .._version import version
@@ -89,7 +90,12 @@ MERGE_ROWS = 1 << 18  # rows of a merged block of the in-memory store
 
 
 class Recorder:
-    """Process-wide span recorder. Use the module-level ``RECORDER``."""
+    """Process-wide span recorder. Use the module-level ``RECORDER``.
+
+    It is the ``TraceContext`` (export/base.py) of the sinks it feeds: ``tracks``, ``tables``, ``start_ns``,
+    ``start_unix_ns``, ``memory``, ``steps``, ``process_names``, ``metadata()`` and ``now_ns()``."""
+
+    process_names: Mapping[int, str] = MappingProxyType({})  # one process, named after the program
 
     def __init__(self, capacity: int = 1_000_000, overflow: str = "discard",
                  max_pending: int = 65_536, flush_interval_s: float = 1.0, resolve_interval_s: float = 0.05,
@@ -365,6 +371,11 @@ class Recorder:
             self.recorded = 0
             self.memory.clear()
         heap.give_back()  # the store's columns, freed above, back to the OS (record/heap.py)
+
+    @staticmethod
+    def now_ns() -> int:
+        """The trace's present: ``perf_counter_ns`` now."""
+        return perf_ns()
 
     def metadata(self) -> dict[str, Any]:
         """What every output records about the run. ``dropped_spans`` counts spans missing from a
