@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -239,6 +240,10 @@ class Mapper:
         return ("cltrace.run", self.key, self.root_parent, begin_ns + off, end_ns + off, attrs, (), 0, None)
 
 
+# An event's attributes as the SDK makes them (the 1.25 encoder reads ``.dropped`` of them): none, shared.
+_NO_ATTRIBUTES = BoundedAttributes(immutable=True)
+
+
 def readable_span(rec: tuple, trace_id: int, resource: Any, scope: Any,
                   parent_remote: bool = False) -> Any:
     """A Mapper record as an SDK ``ReadableSpan`` (for user exporters, tracer providers and
@@ -252,7 +257,7 @@ def readable_span(rec: tuple, trace_id: int, resource: Any, scope: Any,
         parent=parent,
         resource=resource,
         attributes=attrs,
-        events=[Event(n, None, ts) for n, ts in events],
+        events=[Event(n, _NO_ATTRIBUTES, ts) for n, ts in events],
         kind=SpanKind.INTERNAL,
         status=Status(StatusCode.ERROR, msg) if code else Status(StatusCode.UNSET),
         start_time=start,
