@@ -82,8 +82,8 @@ class FixedTrace:
 
 
 class SpanSink(Protocol):
-    """An exporter. ``start`` comes once before the first ``write``; ``flush`` any number of times; ``close`` once.
-    A sink ``start``-ed a second time keeps its first context."""
+    """An exporter. ``start`` comes before the first ``write`` (the built-in sinks keep their first context if
+    called again); ``write`` and ``flush`` any number of times; ``close`` once."""
 
     def start(self, ctx: TraceContext) -> None:
         """Called once before the first batch: what the batches' ids name, where the trace starts."""
