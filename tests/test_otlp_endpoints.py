@@ -15,7 +15,6 @@ import pytest
 
 import cltrace
 from cltrace.export.otlp import OtlpSink, otlp_sink_from_env
-from cltrace.export.otlp.transport import HOOKS, HTTP_DIST, release
 from cltrace.record.recorder import RECORDER
 from otlp_collector import RotelCollector, free_port
 from test_otlp import clean_env, run_script, wait_trace
@@ -62,9 +61,6 @@ def test_a_bare_host_port_is_tls_and_a_plaintext_collector_gets_nothing_but_a_hi
     """As the OpenTelemetry SDKs do: no scheme, no OTEL_EXPORTER_OTLP_INSECURE=true, means TLS. Against a
     plain-text collector nothing is delivered (neither the spans nor the authorization header), and one line
     says how to choose plain text."""
-    if protocol != "grpc" and release(HTTP_DIST) < HOOKS[HTTP_DIST][0]:
-        pytest.skip("the hint reads the HTTP exporter's payload client's error (1.45 on); an earlier release's "
-                    "retries outlast the timeout and the line says only that nothing answered")
     service = f"bare-tls-{protocol.split('/')[0]}"
     address = collector.grpc_address if protocol == "grpc" else f"127.0.0.1:{collector.http_port}"
     p, _ = run_script("""
