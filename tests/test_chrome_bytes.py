@@ -16,13 +16,13 @@ import os
 import sys
 import threading
 import time
-import types
 from typing import Any
 
 import numpy as np
 import pytest
 
 from cltrace.export import chrome, chrome_lines
+from cltrace.export.base import FixedTrace
 from cltrace.export.chrome import ChromeTraceSink
 from cltrace.timeline.batch import COLUMNS, SpanBatch, Tables
 from cltrace.timeline.sites import CallSite
@@ -38,14 +38,13 @@ START = 5_000_000_000
 def recorder() -> Any:
     tracks = TrackRegistry()
     tracks.pid = 4242
-    tracks.process_names = {4242: "pinned program ✓"}
     for i in range(4):
         tracks.host_thread(100 + i, f"thread {i} ✓")
     for i in range(4):
         tracks._add(("queue", i), DEVICE_QUEUE, f"queue {i}", f"OpenCL: dev{i % 2}", device=f"dev{i % 2}")
     tracks.host_thread(200, "late thread")
     tracks._add(("queue", 9), DEVICE_QUEUE, "late queue", "OpenCL: dev2", device="dev2")
-    return types.SimpleNamespace(start_ns=START, tracks=tracks, tables=Tables())
+    return FixedTrace(tracks, Tables(), START, process_names={4242: "pinned program ✓"})
 
 
 class Rand:

@@ -14,7 +14,6 @@ import sys
 import tempfile
 import threading
 import time
-import types
 from typing import Any
 
 import numpy as np
@@ -26,6 +25,7 @@ from hypothesis import strategies as st
 import cltrace
 from cltrace.export.processes import program_name
 from cltrace.export import chrome, chrome_lines
+from cltrace.export.base import FixedTrace
 from cltrace.export.chrome import ChromeTraceSink
 from cltrace.record.recorder import RECORDER
 from cltrace.timeline.batch import SpanBatch, Tables
@@ -133,7 +133,7 @@ def crafted(queue: Any) -> tuple[Any, list[Span]]:
         Span(9, 0, "build", "build", c, B + 12_000, B + 15_000_000, attrs={"source_hash": "ab"}),
         Span(10, 0, "late", "kernel", t1, B + 123_456_789_012, B + 123_456_789_010, status="error", error=None),
     ]
-    return types.SimpleNamespace(start_ns=B, tracks=tracks, tables=Tables()), spans
+    return FixedTrace(tracks, Tables(), B), spans
 
 
 # Written by the per-span writer this encoder replaced (the commit before it), HOST for the host pid;
@@ -279,7 +279,7 @@ def test_native_and_python_write_the_same_file_for_a_traced_program(tmp_path: An
     parts = [batch.take(slice(0, 7)), batch.take(slice(7, 8)), batch.take(slice(8, None))]
     mid = int(np.median(batch.host_begin))  # a later trace start: negative relative times
     for start_ns in (RECORDER.start_ns, mid):
-        rec = types.SimpleNamespace(start_ns=start_ns, tracks=RECORDER.tracks, tables=RECORDER.tables)
+        rec = FixedTrace(RECORDER.tracks, RECORDER.tables, start_ns)
         a = write(tmp_path / "native.json", rec, parts, nat)
         b = write(tmp_path / "python.json", rec, parts, chrome_lines.PYTHON)
         assert a == b
@@ -324,7 +324,7 @@ def test_encoders_agree_on_batches_built_from_spans(rows: list[tuple], reset: An
             s.device_track, s.dev_queued, s.dev_submit = qs[th], rs, re_
             s.dev_start, s.dev_end, s.raw_start, s.raw_end = ds, ds + dd, rs, re_
         spans.append(s)
-    rec = types.SimpleNamespace(start_ns=0, tracks=tracks, tables=tables)
+    rec = FixedTrace(tracks, tables, 0)
     sink = ChromeTraceSink(os.devnull)
     sink.start(rec)
     batch = SpanBatch.from_spans(tables, spans)

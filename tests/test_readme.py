@@ -28,6 +28,7 @@ def test_readme_python_examples_run(tmp_path):
     assert "('cltrace.run', 1)" in proc.stdout  # the store example: the file's spans in ClickHouse, its root once
     assert (tmp_path / "traces" / "store").is_dir()
     assert (tmp_path / "traces" / "instrumented.json").exists()
+    assert "kernel totals: ['scale']" in proc.stdout  # a sink of one's own: start(ctx), write(batch), close
 
 
 def _setup_blocks() -> list[str]:

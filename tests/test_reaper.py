@@ -20,8 +20,9 @@ import pytest
 
 import cltrace
 from cltrace.read.load import load
-from cltrace.record.recorder import R_CAT, R_EV0, RECORDER
+from cltrace.record.recorder import RECORDER
 from cltrace.timeline import stamps
+from cltrace.timeline.raw import R_CAT, R_EV0
 from cltrace.timeline.spans import SYNC
 
 pytestmark = pytest.mark.skipif(os.environ.get("CLTRACE_NATIVE", "").strip() == "0",

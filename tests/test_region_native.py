@@ -20,9 +20,10 @@ import pytest
 
 import cltrace
 from cltrace.record import regions
-from cltrace.record.recorder import (R_ATTRS, R_CAT, R_ERROR, R_EV0, R_EV1, R_HB, R_HE, R_ID, R_NAME, R_PARENT,
-                                     R_PATH, R_QUEUE, R_SITE, R_STATUS, R_THREAD, RECORDER, new_id)
+from cltrace.record.recorder import RECORDER, new_id
 from cltrace.timeline import stamps
+from cltrace.timeline.raw import (R_ATTRS, R_CAT, R_ERROR, R_EV0, R_EV1, R_HB, R_HE, R_ID, R_NAME, R_PARENT, R_PATH,
+                                  R_QUEUE, R_SITE, R_STATUS, R_THREAD)
 from cltrace.timeline.sites import describe
 from cltrace.timeline.spans import SYNC
 

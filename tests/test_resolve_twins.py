@@ -35,6 +35,7 @@ from cltrace.timeline import passes, stamps
 from cltrace.timeline.batch import NAMES, SpanBatch, Tables
 from cltrace.timeline.clock import ClockRegistry
 from cltrace.timeline.placement import Placement
+from cltrace.timeline.raw import R_EV0
 from cltrace.timeline.resolve import Resolver
 from cltrace.timeline.tracks import TrackRegistry
 
@@ -105,7 +106,7 @@ def twins(forks: type = ForkedClocks) -> tuple[Resolver, Resolver]:
     native_passes()
     tracks, clocks = TrackRegistry(), ClockRegistry(recalibrate_s=1e9)
     nat, py = Resolver(tracks, forks(clocks), Tables()), Resolver(tracks, forks(clocks), Tables(), python=True)
-    assert nat._tail is not None and py._tail is None  # the fused native tail against the Python reference
+    assert (nat.path, py.path) == ("native", "python")  # the fused native tail against the Python reference
     return nat, py
 
 
@@ -124,8 +125,8 @@ def assert_same(nb: SpanBatch, pb: SpanBatch, where: str) -> None:
 
 def placed(res: Resolver) -> dict[Any, tuple]:
     """What each clock keeps from batch to batch: its placement's steps and state, the latest stamp it mapped."""
-    return {key: (list(c.placement._t), list(c.placement._o), c.placement._last_start, c.placement._max_end,
-                  c.placement.worst_ns, c.placement.changes, c._mapped_max) for key, c in res.clocks._forks.items()}
+    return {key: (c.placement.steps(), c.placement.last_start, c.placement.max_end, c.placement.worst_ns,
+                  c.placement.changes, c._mapped_max) for key, c in res.clocks._forks.items()}
 
 
 def resolve_both(recs: list[tuple], cuts: list[int], finish: Callable[[], None] | None = None,
@@ -134,7 +135,7 @@ def resolve_both(recs: list[tuple], cuts: list[int], finish: Callable[[], None] 
     starting at ``cut_after_finish``; the last batch blocks. Returns the native batches. Records with
     tickets are read by both: the native resolver, first, leaves them for the Python one to free."""
     nat, py = twins(forks)
-    ticketed = sum(type(r[9]) is int for r in recs)
+    ticketed = sum(type(r[R_EV0]) is int for r in recs)
     if ticketed:
         nat._done = lambda hs: None
     bounds = [0] + sorted(set(c for c in cuts if 0 < c < len(recs))) + [len(recs)]
@@ -151,7 +152,7 @@ def resolve_both(recs: list[tuple], cuts: list[int], finish: Callable[[], None] 
         assert placed(nat) == placed(py), "each clock's placement and map commits the same"
         out.append(nb)
     if ticketed:
-        left = stamps.peek(np.array([r[9] for r in recs if type(r[9]) is int], np.uint64))[0]
+        left = stamps.peek(np.array([r[R_EV0] for r in recs if type(r[R_EV0]) is int], np.uint64))[0]
         assert (left == -58).all(), "every ticket of a resolved record is freed"  # CL_INVALID_EVENT
     return out
 
@@ -194,7 +195,7 @@ def threads_and_queues(cl_ctx: Any, queue: Any, kernels: Any, tickets: bool = Fa
 def test_nested_regions_across_threads_and_queues_resolve_identically(cl_ctx, queue, kernels, tickets):
     native_passes()
     recs = threads_and_queues(cl_ctx, queue, kernels, tickets)
-    assert any(type(r[9]) is int for r in recs) == tickets
+    assert any(type(r[R_EV0]) is int for r in recs) == tickets
     assert len(recs) > 200
     batches = resolve_both(recs, list(range(0, len(recs), 37)))
     spans = SpanBatch.concat(batches[0].tables, batches)

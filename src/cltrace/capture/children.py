@@ -35,9 +35,11 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
+from ..export.base import TraceContext
 from ..export.formats import format_for, sink_for, suffix
 from ..export.processes import program_name
 from ..record.recorder import RECORDER
+from ..timeline.batch import SpanBatch
 from . import session
 
 log = logging.getLogger("cltrace")
@@ -193,20 +195,20 @@ class LazySink:
     def __init__(self, make: Callable[[], Any], what: str) -> None:
         self.make = make
         self.what = what
-        self._recorder: Any = None
+        self._ctx: TraceContext | None = None
         self._sink: Any = None
 
-    def start(self, recorder: Any) -> None:
-        self._recorder = recorder
+    def start(self, ctx: TraceContext) -> None:
+        self._ctx = ctx
 
-    def write(self, spans: Any) -> None:
+    def write(self, batch: SpanBatch) -> None:
         if self._sink is None:
-            if not len(spans):
+            if not len(batch):
                 return
             sink = self.make()
-            sink.start(self._recorder)
+            sink.start(self._ctx)
             self._sink = sink
-        self._sink.write(spans)
+        self._sink.write(batch)
 
     def flush(self, meta: dict[str, Any]) -> None:
         if self._sink is not None:

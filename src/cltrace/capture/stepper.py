@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import numpy as np
 
 from .. import _state
-from ..export.base import partial_path, put_in_place
+from ..export.base import TraceContext, partial_path, put_in_place
 from ..export.formats import format_for, sink_for, suffix
 from ..record.recorder import RECORDER
 from ..record.steps import OpenStep
@@ -125,11 +125,11 @@ class _Collector:
         self._rows: Counter[int] = Counter()
         self._dropped: Counter[int] = Counter()
 
-    def start(self, recorder: Any) -> None:
+    def start(self, ctx: TraceContext) -> None:
         pass
 
-    def write(self, spans: Any) -> None:
-        batch = as_batch(spans, RECORDER.tables)
+    def write(self, batch: SpanBatch) -> None:
+        batch = as_batch(batch, RECORDER.tables)
         idx = self.table.find_many(batch.host_begin)
         inside = idx >= 0
         if not inside.any():

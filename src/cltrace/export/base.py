@@ -1,17 +1,25 @@
-"""The one small interface every exporter implements.
+"""The one small interface every exporter implements, and the one thing it reads besides its spans.
 
 Like OpenTelemetry's SpanExporter, a sink only receives finished spans in
 batches; the recorder (the "span processor") decides when. Sinks never see
 raw events, never wait on the device, and must not raise into the program.
+
+A sink reads about the trace only what ``TraceContext`` states: the recorder of a live run
+(``record.recorder.Recorder``) and a trace of fixed parts (``FixedTrace``: a merge's replay of trace files,
+spans made by hand) both implement it, and a sink takes it as it is (no probing for what one might lack).
 """
 from __future__ import annotations
 
 import os
 import sys
-from typing import IO, Any, Callable, Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any, Callable, Mapping, Protocol, runtime_checkable
 
 from ..record.files import make_dirs
-from ..timeline.spans import Span
+from ..record.memory import Ledger
+from ..timeline.batch import SpanBatch, Tables
+from ..timeline.steps import StepTable
+from ..timeline.tracks import Track
 
 # Outputs (traces, charts, reports) are for others to read, never to rewrite: created 0644 in 0755
 # folders, narrowed by the umask but never widened (under umask 000, ``open`` would make them 0666:
@@ -20,12 +28,69 @@ FILE_MODE = 0o644
 FOLDER_MODE = 0o755
 
 
-class SpanSink(Protocol):
-    def start(self, recorder: Any) -> None:
-        """Called once before the first batch; ``recorder.tracks`` names the tracks."""
+class TrackTable(Protocol):
+    """The tracks a batch's track ids name (``timeline.tracks.TrackRegistry``; a merge's ``MergedTracks``)."""
 
-    def write(self, spans: Sequence[Span]) -> None:
-        """A batch of resolved spans, in no guaranteed order."""
+    pid: int  # the traced program's process id: a host track's process where its own ``pid`` is 0
+    devices: Mapping[str, Any]  # device uid -> its facts (``timeline.tracks.DeviceInfo``), in registration order
+
+    def get(self, track_id: int) -> Track:
+        """The track of a batch's ``thread`` or ``track`` id."""
+
+
+@runtime_checkable
+class TraceContext(Protocol):
+    """What a sink reads about the trace it writes, besides its spans; read from ``start`` on, never changed."""
+
+    tracks: TrackTable  # names every track id a batch holds (threads, device queues, the compile track)
+    tables: Tables  # the interning tables a batch's name, category, path and site ids index
+    start_ns: int  # perf_counter_ns at the start of the trace: the zero of a file's timestamps
+    start_unix_ns: int  # time.time_ns() at that same moment: the trace on the wall clock (OTLP)
+    memory: Ledger | None  # live device memory per context, for counter tracks; None: the trace has none
+    steps: StepTable  # a scheduled session's traced steps (OTLP: one trace each); empty: no schedule
+    process_names: Mapping[int, str]  # pid -> name of a host process not named after the program (a merge's
+    #                                   inputs); empty: the one process is the program (``processes.program_name``)
+
+    def metadata(self) -> dict[str, Any]:
+        """The run's metadata so far (clocks, devices, counts): what a file says at its start."""
+
+    def now_ns(self) -> int:
+        """The trace's present, on perf_counter_ns: the time of samples written now (memory, drop counts).
+        A live run's is the clock's; a replayed trace's is its end."""
+
+
+@dataclass
+class FixedTrace:
+    """A ``TraceContext`` of fixed parts: a trace replayed from files (``cltrace merge``), or spans made by hand
+    (tests, benchmarks). Its present (``now_ns``) is ``end_ns``; its ``metadata()`` a copy of ``meta``."""
+
+    tracks: TrackTable
+    tables: Tables = field(default_factory=Tables)
+    start_ns: int = 0
+    start_unix_ns: int = 0
+    end_ns: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    memory: Ledger | None = None
+    steps: StepTable = field(default_factory=StepTable)
+    process_names: Mapping[int, str] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.meta)
+
+    def now_ns(self) -> int:
+        return self.end_ns
+
+
+class SpanSink(Protocol):
+    """An exporter. ``start`` comes before the first ``write`` (the built-in sinks keep their first context if
+    called again); ``write`` and ``flush`` any number of times; ``close`` once."""
+
+    def start(self, ctx: TraceContext) -> None:
+        """Called once before the first batch: what the batches' ids name, where the trace starts."""
+
+    def write(self, batch: SpanBatch) -> None:
+        """A batch of resolved spans, in no guaranteed order: columns (``timeline.batch.SpanBatch``), which also
+        read as a sequence of ``Span`` objects (``for span in batch``, ``batch[i]``, ``len(batch)``)."""
 
     def flush(self, meta: dict[str, Any]) -> None:
         """Make everything written so far durable (file: readable if the process dies now)."""

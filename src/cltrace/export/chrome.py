@@ -19,18 +19,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import IO, Any, Sequence
+from typing import IO, Any
 
 import numpy as np
 
-from .base import abandon_file, open_trace_file, release_space, reserve_space, start_writeback
+from .base import TraceContext, abandon_file, open_trace_file, release_space, reserve_space, start_writeback
 from ..timeline.arrays import distinct as _distinct, first_rows as _first_rows
 from . import chrome_lines
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
 from .processes import device_pid, program_name
 from ..record.memory import COUNTER_ARG, counter_name
 from ..timeline.batch import SpanBatch, as_batch
-from ..timeline.spans import Span
 from ..timeline.tracks import DEVICE_QUEUE
 
 # Rows encoded at a time: ~400 kB of text, reused from cache; one encoder call for a whole batch of
@@ -135,7 +134,7 @@ class ChromeTraceSink:
         self._region_lut = np.zeros(0, np.int32)
         self._tables: Any = None  # the interning tables the head cache and region flags belong to
         self._base = 0
-        self._recorder: Any = None
+        self._ctx: TraceContext | None = None
         self._since_flush = 0
         self._synced = 0  # file offset up to which writeback was started
         self._clocks_written = ""
@@ -147,18 +146,17 @@ class ChromeTraceSink:
         self.first_spans_flushed_ns: int | None = None
 
     # -- SpanSink ---------------------------------------------------------------
-    def start(self, recorder: Any) -> None:
+    def start(self, ctx: TraceContext) -> None:
         if self._fh is not None:
             return
-        self._recorder = recorder
-        self._base = recorder.start_ns
-        ledger = getattr(recorder, "memory", None)
-        if ledger is not None:
-            self._memory_at, self._memory_first = ledger.open()
+        self._ctx = ctx
+        self._base = ctx.start_ns
+        if ctx.memory is not None:
+            self._memory_at, self._memory_first = ctx.memory.open()
         self._fh = open_trace_file(self.path, buffering=0)
         self._out = bytearray(_BUFFER)
-        self._host_pid = recorder.tracks.pid
-        self._process_names = getattr(recorder.tracks, "process_names", None) or {}  # pid -> name (merged)
+        self._host_pid = ctx.tracks.pid
+        self._process_names = ctx.process_names  # pid -> name (merged)
         self._named_pids = {self._host_pid}
         self._hheads.clear()  # they hold the host pid
         self._emit_lines([
@@ -170,11 +168,11 @@ class ChromeTraceSink:
         self.events_written -= 1  # the "[" line
         self._drain()
 
-    def write(self, spans: Sequence[Span]) -> None:
+    def write(self, batch: SpanBatch) -> None:
         fh = self._fh
-        if fh is None or not spans:
+        if fh is None or not batch:
             return
-        b = as_batch(spans, self._recorder.tables)
+        b = as_batch(batch, self._ctx.tables)
         if not (self._encode is chrome_lines.NATIVE and chrome_lines.BATCH and self._write_native(b)):
             ints, idx, tables = self._prepare(b)
             encode = self._encode
@@ -228,7 +226,7 @@ class ChromeTraceSink:
         tables = (lut.heads, lut.flow_s, lut.flow_f, lut.hosts, lut.devices,
                   [self._attrs_text(o) for o in objects], lut.sites, errors)
         fh = self._fh
-        fd = fh.fileno() if _FILL_FD else -1  # type: ignore[union-attr]
+        fd = fh.fileno() if _FILL_FD else -1
         if fd >= 0 and self._reserved >= 0:  # disk ahead of the file: at least RESERVE / 2 past its end
             self._reserved = reserve_space(fd, self._offset + self._used, self._reserved)
         row = 0
@@ -252,7 +250,7 @@ class ChromeTraceSink:
         """Text for the keys ``scan`` found no entry for, in the order the rows name them; tracks not
         written yet get their metadata lines now, ahead of the batch's events."""
         lines: list[str] = []
-        tracks = self._recorder.tracks
+        tracks = self._ctx.tracks
         for _, kind, key in misses:
             if kind == chrome_lines.HOST_TRACK or kind == chrome_lines.DEVICE_TRACK:
                 if key not in self._tracks_written:
@@ -348,7 +346,7 @@ class ChromeTraceSink:
         lines: list[str] = []
         for _, t in sorted(first):
             if t not in written:
-                self._track_meta(self._recorder.tracks.get(t), lines)
+                self._track_meta(self._ctx.tracks.get(t), lines)
         self._emit_lines(lines)
 
     def _regions(self) -> np.ndarray:
@@ -363,7 +361,7 @@ class ChromeTraceSink:
     def flush(self, meta: dict[str, Any]) -> None:
         if self._fh is None:
             return
-        now = self._recorder.start_ns if self._recorder else 0
+        now = self._ctx.start_ns if self._ctx else 0
         ts = _us(time.perf_counter_ns() - now)
         lines = [
             f'{{"ph":"C","name":"cltrace.dropped_spans","pid":{self._host_pid},"tid":0,"ts":{ts},'
@@ -410,7 +408,7 @@ class ChromeTraceSink:
     # -- helpers ----------------------------------------------------------------
     def _memory_lines(self) -> list[str]:
         """Live device-memory samples not written yet: a counter ("ph":"C") per context."""
-        ledger = getattr(self._recorder, "memory", None)
+        ledger = self._ctx.memory if self._ctx else None
         if ledger is None:
             return []
         samples, self._memory_at = ledger.since(self._memory_at)
@@ -461,7 +459,7 @@ class ChromeTraceSink:
         fh = self._fh
         end = self._offset + len(data)
         if self._reserved >= 0:
-            self._reserved = reserve_space(fh.fileno(), end, self._reserved)  # type: ignore[union-attr]
+            self._reserved = reserve_space(fh.fileno(), end, self._reserved)
         with memoryview(data) as view:
             done = 0
             while done < len(view):
@@ -518,14 +516,14 @@ class ChromeTraceSink:
     def _host_head(self, th: int) -> bytes:
         hh = self._hheads.get(th)
         if hh is None:
-            pid = self._recorder.tracks.get(th).pid or self._host_pid
+            pid = self._ctx.tracks.get(th).pid or self._host_pid
             hh = self._hheads[th] = f'"pid":{pid},"tid":{th},"ts":'.encode()
         return hh
 
     def _device_head(self, dt: int) -> bytes:
         dh = self._dheads.get(dt)
         if dh is None:
-            dpid = self._pids[self._recorder.tracks.get(dt).process]
+            dpid = self._pids[self._ctx.tracks.get(dt).process]
             dh = self._dheads[dt] = f'"pid":{dpid},"tid":{dt},"ts":'.encode()
         return dh
 
@@ -545,7 +543,7 @@ class ChromeTraceSink:
         if track.kind == DEVICE_QUEUE:
             pid = self._pids.get(track.process)
             if pid is None:
-                pid = self._pids[track.process] = device_pid(self._recorder.tracks, track.device)
+                pid = self._pids[track.process] = device_pid(self._ctx.tracks, track.device)
                 out.append(self._meta("process_name", pid, 0, {"name": track.process}))
                 out.append(self._meta("process_sort_index", pid, 0, {"sort_index": len(self._pids)}))
         else:

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Sequence
+from typing import Any
 
 from .._version import version
-from ..timeline.spans import STEP, Span
+from ..timeline.batch import SpanBatch
+from ..timeline.spans import STEP
 from ..timeline.tracks import DEVICE_QUEUE
-from .base import create_output
+from .base import TraceContext, create_output
 
 SCHEMA = "https://www.speedscope.app/file-format-schema.json"
 
@@ -31,18 +32,18 @@ class SpeedscopeSink:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
-        self._recorder: Any = None
+        self._ctx: TraceContext | None = None
         self._frames: dict[tuple[str, str], int] = {}
         self._tracks: dict[int, list[tuple[int, int, int]]] = {}  # track -> (begin, end, frame)
 
-    def start(self, recorder: Any) -> None:
-        if self._recorder is None:
-            self._recorder = recorder
+    def start(self, ctx: TraceContext) -> None:
+        if self._ctx is None:
+            self._ctx = ctx
 
-    def write(self, spans: Sequence[Span]) -> None:
+    def write(self, batch: SpanBatch) -> None:
         frames = self._frames
         tracks = self._tracks
-        for s in spans:
+        for s in batch:
             key = (STEP if s.cat == STEP else s.name, s.cat)  # every "step N" one frame: steps add up
             f = frames.get(key)
             if f is None:
@@ -55,7 +56,7 @@ class SpeedscopeSink:
         pass
 
     def close(self, meta: dict[str, Any]) -> None:
-        if self._recorder is None:
+        if self._ctx is None:
             return
         doc = self.document()
         with create_output(self.path, "w", encoding="utf-8") as fh:
@@ -64,8 +65,8 @@ class SpeedscopeSink:
 
     def document(self) -> dict[str, Any]:
         """The speedscope file as a dict: host tracks first, then device queues, in track order."""
-        registry = self._recorder.tracks
-        base = self._recorder.start_ns
+        registry = self._ctx.tracks
+        base = self._ctx.start_ns
         profiles = []
         order = sorted(self._tracks, key=lambda t: (registry.get(t).kind == DEVICE_QUEUE, t))
         for tid in order:

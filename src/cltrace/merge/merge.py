@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from .._version import version
 from ..errors import TraceFileError
+from ..export.base import FixedTrace
 from ..export.formats import format_for, sink_for
 from ..read import detect, load
 from ..timeline.batch import SpanBatch, Tables
@@ -26,8 +27,8 @@ FORMATS = ("json", "pftrace")
 
 
 class MergedTracks:
-    """The registry the writers read (``get``, ``pid``, ``devices``), for the tracks of every input;
-    ``process_names`` names each host process."""
+    """The registry the writers read (``get``, ``pid``, ``devices``: ``export.base.TrackTable``), for the
+    tracks of every input; ``process_names`` names each host process."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -43,25 +44,6 @@ class MergedTracks:
 
     def tracks(self) -> list[Track]:
         return list(self._tracks.values())
-
-
-class _Trace:
-    """What the writers take from a recorder: tracks, tables, start times and metadata."""
-
-    def __init__(self, tracks: MergedTracks, start_ns: int, start_unix_ns: int, end_ns: int,
-                 meta: dict[str, Any]) -> None:
-        self.tracks = tracks
-        self.tables = Tables()
-        self.start_ns = start_ns
-        self.start_unix_ns = start_unix_ns
-        self._end_ns = end_ns
-        self._meta = meta
-
-    def metadata(self) -> dict[str, Any]:
-        return dict(self._meta)
-
-    def now_ns(self) -> int:
-        return self._end_ns
 
 
 @dataclass
@@ -236,11 +218,13 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
         "recorded_spans": len(all_spans),
         "merged": {"processes": [p.as_dict() for p in result.processes]},
     })
-    _write(target, fmt, _Trace(tracks, start, start + unix_offset, end, merged_meta), all_spans)
+    trace = FixedTrace(tracks, Tables(), start, start + unix_offset, end, merged_meta,
+                       process_names=tracks.process_names)
+    _write(target, fmt, trace, all_spans)
     return result
 
 
-def _write(target: str, fmt: str, trace: _Trace, spans: list[Span]) -> None:
+def _write(target: str, fmt: str, trace: FixedTrace, spans: list[Span]) -> None:
     """Write through the format's own sink into a temporary file, then put it in place."""
     folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):

@@ -2,7 +2,7 @@
 
 Data path, in one direction:
 
-    record (hot path, the user's thread: a tuple appended to a deque, no wait, no lock)
+    record (hot path, the user's thread: a tuple appended to a deque, no wait, no lock; timeline/raw.py)
       -> resolve (worker thread "cltrace-resolver", in chunks: events -> stamps -> host timeline;
          one ``SpanBatch`` of columns per chunk; see timeline/resolve.py)
       -> statistics, the in-memory store and every sink, each fed the whole batch
@@ -37,7 +37,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 from .. import _state
 from .._version import version
@@ -45,6 +46,7 @@ from ..errors import OutputError
 from ..timeline import host, stamps
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.clock import ClockRegistry
+from ..timeline.raw import R_EV0, R_EV1
 from ..timeline.resolve import Resolver
 from ..timeline.spans import Span
 from ..timeline.stats import Stats
@@ -54,14 +56,6 @@ from . import heap, job, switch
 from .memory import Ledger
 
 log = logging.getLogger("cltrace")
-
-# Raw record layout (a plain tuple; the hot path builds nothing else):
-# (cat, name, span_id, parent_id, path, thread_key, host_begin, host_end,
-#  queue, ev0, ev1, attrs, status, error, site)
-# ``site`` is the raw call-site capture (record/callsite.py: code objects and offsets, or None); the
-# resolver looks its lines up.
-(R_CAT, R_NAME, R_ID, R_PARENT, R_PATH, R_THREAD, R_HB, R_HE, R_QUEUE, R_EV0, R_EV1, R_ATTRS, R_STATUS, R_ERROR,
- R_SITE) = range(15)
 
 _ids = itertools.count(1)
 new_id: Callable[[], int] = _ids.__next__  # atomic under the GIL
@@ -96,7 +90,12 @@ MERGE_ROWS = 1 << 18  # rows of a merged block of the in-memory store
 
 
 class Recorder:
-    """Process-wide span recorder. Use the module-level ``RECORDER``."""
+    """Process-wide span recorder. Use the module-level ``RECORDER``.
+
+    It is the ``TraceContext`` (export/base.py) of the sinks it feeds: ``tracks``, ``tables``, ``start_ns``,
+    ``start_unix_ns``, ``memory``, ``steps``, ``process_names``, ``metadata()`` and ``now_ns()``."""
+
+    process_names: Mapping[int, str] = MappingProxyType({})  # one process, named after the program
 
     def __init__(self, capacity: int = 1_000_000, overflow: str = "discard",
                  max_pending: int = 65_536, flush_interval_s: float = 1.0, resolve_interval_s: float = 0.05,
@@ -372,6 +371,11 @@ class Recorder:
             self.recorded = 0
             self.memory.clear()
         heap.give_back()  # the store's columns, freed above, back to the OS (record/heap.py)
+
+    @staticmethod
+    def now_ns() -> int:
+        """The trace's present: ``perf_counter_ns`` now."""
+        return perf_ns()
 
     def metadata(self) -> dict[str, Any]:
         """What every output records about the run. ``dropped_spans`` counts spans missing from a

@@ -10,8 +10,8 @@ which gives the same results (``PATH`` says which runs).
   its start (an out-of-order queue's lanes).
 - ``Extents().nest(...)``: regions widened to their children's device extents, kept per (parent,
   device track) from batch to batch until the parent is resolved.
-- ``tail``: the native module's whole-batch tail (``tail.py``; None in the fallback, whose reference is
-  ``Resolver._columns``).
+- ``tail``: the native module's whole-batch tail (``Resolver._native_columns``; None in the fallback, whose
+  reference is ``Resolver._columns``).
 """
 from __future__ import annotations
 
@@ -163,6 +163,11 @@ def _load_native() -> Impl:
 
         def __len__(self) -> int:
             return len(self._x)
+
+        @property
+        def table(self) -> Any:
+            """The C table itself, which ``_resolve.finish`` reads and updates (``Resolver._native_columns``)."""
+            return self._x
 
         def nest(self, kind: np.ndarray, ids: np.ndarray, parent: np.ndarray, track: np.ndarray, off: np.ndarray,
                  off_end: np.ndarray, raw_start: np.ndarray, raw_end: np.ndarray) -> None:

@@ -15,8 +15,22 @@ from __future__ import annotations
 import bisect
 import threading
 from array import array
+from contextlib import contextmanager
+from typing import Iterator, NamedTuple
 
 import numpy as np
+
+
+class NativeView(NamedTuple):
+    """A placement as the native placement (``_resolve.finish``, the C twin of ``Placement.place``) reads and
+    updates it, in the order that call takes a clock's placement (after the clock's three knot arrays)."""
+
+    steps: array  # device times where the offset changes, ascending (int64; read only)
+    offsets: array  # the offset from each of them on (int64; read only)
+    new_steps: np.ndarray  # room for the steps the call adds (int64[room])
+    new_offsets: np.ndarray  # and their offsets (int64[room])
+    state: np.ndarray  # int64[8]: has a last start, last start, has a max end, max end, worst, changes,
+    #                    threshold, steps added (the call sets the last)
 
 
 class Placement:
@@ -62,15 +76,42 @@ class Placement:
             self.worst_ns = max(self.worst_ns, int(np.abs(out - target).max()))
         return out
 
-    def state(self) -> np.ndarray:
-        """The scalars the native placement (``_resolve.finish``) reads and updates, as int64[8]: has a last
-        start, last start, has a max end, max end, worst, changes, threshold, steps added. Hold ``_lock``."""
-        return np.array([self._last_start is not None, self._last_start or 0, self._max_end is not None,
-                         self._max_end or 0, self.worst_ns, self.changes, self.threshold_ns, 0], np.int64)
+    @property
+    def empty(self) -> bool:
+        """Nothing placed yet (``lookup`` raises LookupError)."""
+        return not self._t
 
-    def update(self, state: np.ndarray, new_t: np.ndarray, new_o: np.ndarray) -> None:
-        """Take back what ``_resolve.finish`` placed: ``state`` as ``state()`` gave it, and the steps it added
-        (``state[7]`` of them at the head of ``new_t``, ``new_o``). Hold ``_lock``."""
+    @property
+    def last_start(self) -> int | None:
+        """The latest command start placed (None: none yet); a command starting before it gets no new step."""
+        return self._last_start
+
+    @property
+    def max_end(self) -> int | None:
+        """The latest command end placed, device-wide (None: none yet)."""
+        return self._max_end
+
+    def steps(self) -> tuple[list[int], list[int]]:
+        """The step function so far: the device times where the offset changes, and the offset from each on."""
+        with self._lock:
+            return self._t.tolist(), self._o.tolist()
+
+    @contextmanager
+    def native(self, room: int) -> Iterator[NativeView]:
+        """This placement held (locked) while the native placement places at most ``room`` new commands and
+        regions into the ``NativeView`` yielded; on leaving the block normally, what it placed is taken back
+        (steps and state). Leaving on an exception changes nothing."""
+        with self._lock:
+            view = NativeView(self._t, self._o, np.empty(room, np.int64), np.empty(room, np.int64),
+                              np.array([self._last_start is not None, self._last_start or 0,
+                                        self._max_end is not None, self._max_end or 0, self.worst_ns, self.changes,
+                                        self.threshold_ns, 0], np.int64))
+            yield view
+            self._take_back(view.state, view.new_steps, view.new_offsets)
+
+    def _take_back(self, state: np.ndarray, new_t: np.ndarray, new_o: np.ndarray) -> None:
+        """What the native placement left in a ``NativeView``: its state, and the steps it added (``state[7]``
+        of them at the head of ``new_t``, ``new_o``). Hold ``_lock``."""
         has_last, last, has_max, max_end, worst, changes, _, added = state.tolist()
         self._last_start = last if has_last else None
         self._max_end = max_end if has_max else None

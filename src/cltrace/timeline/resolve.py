@@ -7,9 +7,23 @@ out-of-order lanes are whole-column passes (``passes``: C without the GIL where 
 run over distinct queues, threads, sites and paths only, never over spans. Records whose events have
 not completed stay in ``waiting`` for the next batch; with ``block=True`` the resolver first
 waits for them (at flush or export, never per launch).
+
+After the first pass (``stamps.columns_read``) every row still needs its interned ids, thread track, call
+site, launch path, queue track, its device's clock map and placement, its region's nesting and its device
+columns. Where the C extension ``_resolve`` is built that is two calls, each one pass over the rows without
+the GIL (``Resolver._native_columns``): ``scan`` groups the rows (threads, sites, (queue, thread), (path,
+name)), Python looks up each distinct group once, and ``finish`` places every device's commands (the map and
+placement of ``clock.py``/``placement.py``, each placement lent through ``Placement.native``), nests the
+regions and writes the final columns. The pure-Python resolver (``Resolver._columns``) is the reference:
+tests/test_resolve_twins.py holds them equal on real records. Rare rows stay in Python, paid for only where
+they occur: values not interned yet, thread keys beyond int64, failed commands, out-of-order lanes, records'
+errors.
+
+Raw records are read by the names of ``raw.py`` (``R_*``), bound to locals where a loop indexes them.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from itertools import compress
 from operator import itemgetter
@@ -17,8 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from . import passes, stamps, tail
+from . import passes, stamps
 from .batch import NAMES, SpanBatch, Tables
+from .raw import R_ATTRS, R_CAT, R_ERROR, R_EV0, R_EV1, R_NAME, R_PATH, R_QUEUE, R_SITE, R_THREAD
 from .sites import SiteTable
 from .tracks import COMPILE_THREAD
 
@@ -26,9 +41,10 @@ log = logging.getLogger("cltrace")
 
 _OUT_OF_ORDER = 1  # CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE
 _QUEUED, _SUBMIT, _START, _END = range(4)
+_QUEUE_STATS = 4  # per queue group: commands, their latest START, regions, theirs (_resolve.c Q_*)
+_PART = 8192  # records per ``field`` call
 
-
-_ATTRS = itemgetter(11)  # a raw record's attrs (record/recorder.py R_ATTRS)
+_ATTRS = itemgetter(R_ATTRS)
 
 
 class Resolver:
@@ -56,9 +72,14 @@ class Resolver:
         self._region_lut = np.zeros(max(self.tables.region_cats) + 2, bool)
         self._region_lut[sorted(self.tables.region_cats)] = True
         self._failed = np.zeros(0, np.int8)  # the batch in hand: which failed commands are known failures
-        self._tail = self._passes.tail  # the native tail (tail.py), None: ``_columns`` below
+        self._native = self._passes.tail  # the C module ``_native_columns`` calls; None: ``_columns``
         self._thread_tracks: dict[int, int] = {}  # thread key (or stand-in) -> host thread track
-        self._stand_ins: dict[int, int] = {}  # thread key beyond int64 -> its stand-in key (tail.py)
+        self._stand_ins: dict[int, int] = {}  # thread key beyond int64 -> its stand-in key (``_settle``)
+
+    @property
+    def path(self) -> str:
+        """Which resolves the rows after the first pass: "native" (``_native_columns``) or "python" (``_columns``)."""
+        return "python" if self._native is None else "native"
 
     def queue_info(self, queue: Any, thread: int) -> tuple[int, Any, Any]:
         """(device track id, DeviceClock, lane key or None) for work a thread submitted to a queue.
@@ -119,8 +140,8 @@ class Resolver:
         elif tickets:  # the rows' handles are tickets where they are not 0, unless events are mixed in
             self._done(hs if tickets == devices else hs[:, (ints[stamps.C_FLAGS] & stamps.F_TICKETS) != 0])
         self._failed = failed
-        if self._tail is not None:
-            return tail.columns(self, self._tail, todo, ints, status, raw)
+        if self._native is not None:
+            return self._native_columns(todo, ints, status, raw)
         return self._columns(todo, ints, (ints[stamps.C_FLAGS] & stamps.F_DEV) != 0, status, raw)
 
     def _hold_regions(self, ints: np.ndarray, pending_rows: np.ndarray) -> None:
@@ -148,10 +169,16 @@ class Resolver:
     def _sites(self, todo: list[tuple], obj: np.ndarray) -> np.ndarray:
         """Site ids of the rows: captures are shared objects, so each distinct one is looked up once."""
         first, inverse = self._passes.group(obj)
-        return self.sites.ids([todo[i][14] for i in first.tolist()], self._passes.group)[inverse]
+        return self._site_ids(todo, first.tolist())[inverse]
+
+    def _site_ids(self, todo: list[tuple], rows: list[int]) -> np.ndarray:
+        """The site ids of these rows' call-site captures."""
+        site = R_SITE
+        return self.sites.ids([todo[i][site] for i in rows], self._passes.group)
 
     def _interned(self, ids: np.ndarray, todo: list[tuple], field: int, table: Any) -> np.ndarray:
-        """``ids`` with the values ``stamps.columns`` did not find (-1) interned now (each distinct object once)."""
+        """``ids`` with the values ``stamps.columns`` did not find (-1) interned now (each distinct object once);
+        ``field``: the records' field (``R_*``) the values are in."""
         miss = np.flatnonzero(ids < 0)
         if len(miss):
             values = [todo[i][field] for i in miss.tolist()]
@@ -198,7 +225,7 @@ class Resolver:
             first, inverse = self._passes.group(thr)
             out = np.array([track_of(k) for k in thr[first].tolist()], np.int64)[inverse]
         for i in big:
-            out[i] = track_of(todo[i][5])
+            out[i] = track_of(todo[i][R_THREAD])
         return out
 
     def _columns(self, todo: list[tuple], ints: np.ndarray, dev: np.ndarray, status: np.ndarray,
@@ -209,23 +236,19 @@ class Resolver:
         flags = ints[C.C_FLAGS]
         out: dict[str, np.ndarray] = {
             "id": ints[C.C_ID], "parent": ints[C.C_PARENT], "host_begin": ints[C.C_HB], "host_end": ints[C.C_HE],
-            "name": self._interned(ints[C.C_NAME], todo, 1, t.names).astype(np.int32),
-            "cat": self._interned(ints[C.C_CAT], todo, 0, t.cats).astype(np.int16),
+            "name": self._interned(ints[C.C_NAME], todo, R_NAME, t.names).astype(np.int32),
+            "cat": self._interned(ints[C.C_CAT], todo, R_CAT, t.cats).astype(np.int16),
             "site": self._sites(todo, ints[C.C_SITE]),
             "thread": self._threads(todo, ints[C.C_THREAD], flags),
         }
         region = self._region_lut[np.minimum(out["cat"], len(self._region_lut) - 1)]
         out["path"] = self._paths(todo, ints[C.C_PATH], out["name"], region)
         attrs = list(map(_ATTRS, todo)) if (flags & C.F_ATTRS).any() else [None] * n
-        errors: dict[int, str] = {}
         err = (flags & C.F_ERROR) != 0
-        for i in np.flatnonzero(err).tolist():
-            errors[i] = todo[i][13]
-        failed = dev & (status < 0)
-        known = self._failed
-        for i in np.flatnonzero(failed).tolist():
-            self._device_failed(i, todo[i][9], todo[i][10], int(status[i]), int(known[i]), attrs, errors, err)
+        errors = self._errors(todo, np.flatnonzero(err))
+        self._failures(todo, np.flatnonzero(dev & (status < 0)), status, attrs, errors, err)
         ok = dev & (status == 0)
+        queue, thread = R_QUEUE, R_THREAD
         rows = np.flatnonzero(ok)
         track = np.zeros(n, np.int64)
         off = np.zeros(n, np.int64)
@@ -235,7 +258,7 @@ class Resolver:
         if len(rows):
             # Group rows by (queue object, submitting thread); look each group up once.
             first, ik = self._passes.group(np.stack([ints[C.C_QUEUE][rows], out["thread"][rows]]))
-            infos = [self.queue_info(todo[i][8], todo[i][5]) for i in rows[first].tolist()]
+            infos = [self.queue_info(todo[i][queue], todo[i][thread]) for i in rows[first].tolist()]
             track[rows] = np.array([inf[0] for inf in infos], np.int64)[ik]
             clocks: dict[int, tuple[Any, list[int]]] = {}
             for g, inf in enumerate(infos):
@@ -249,7 +272,7 @@ class Resolver:
                     mine = mine[~region[mine]]
                     if len(mine):
                         i = int(mine[0])
-                        lanes.append(((todo[i][8], todo[i][5], inf[2]), mine))
+                        lanes.append(((todo[i][queue], todo[i][thread], inf[2]), mine))
                         on_lane[mine] = True
         raw_start = raw[:, _START].copy()
         raw_end = raw[:, _END].copy()
@@ -269,6 +292,95 @@ class Resolver:
             self._assign_lanes(key, mine, out)
         out["status"] = err.astype(np.int8)
         return SpanBatch(t, out, attrs, errors)
+
+    def _native_columns(self, todo: list[tuple], ints: np.ndarray, status: np.ndarray, raw: np.ndarray) -> SpanBatch:
+        """What ``_columns`` gives for these rows, from the C module ``_resolve``: see the module's docstring."""
+        native = self._native
+        C = stamps
+        n = len(todo)
+        ints, status, raw = np.ascontiguousarray(ints), np.ascontiguousarray(status), np.ascontiguousarray(raw)
+        groups = np.empty((4, n), np.int32)
+        found = native.scan(ints, status, raw, self._region_lut, groups)
+        if found[0] or found[1]:
+            self._settle(todo, ints, found[0], found[1])
+            found = native.scan(ints, status, raw, self._region_lut, groups)
+        _, _, failed, errs, attrs_n, thread_rows, site_rows, queue_rows, path_rows, qstats = found
+        thread_track = np.array(list(map(self._thread_track, ints[C.C_THREAD].take(thread_rows).tolist())), np.int64)
+        if len(site_rows) == 1 and todo[site_rows[0]][R_SITE] is None:
+            site_id = np.full(1, -1, np.int32)
+        else:
+            site_id = self._site_ids(todo, site_rows)
+        queue, thread = R_QUEUE, R_THREAD
+        infos = [self.queue_info(todo[i][queue], todo[i][thread]) for i in queue_rows]
+        pid, nid = ints[C.C_PATH].take(path_rows).tolist(), ints[C.C_NAME].take(path_rows).tolist()
+        path_id = np.array(list(map(self._launch_path, pid, nid)), np.int32)
+        clocks: dict[int, int] = {}
+        per_clock: list[list[int]] = []  # commands, latest START, regions, theirs
+        q_clock = np.empty(len(infos), np.int64)
+        for g, inf in enumerate(infos):
+            k = clocks.setdefault(id(inf[1]), len(clocks))
+            if k == len(per_clock):
+                per_clock.append([0, 0, 0, 0])
+            q_clock[g] = k
+            s, acc = qstats[_QUEUE_STATS * g:_QUEUE_STATS * g + _QUEUE_STATS], per_clock[k]
+            if s[0]:
+                acc[1] = s[1] if not acc[0] else max(acc[1], s[1])
+                acc[0] += s[0]
+            if s[2]:
+                acc[3] = s[3] if not acc[2] else max(acc[3], s[3])
+                acc[2] += s[2]
+        clock_objs = list({id(inf[1]): inf[1] for inf in infos}.values())
+        out64 = np.empty((8, n), np.int64)
+        name, cat, path = np.empty(n, np.int32), np.empty(n, np.int16), np.empty(n, np.int32)
+        site, err = np.empty(n, np.int32), np.empty(n, np.int8)
+        placements = [clk.placement for clk in clock_objs]
+        knots = []
+        for clk, pl, (ncmd, cmax, nreg, rmax) in zip(clock_objs, placements, per_clock):
+            # The map's offsets are what ``offsets`` of these STARTs would give: note them as mapped the same way.
+            knots.append(clk.knots(cmax if ncmd else rmax if nreg and pl.empty else None))
+        with contextlib.ExitStack() as lent:  # each placement locked, and what ``finish`` placed taken back
+            args = [(*kn, *lent.enter_context(pl.native(ncmd + nreg + 1)))
+                    for pl, kn, (ncmd, _, nreg, _) in zip(placements, knots, per_clock)]
+            native.finish(ints, status, raw, self._region_lut, groups, thread_track, site_id,
+                          np.array([inf[0] for inf in infos], np.int64), q_clock,
+                          np.array([inf[2] is not None for inf in infos], np.uint8), path_id, args,
+                          self._extents.table, out64, name, cat, path, site, err)
+        out = {"id": ints[C.C_ID], "parent": ints[C.C_PARENT], "host_begin": ints[C.C_HB], "host_end": ints[C.C_HE],
+               "name": name, "cat": cat, "site": site, "thread": out64[0], "path": path, "track": out64[1],
+               "dev_queued": out64[2], "dev_submit": out64[3], "dev_start": out64[4], "dev_end": out64[5],
+               "raw_start": out64[6], "raw_end": out64[7], "status": err}
+        attrs = [None] * n
+        if attrs_n:  # the records' attrs, a part at a time (the GIL held for ~0.1 ms each, not ~1 ms on 64k rows)
+            attrs = native.field(todo, R_ATTRS, 0, min(n, _PART))
+            for lo in range(_PART, n, _PART):
+                attrs += native.field(todo, R_ATTRS, lo, min(n, lo + _PART))
+        errors = self._errors(todo, np.flatnonzero(ints[C.C_FLAGS] & C.F_ERROR)) if errs else {}
+        if failed:
+            self._failures(todo, np.flatnonzero(((ints[C.C_FLAGS] & C.F_DEV) != 0) & (status < 0)), status, attrs,
+                           errors, err)
+        lanes = [g for g, inf in enumerate(infos) if inf[2] is not None]
+        if lanes:  # out-of-order queues: their commands, placed above, go on lanes
+            region = self._region_lut[np.minimum(cat, len(self._region_lut) - 1)]
+            for g in lanes:
+                mine = np.flatnonzero((groups[2] == g) & ~region)
+                if len(mine):
+                    i = int(mine[0])
+                    self._assign_lanes((todo[i][queue], todo[i][thread], infos[g][2]), mine, out)
+        return SpanBatch(self.tables, out, attrs, errors)
+
+    def _settle(self, todo: list[tuple], ints: np.ndarray, misses: int, big: int) -> None:
+        """The rare rows ``scan`` cannot group yet, made groupable in place: names, categories and paths interned;
+        thread keys beyond int64 replaced by a stand-in key (negative, below -1) that ``_thread_track`` maps
+        back."""
+        C = stamps
+        t = self.tables
+        if misses:
+            for row, field, table in ((C.C_NAME, R_NAME, t.names), (C.C_CAT, R_CAT, t.cats), (C.C_PATH, R_PATH, t.paths)):
+                self._interned(ints[row], todo, field, table)
+        if big:
+            thr = ints[C.C_THREAD]
+            for i in np.flatnonzero(ints[C.C_FLAGS] & C.F_BIG_THREAD).tolist():
+                thr[i] = self._stand_in(todo[i][R_THREAD])
 
     @staticmethod
     def _place(clock: Any, rows: np.ndarray, raw: np.ndarray, region: np.ndarray, off: np.ndarray,
@@ -299,7 +411,7 @@ class Resolver:
         looked up once per distinct (recorded path, name) in the batch, from a table kept between batches.
         """
         paths = self.tables.paths
-        pid = self._interned(pid, todo, 4, paths)
+        pid = self._interned(pid, todo, R_PATH, paths)
         launch = np.flatnonzero(~region)
         if not len(launch):
             return pid.astype(np.int32)
@@ -327,6 +439,20 @@ class Resolver:
         for j in used.tolist():
             lane_track[j] = self.tracks.device_queue(queue, thread, None, str(j + 1))
         track[rows] = lane_track[lanes]
+
+    @staticmethod
+    def _errors(todo: list[tuple], rows: np.ndarray) -> dict[int, str]:
+        """Row -> the record's error message, for these rows (records whose ``R_ERROR`` is set)."""
+        error = R_ERROR
+        return {i: todo[i][error] for i in rows.tolist()}
+
+    def _failures(self, todo: list[tuple], rows: np.ndarray, status: np.ndarray, attrs: list[Any],
+                  errors: dict[int, str], err: np.ndarray) -> None:
+        """Failed commands among ``rows`` (a negative ``status``): ``_device_failed`` each."""
+        known, ev0, ev1 = self._failed, R_EV0, R_EV1
+        for i in rows.tolist():
+            rec = todo[i]
+            self._device_failed(i, rec[ev0], rec[ev1], int(status[i]), int(known[i]), attrs, errors, err)
 
     @staticmethod
     def _device_failed(i: int, e0: Any, e1: Any, code: int, known: int, attrs: list[Any], errors: dict[int, str],

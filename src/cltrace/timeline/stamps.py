@@ -22,12 +22,13 @@ import contextlib
 import functools
 import os
 from itertools import compress, repeat
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
 from .._native import choose, extension
+from .raw import R_EV0, R_EV1, R_FIELDS
 
 
 _COMPLETE = 0
@@ -169,7 +170,7 @@ def _python_columns(records: list, names: dict, cats: dict, paths: dict,
     if not n:
         return ints, hs
     cols = list(zip(*records))
-    cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus, _, site = cols[:15]
+    cat, name, sid, parent, path, thread, hb, he, queue, ev0, ev1, attrs, rstatus, _, site = cols[:R_FIELDS]  # R_*
     for row, col in ((C_ID, sid), (C_PARENT, parent), (C_HB, hb), (C_HE, he)):
         ints[row] = np.fromiter(col, np.int64, n)
     flags = ints[C_FLAGS]
@@ -224,12 +225,13 @@ def _python_columns_read(records: list, names: dict, cats: dict, paths: dict) ->
     flags = ints[C_FLAGS]
     ev = np.flatnonzero((flags & (F_DEV | F_TICKETS)) == F_DEV)
     if len(ev):
-        st0, s0 = _read_events([records[i][9] for i in ev.tolist()])
+        e0, e1 = itemgetter(R_EV0), itemgetter(R_EV1)
+        st0, s0 = _read_events(list(map(e0, map(records.__getitem__, ev.tolist()))))
         status[ev], raw[ev] = st0, s0
         two = (flags[ev] & F_TWO) != 0
         if two.any():
             rows = ev[two]
-            st1, s1 = _read_events([records[i][10] for i in rows.tolist()], end_only=True)
+            st1, s1 = _read_events(list(map(e1, map(records.__getitem__, rows.tolist()))), end_only=True)
             raw[rows, 2] = raw[rows, 3]
             raw[rows, 3] = s1[:, 3]
             status[rows] = combined(st0[two], st1)

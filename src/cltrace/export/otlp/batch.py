@@ -10,6 +10,7 @@ from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from ..._version import version as _version
+from ..base import TraceContext
 from .encode import WireEncoder, chunks_by_size
 from .mapping import Mapper, readable_span
 from .resource import resource_attributes
@@ -27,10 +28,10 @@ class BatchExporter:
     ``on_error`` receives the message of an export that raised.
     """
 
-    def __init__(self, recorder: Any, mapper: Mapper, base: Mapping[str, Any], *, wire: bool,
+    def __init__(self, ctx: TraceContext, mapper: Mapper, base: Mapping[str, Any], *, wire: bool,
                  processor: Any, provider_resource: Any, max_request_bytes: int,
                  on_error: Callable[[str], None]) -> None:
-        self.recorder = recorder
+        self.ctx = ctx
         self.mapper = mapper
         self.base = base
         self.encoder = WireEncoder(mapper, "cltrace", _version()) if wire else None
@@ -96,12 +97,12 @@ class BatchExporter:
         return [(n, exporter.export(spans) == SpanExportResult.SUCCESS)]
 
     def _refresh_resource(self) -> None:
-        """(Re)build the resource when the recorder has seen new OpenCL devices."""
-        ndev = len(self.recorder.tracks.devices)
+        """(Re)build the resource when the trace has seen new OpenCL devices."""
+        ndev = len(self.ctx.tracks.devices)
         if ndev == self._resource_key:
             return
         with self._lock:
-            attrs = resource_attributes(self.recorder, self.base)
+            attrs = resource_attributes(self.ctx, self.base)
             if self.provider_resource is not None:
                 attrs = {**attrs, **dict(self.provider_resource.attributes)}
             self._resource = Resource(attrs)

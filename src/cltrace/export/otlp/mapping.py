@@ -5,9 +5,9 @@ id 0, which is what ``Span.parent == 0`` means. Spans are in the run's trace und
 parent, except where ``record.otel_context.PARENTS`` says a region was opened under another
 OpenTelemetry span: then it, its kernels and nested regions go in that span's trace, under it; and
 in a scheduled session each step is a trace of its own: a span that began inside a step's host
-interval (``recorder.steps``) goes to that step's trace, under the step span (its root) unless its
+interval (``TraceContext.steps``) goes to that step's trace, under the step span (its root) unless its
 parent began inside the step too (``Mapper.place``). Times are Unix-epoch ns: host
-``perf_counter_ns`` + ``recorder.start_unix_ns - recorder.start_ns``. A span runs from the
+``perf_counter_ns`` + ``ctx.start_unix_ns - ctx.start_ns``. A span runs from the
 host call that issued the work to the later of the host return and the device END. The call
 site goes under the semantic-convention keys ``code.file.path``, ``code.line.number`` and
 ``code.function.name`` (``code.stacktrace`` with ``stack_depth`` > 1).
@@ -17,11 +17,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Mapping
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from ...record.otel_context import PARENTS
 from ...timeline.spans import KERNEL, STATUS_ERROR, STEP, Span
+from ..base import TraceContext
 
 # Record attribute keys with a name of their own; every other key K becomes "cltrace.K".
 _KEY_NAMES = {"global_size": "cltrace.kernel.global_size", "local_size": "cltrace.kernel.local_size"}
@@ -89,10 +91,12 @@ class Mapper:
     """cltrace Span -> OTel span record ``(name, span_id, parent_id, start, end, attrs, events,
     status_code, status_message)``: one mapping shared by both encoders."""
 
-    def __init__(self, recorder: Any, trace_id: int, salt: int,
+    def __init__(self, ctx: TraceContext, trace_id: int, salt: int,
                  root_parent: int | None = None, root_parent_remote: bool = False) -> None:
-        self.tracks = recorder.tracks
-        self.offset = recorder.start_unix_ns - recorder.start_ns
+        """``ctx``: the trace's context, or as much of one as the mapping reads (``tracks``, ``start_ns``,
+        ``start_unix_ns``, ``steps``; ``steps`` None where there are none: a file loaded by ``store``)."""
+        self.tracks = ctx.tracks
+        self.offset = ctx.start_unix_ns - ctx.start_ns
         self.trace_id = trace_id
         self.key = salt << 32
         self.root_parent = root_parent
@@ -101,7 +105,7 @@ class Mapper:
         self._threads: dict[int, str] = {}
         self._queues: dict[int, tuple[str, str, str, str]] = {}
         self._static: dict[tuple, dict[str, Any]] = {}
-        self.steps = getattr(recorder, "steps", None)
+        self.steps = ctx.steps
         self._step_ids: dict[int, tuple[int, int]] = {}  # step table index -> (trace id, step span id)
 
     def span_id(self, cltrace_id: int) -> int:
@@ -236,6 +240,10 @@ class Mapper:
         return ("cltrace.run", self.key, self.root_parent, begin_ns + off, end_ns + off, attrs, (), 0, None)
 
 
+# An event's attributes as the SDK makes them (the 1.25 encoder reads ``.dropped`` of them): none, shared.
+_NO_ATTRIBUTES = BoundedAttributes(immutable=True)
+
+
 def readable_span(rec: tuple, trace_id: int, resource: Any, scope: Any,
                   parent_remote: bool = False) -> Any:
     """A Mapper record as an SDK ``ReadableSpan`` (for user exporters, tracer providers and
@@ -249,7 +257,7 @@ def readable_span(rec: tuple, trace_id: int, resource: Any, scope: Any,
         parent=parent,
         resource=resource,
         attributes=attrs,
-        events=[Event(n, None, ts) for n, ts in events],
+        events=[Event(n, _NO_ATTRIBUTES, ts) for n, ts in events],
         kind=SpanKind.INTERNAL,
         status=Status(StatusCode.ERROR, msg) if code else Status(StatusCode.UNSET),
         start_time=start,

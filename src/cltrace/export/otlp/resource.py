@@ -12,6 +12,7 @@ from opentelemetry.sdk.resources import Resource
 
 from ..._version import version as _version
 from ...record import job
+from ..base import TraceContext
 from ..processes import command_args
 
 
@@ -28,9 +29,9 @@ def base_resource(service_name: str | None) -> dict[str, Any]:
     return attrs
 
 
-def resource_attributes(recorder: Any, base: Mapping[str, Any]) -> dict[str, Any]:
+def resource_attributes(ctx: TraceContext, base: Mapping[str, Any]) -> dict[str, Any]:
     """Detected host/process/OpenCL facts, overridden by ``base`` (see ``base_resource``)."""
-    devices = list(recorder.tracks.devices.values())
+    devices = list(ctx.tracks.devices.values())
     detected: dict[str, Any] = {
         "host.name": socket.gethostname(),
         "host.arch": platform.machine(),
@@ -40,7 +41,7 @@ def resource_attributes(recorder: Any, base: Mapping[str, Any]) -> dict[str, Any
         "process.runtime.name": sys.implementation.name,
         "process.runtime.version": platform.python_version(),
         "cltrace.version": _version(),
-        "cltrace.host.unix_offset_ns": recorder.start_unix_ns - recorder.start_ns,
+        "cltrace.host.unix_offset_ns": ctx.start_unix_ns - ctx.start_ns,
         "cltrace.opencl.device.names": [d.name for d in devices],
         "cltrace.opencl.device.types": [d.type for d in devices],
         "cltrace.opencl.device.versions": [d.version for d in devices],

@@ -11,12 +11,13 @@ import random
 import threading
 import time
 from collections import deque
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from opentelemetry import trace as otel_trace
 
 from ...record import otel_context
-from ...timeline.spans import Span
+from ...timeline.batch import SpanBatch, as_batch
+from ..base import TraceContext
 from .batch import Batch, BatchExporter
 from .config import (
     DEFAULT_CLOSE_TIMEOUT_S,
@@ -122,7 +123,7 @@ class OtlpSink:
         self._closed = False
         self._workers: list[threading.Thread] = []
         self._log_filter = ExporterLogFilter(self._error)
-        self._recorder: Any = None
+        self._ctx: TraceContext | None = None
         self.mapper: Mapper | None = None
         self._batches: BatchExporter | None = None
         self.trace_id = 0
@@ -130,23 +131,23 @@ class OtlpSink:
         self._claimed = False
 
     # -- SpanSink -------------------------------------------------------------------------
-    def start(self, recorder: Any) -> None:
-        if self._recorder is not None:
+    def start(self, ctx: TraceContext) -> None:
+        if self._ctx is not None:
             return
-        self._recorder = recorder
+        self._ctx = ctx
         self._begin_ns = _perf()
-        ctx = otel_trace.get_current_span().get_span_context()
+        current = otel_trace.get_current_span().get_span_context()  # the program's OpenTelemetry span, if any
         salt = random.getrandbits(32) or 1
-        if ctx.is_valid:
-            ids = (salt << 32, ctx.trace_id, ctx.span_id, ctx.is_remote)
+        if current.is_valid:
+            ids = (salt << 32, current.trace_id, current.span_id, current.is_remote)
         else:
             ids = (salt << 32, random.getrandbits(128) or 1, None, False)
         # Regions join the OpenTelemetry context under these ids (shared by every attached OTLP sink).
         key, self.trace_id, root_parent, root_remote = otel_context.claim(*ids)
         self._claimed = True
-        self.mapper = Mapper(recorder, self.trace_id, key >> 32, root_parent, root_remote)
+        self.mapper = Mapper(ctx, self.trace_id, key >> 32, root_parent, root_remote)
         dest = self._dest
-        self._batches = BatchExporter(recorder, self.mapper, self._base_resource, wire=dest.wire,
+        self._batches = BatchExporter(ctx, self.mapper, self._base_resource, wire=dest.wire,
                                       processor=dest.processor, provider_resource=dest.resource,
                                       max_request_bytes=self.max_request_bytes, on_error=self._error)
         self._log_filter.install()
@@ -155,9 +156,9 @@ class OtlpSink:
             self._workers.append(t)
             t.start()
 
-    def write(self, spans: Sequence[Span]) -> None:
+    def write(self, batch: SpanBatch) -> None:
         """Queue a batch for the workers; never waits. What does not fit is dropped and counted."""
-        n = len(spans)
+        n = len(batch)
         if not n:
             return
         with self._cv:
@@ -170,9 +171,9 @@ class OtlpSink:
                 self.dropped += n - max(room, 0)
                 if room <= 0:
                     return
-                spans = spans[:room]
+                batch = as_batch(batch, self._ctx.tables).take(slice(0, room))
                 n = room
-            self._queue.append((False, list(spans)))
+            self._queue.append((False, list(batch)))
             self._queued += n
             self._cv.notify()
 

@@ -3,7 +3,7 @@
 The file is a ``perfetto.protos.Trace``: a run of ``Trace.packet`` entries appended write by
 write, so a run cut off after a flush still loads up to its last complete packet. Sequence 1 (see
 ``wire.META_SEQ``) carries the track descriptors, the dropped-spans counter, the live device-memory
-counter of each context (samples from ``recorder.memory``, written at each flush) and the metadata,
+counter of each context (samples from ``TraceContext.memory``, written at each flush) and the metadata,
 with absolute MONOTONIC timestamps.
 
 By default the packets of each flush are written compressed (``compress``: one
@@ -17,14 +17,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import IO, Any, Sequence
+from typing import IO, Any
 
 import numpy as np
 
 from ...record.memory import counter_name
-from ...timeline.batch import as_batch
-from ...timeline.spans import Span
-from ..base import abandon_file, open_trace_file, start_writeback
+from ...timeline.batch import SpanBatch, as_batch
+from ..base import TraceContext, abandon_file, open_trace_file, start_writeback
 from ..processes import program_name
 from . import encoder, messages
 from .compress import packed
@@ -70,15 +69,15 @@ class PerfettoTraceSink:
         self.bytes_written = 0
         self.packets_written = 0
 
-    def start(self, recorder: Any) -> None:
+    def start(self, ctx: TraceContext) -> None:
         if self._fh is not None:
             return
-        self._tables = recorder.tables
-        self._memory = getattr(recorder, "memory", None)
+        self._tables = ctx.tables
+        self._memory = ctx.memory
         if self._memory is not None:
             self._memory_at, self._memory_first = self._memory.open()
-        self._clock = getattr(recorder, "now_ns", time.perf_counter_ns)  # a merged trace ends at its last span
-        tracks = self._tracks = Tracks(recorder.tracks, _mono_offset())
+        self._clock = ctx.now_ns  # a merged trace ends at its last span
+        tracks = self._tracks = Tracks(ctx.tracks, _mono_offset(), ctx.process_names)
         native = getattr(encoder.encode_rows, "writer", None)
         self._fused = FusedWriter(native, tracks) if native is not None else None
         self._fh = open_trace_file(self.path)
@@ -93,23 +92,23 @@ class PerfettoTraceSink:
         else:
             clocks = [(MONOTONIC, time.monotonic_ns(), False)]
         out = [messages.sequence_start(META_SEQ, clocks, MONOTONIC, MONOTONIC)]
-        pid = recorder.tracks.pid
-        name = (getattr(recorder.tracks, "process_names", None) or {}).get(pid) or program_name()
+        pid = ctx.tracks.pid
+        name = ctx.process_names.get(pid) or program_name()
         out.append(messages.descriptor(tracks.process_uuid, process=messages.process(pid, name)))
         self._dropped_uuid = tracks.new_uuid()
         out.append(messages.descriptor(self._dropped_uuid, name=DROPPED_TRACK, parent=tracks.process_uuid,
                                        unit=messages.UNIT_COUNT))
-        early = {k: v for k, v in recorder.metadata().items() if k not in ("dropped_spans", "recorded_spans")}
+        early = {k: v for k, v in ctx.metadata().items() if k not in ("dropped_spans", "recorded_spans")}
         out.append(self._metadata_packet(early))
         self._write(b"".join(out))  # plain: a reader without inflate still finds the clocks and tracks
         self._fh.flush()
         self._flush_by = time.monotonic() + self.FLUSH_S
 
-    def write(self, spans: Sequence[Span]) -> None:
-        if self._fh is None or not spans:
+    def write(self, batch: SpanBatch) -> None:
+        if self._fh is None or not batch:
             return
         head: list[bytes] = []
-        batch = as_batch(spans, self._tables)
+        batch = as_batch(batch, self._tables)
         if self._fused is not None:
             parts, packets = self._fused.write(batch, head)
             self.packets_written += packets
@@ -120,7 +119,7 @@ class PerfettoTraceSink:
             rows, now = self._hold.hold_back(rows, extras, arrivals)
             self._emit(b"".join(head))
             self._emit(self._encode(rows, extras, now))
-        self._since_flush += len(spans)
+        self._since_flush += len(batch)
         if self._since_flush >= self.flush_every or time.monotonic() >= self._flush_by:
             self._flush_os()
 

@@ -15,7 +15,7 @@ Device slices carry the name only: their category is their span's, on the host s
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -124,8 +124,9 @@ class Seq:
 class Tracks:
     """Descriptors and sequences of the tracks spans are written on, and the templates in ``pool``."""
 
-    def __init__(self, registry: Any, mono: int) -> None:
-        self.registry = registry  # the recorder's TrackRegistry
+    def __init__(self, registry: Any, mono: int, process_names: Mapping[int, str] | None = None) -> None:
+        self.registry = registry  # the trace's tracks (``base.TraceContext.tracks``)
+        self.process_names = process_names or {}  # pid -> name of another host process (a merge's inputs)
         self.mono = mono  # MONOTONIC - perf_counter_ns
         self.seqs: dict[int, Seq] = {}  # track id -> its sequence
         self.pool = Pool()
@@ -150,7 +151,7 @@ class Tracks:
         uuid = self._host_uuids.get(pid)
         if uuid is None:
             uuid = self._host_uuids[pid] = self.new_uuid()
-            name = (getattr(self.registry, "process_names", None) or {}).get(pid, f"pid {pid}")
+            name = self.process_names.get(pid, f"pid {pid}")
             head.append(messages.descriptor(uuid, process=messages.process(pid, name)))
         return uuid
 
