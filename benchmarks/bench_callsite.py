@@ -41,7 +41,8 @@ import pyopencl as cl
 
 import cltrace
 from cltrace.record import callsite, regions
-from cltrace.record.recorder import RECORDER, R_SITE
+from cltrace.record.recorder import RECORDER
+from cltrace.timeline.raw import R_SITE
 from cltrace.export.chrome import ChromeTraceSink
 from cltrace.export.perfetto import PerfettoTraceSink
 from cltrace.timeline.batch import Tables

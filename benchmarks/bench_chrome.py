@@ -24,13 +24,13 @@ import os
 import sys
 import tempfile
 import time
-import types
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 import cltrace
 from cltrace.export import chrome_lines
+from cltrace.export.base import FixedTrace
 from cltrace.export.chrome import ChromeTraceSink, _encode_attrs, _esc, _us
 from cltrace.timeline.batch import NAMES, SpanBatch, Tables, as_batch
 from cltrace.timeline.spans import REGION_CATS, Span
@@ -55,8 +55,8 @@ class PerSpanSink(ChromeTraceSink):
         fh = self._fh
         if fh is None or not spans:
             return
-        b = as_batch(spans, self._recorder.tables)
-        tracks = self._recorder.tracks
+        b = as_batch(spans, self._ctx.tables)
+        tracks = self._ctx.tracks
         seen = self._tracks_written
         base = self._base
         host_pid = self._host_pid
@@ -200,7 +200,7 @@ def workload(n: int) -> tuple[Any, list[SpanBatch]]:
     cols = {c: np.array(v) for c, v in rows.items()}
     whole = SpanBatch(tables, cols, attrs)
     batches = [whole.take(slice(i, i + BATCH)) for i in range(0, n, BATCH)]
-    return types.SimpleNamespace(start_ns=start, tracks=tracks, tables=tables), batches
+    return FixedTrace(tracks, tables, start), batches
 
 
 def run(make: Callable[[str], ChromeTraceSink], rec: Any, batches: list[SpanBatch], path: str) -> tuple[float, float]:
