@@ -135,7 +135,7 @@ def capacity(s: Setup, n: int, tmp: str, compress: bool = True) -> float:
 def previous_design() -> Iterator[None]:
     """The sixth session's design, for a side-by-side row: no harvest on the launching thread, records keep
     their Events below 16 384 waiting, the reaper and the resolver read whenever they run."""
-    from cltrace.timeline import _stamps
+    from cltrace._ext import stamps as _stamps
 
     if stamps.REAPER is None:
         yield
@@ -431,7 +431,7 @@ def main() -> None:
         return not only or name in only
 
     if args.harvest_every is not None and stamps.REAPER is not None:
-        from cltrace.timeline import _stamps
+        from cltrace._ext import stamps as _stamps
 
         was = _stamps.reaper_config(250_000, 2_000_000)
         _stamps.reaper_config(*was[:2], args.harvest_every, *was[3:])

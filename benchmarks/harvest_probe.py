@@ -37,7 +37,8 @@ import numpy as np
 import pyopencl as cl
 
 import cltrace  # noqa: F401  (loads the native stamps reader)
-from cltrace.timeline import _stamps, stamps
+from cltrace._ext import stamps as _stamps
+from cltrace.timeline import stamps
 
 SRC = "__kernel void k(__global float *x) { x[get_global_id(0)] += 1.0f; }"
 

@@ -33,7 +33,7 @@ def main() -> None:
     a = ap.parse_args()
     if stamps.REAPER is None:
         sys.exit(f"no reaper here ({stamps.REAPER_DETAIL})")
-    from cltrace.timeline import _stamps
+    from cltrace._ext import stamps as _stamps
 
     q = cltrace.profiling_queue()
     prg = cltrace.compile(SRC, context=q.context)

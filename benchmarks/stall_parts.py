@@ -42,7 +42,7 @@ from stall_probe import loop, setup  # noqa: E402
 READ = ("tracked", "harvested", "harvests", "harvests_declined", "harvest_ms")
 
 if stamps.REAPER is not None:
-    from cltrace.timeline import _stamps
+    from cltrace._ext import stamps as _stamps
 else:
     _stamps = None
 

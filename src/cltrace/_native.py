@@ -28,14 +28,18 @@ class Choice(NamedTuple):
         return "native (C extension)" if self.native is not None else f"python (fallback: {self.why})"
 
 
-def extension(package: str, name: str) -> ModuleType:
-    """The C extension ``package.name``, imported by name (a leaf module: tests/test_layers.py reads a
-    ``from . import`` as importing the package); ImportError saying it is not built where it is missing."""
+def extension(stage: str) -> ModuleType:
+    """The stage ``stage`` of the one C extension (``cltrace._ext.<stage>``, see _ext.pyi); ImportError
+    saying it is not built where it is missing."""
     try:
-        return importlib.import_module(f"{package}.{name}")
+        ext = importlib.import_module("cltrace._ext")
     except ImportError as exc:
         log.debug("cltrace: %s", exc)
         raise ImportError("C extension not built (no C compiler at install time?)") from None
+    mod = getattr(ext, stage, None)
+    if not isinstance(mod, ModuleType):
+        raise ImportError(f"C extension built for another cltrace (no stage {stage!r}): reinstall cltrace")
+    return mod
 
 
 def choose(what: str, load: Callable[[], Any]) -> Choice:

@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../_ext.h"
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -407,9 +408,9 @@ done:
 /* --- the batch path: SpanBatch columns and lookup tables in, text straight into the caller's buffer ---------- */
 
 /* Columns of a SpanBatch (``chrome_lines.COLS``), each a contiguous buffer of n items. */
-enum { C_ID, C_PARENT, C_THREAD, C_HOST_BEGIN, C_HOST_END, C_TRACK, C_QUEUED, C_SUBMIT, C_DEV_START, C_DEV_END,
-       C_RAW_START, C_RAW_END, C_NAME, C_CAT, C_SITE, C_STATUS, C_ATTRS, C_ERROR, N_COLS };
-static const int COL_SIZE[N_COLS] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 2, 4, 1, 4, 4};
+enum { SB_ID, SB_PARENT, SB_THREAD, SB_HOST_BEGIN, SB_HOST_END, SB_TRACK, SB_QUEUED, SB_SUBMIT, SB_DEV_START, SB_DEV_END,
+       SB_RAW_START, SB_RAW_END, SB_NAME, SB_CAT, SB_SITE, SB_STATUS, SB_ATTRS, SB_ERROR, N_SB_COLS };
+static const int COL_SIZE[N_SB_COLS] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 2, 4, 1, 4, 4};
 /* Lookup tables (``chrome_lines.LUTS``): track id -> host head, track id -> device head,
  * name id * ncat + category id -> head, site id + 1 -> site text, category id -> is a region. */
 enum { L_HOST, L_DEVICE, L_HEAD, L_SITE, L_REGION, N_LUTS };
@@ -419,15 +420,15 @@ static const char *const BTABLE_NAMES[N_BTABLES] = {"heads", "flow_s", "flow_f",
                                                     "sites", "errors"};
 
 typedef struct {
-    Py_buffer col[N_COLS], lut[N_LUTS];
-    int has_col[N_COLS], has_lut[N_LUTS];
+    Py_buffer col[N_SB_COLS], lut[N_LUTS];
+    int has_col[N_SB_COLS], has_lut[N_LUTS];
     Py_ssize_t n, lut_n[N_LUTS], ncat;
 } batch_t;
 
 static void
 batch_release(batch_t *b)
 {
-    for (int k = 0; k < N_COLS; k++)
+    for (int k = 0; k < N_SB_COLS; k++)
         if (b->has_col[k])
             PyBuffer_Release(&b->col[k]);
     for (int k = 0; k < N_LUTS; k++)
@@ -449,21 +450,21 @@ get_buffer(PyObject *o, Py_buffer *v, int itemsize, int writable, const char *wh
     return 0;
 }
 
-/* cols: a tuple of N_COLS buffers (the error column may be None: no failed rows); luts: N_LUTS buffers and
+/* cols: a tuple of N_SB_COLS buffers (the error column may be None: no failed rows); luts: N_LUTS buffers and
  * ncat. The lookup tables are writable: scan marks the keys it reports. */
 static int
 batch_from(PyObject *cols, PyObject *luts, Py_ssize_t ncat, batch_t *b)
 {
     memset(b, 0, sizeof(*b));
-    if (!PyTuple_Check(cols) || PyTuple_GET_SIZE(cols) != N_COLS || !PyTuple_Check(luts) ||
+    if (!PyTuple_Check(cols) || PyTuple_GET_SIZE(cols) != N_SB_COLS || !PyTuple_Check(luts) ||
         PyTuple_GET_SIZE(luts) != N_LUTS) {
-        PyErr_Format(PyExc_TypeError, "need a tuple of %d columns and a tuple of %d lookup tables", N_COLS, N_LUTS);
+        PyErr_Format(PyExc_TypeError, "need a tuple of %d columns and a tuple of %d lookup tables", N_SB_COLS, N_LUTS);
         return -1;
     }
     b->n = -1;
-    for (int k = 0; k < N_COLS; k++) {
+    for (int k = 0; k < N_SB_COLS; k++) {
         PyObject *o = PyTuple_GET_ITEM(cols, k);
-        if (k == C_ERROR && o == Py_None)
+        if (k == SB_ERROR && o == Py_None)
             continue;
         if (get_buffer(o, &b->col[k], COL_SIZE[k], 0, "column", k) < 0)
             goto fail;
@@ -545,14 +546,14 @@ chrome_scan(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    const int64_t *thread = COL(&b, C_THREAD, int64_t), *track = COL(&b, C_TRACK, int64_t);
-    const int32_t *name = COL(&b, C_NAME, int32_t), *site = COL(&b, C_SITE, int32_t);
-    const int16_t *cat = COL(&b, C_CAT, int16_t);
+    const int64_t *thread = COL(&b, SB_THREAD, int64_t), *track = COL(&b, SB_TRACK, int64_t);
+    const int32_t *name = COL(&b, SB_NAME, int32_t), *site = COL(&b, SB_SITE, int32_t);
+    const int16_t *cat = COL(&b, SB_CAT, int16_t);
     int32_t *host_lut = LUT(&b, L_HOST, int32_t), *dev_lut = LUT(&b, L_DEVICE, int32_t),
             *head_lut = LUT(&b, L_HEAD, int32_t), *site_lut = LUT(&b, L_SITE, int32_t);
     const uint8_t *region = LUT(&b, L_REGION, uint8_t);
     int32_t *attrs_out = (int32_t *)out.buf;
-    const int8_t *status = COL(&b, C_STATUS, int8_t);
+    const int8_t *status = COL(&b, SB_STATUS, int8_t);
     Py_ssize_t devices = 0, flows = 0, failed = 0;
     int64_t need = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -694,15 +695,15 @@ chrome_fill(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "fill: errors, attrs, devices and sites need their empty entry");
         goto done;
     }
-    const int64_t *id = COL(&b, C_ID, int64_t), *par = COL(&b, C_PARENT, int64_t),
-                  *thread = COL(&b, C_THREAD, int64_t), *hb = COL(&b, C_HOST_BEGIN, int64_t),
-                  *he = COL(&b, C_HOST_END, int64_t), *track = COL(&b, C_TRACK, int64_t),
-                  *q = COL(&b, C_QUEUED, int64_t), *sub = COL(&b, C_SUBMIT, int64_t),
-                  *ds = COL(&b, C_DEV_START, int64_t), *de = COL(&b, C_DEV_END, int64_t),
-                  *rs = COL(&b, C_RAW_START, int64_t), *re = COL(&b, C_RAW_END, int64_t);
-    const int32_t *name = COL(&b, C_NAME, int32_t), *site = COL(&b, C_SITE, int32_t),
-                  *attrs = COL(&b, C_ATTRS, int32_t), *err = b.has_col[C_ERROR] ? COL(&b, C_ERROR, int32_t) : NULL;
-    const int16_t *cat = COL(&b, C_CAT, int16_t);
+    const int64_t *id = COL(&b, SB_ID, int64_t), *par = COL(&b, SB_PARENT, int64_t),
+                  *thread = COL(&b, SB_THREAD, int64_t), *hb = COL(&b, SB_HOST_BEGIN, int64_t),
+                  *he = COL(&b, SB_HOST_END, int64_t), *track = COL(&b, SB_TRACK, int64_t),
+                  *q = COL(&b, SB_QUEUED, int64_t), *sub = COL(&b, SB_SUBMIT, int64_t),
+                  *ds = COL(&b, SB_DEV_START, int64_t), *de = COL(&b, SB_DEV_END, int64_t),
+                  *rs = COL(&b, SB_RAW_START, int64_t), *re = COL(&b, SB_RAW_END, int64_t);
+    const int32_t *name = COL(&b, SB_NAME, int32_t), *site = COL(&b, SB_SITE, int32_t),
+                  *attrs = COL(&b, SB_ATTRS, int32_t), *err = b.has_col[SB_ERROR] ? COL(&b, SB_ERROR, int32_t) : NULL;
+    const int16_t *cat = COL(&b, SB_CAT, int16_t);
     const int32_t *host_lut = LUT(&b, L_HOST, int32_t), *dev_lut = LUT(&b, L_DEVICE, int32_t),
                   *head_lut = LUT(&b, L_HEAD, int32_t), *site_lut = LUT(&b, L_SITE, int32_t);
     const uint8_t *region = LUT(&b, L_REGION, uint8_t);
@@ -803,12 +804,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cltrace.export._chrome",
+    PyModuleDef_HEAD_INIT, "cltrace._ext.chrome",
     "Chrome JSON event lines of a span batch, without the GIL (see cltrace.export.chrome_lines).", -1, methods,
 };
 
-PyMODINIT_FUNC
-PyInit__chrome(void)
+PyObject *
+cltrace_chrome_module(void)
 {
     return PyModule_Create(&module);
 }

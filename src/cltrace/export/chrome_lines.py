@@ -102,7 +102,7 @@ def encode_python(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int,
 
 
 def _load_native() -> tuple[Encoder, Batch]:
-    _chrome = extension(__package__, "_chrome")
+    _chrome = extension("chrome")
     native = _chrome.encode
 
     def encode(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int, stop: int) -> bytes:

@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../_ext.h"
 #include "pythread.h"
 #include <math.h>
 #include <stdint.h>
@@ -358,7 +359,7 @@ static PyMethodDef extents_methods[] = {
 static PySequenceMethods extents_seq = {.sq_length = (lenfunc)extents_len};
 
 static PyTypeObject ExtentsType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cltrace.timeline._resolve.Extents",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cltrace._ext.resolve.Extents",
     .tp_basicsize = sizeof(Extents),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Device extents of children whose parent is not resolved yet, per (parent id, device track).",
@@ -371,8 +372,6 @@ static PyTypeObject ExtentsType = {
 /* --- the tail: a batch's final columns (see cltrace.timeline.tail) ---------------------------- */
 
 /* The first pass's int64 rows and flag bits (cltrace.timeline.stamps: C_*, F_*). */
-enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, C_SITE, N_COLS };
-enum { F_DEV = 1, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16 };
 enum { G_THREAD, G_SITE, G_QUEUE, G_PATH, N_GROUPS };              /* scan's groupings */
 enum { Q_CMDS, Q_CMD_MAX, Q_REGIONS, Q_REGION_MAX, N_QSTATS };      /* per queue group */
 #define RAW(i, k) raw[4 * (i) + (k)]                                  /* QUEUED, SUBMIT, START, END */
@@ -958,12 +957,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cltrace.timeline._resolve",
+    PyModuleDef_HEAD_INIT, "cltrace._ext.resolve",
     "The resolver's passes over whole columns, without the GIL (see cltrace.timeline.passes).", -1, methods,
 };
 
-PyMODINIT_FUNC
-PyInit__resolve(void)
+PyObject *
+cltrace_resolve_module(void)
 {
     if (PyType_Ready(&ExtentsType) < 0)
         return NULL;

@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../../_ext.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1623,7 +1624,7 @@ static PyMethodDef w_methods[] = {
 };
 
 static PyTypeObject WriterType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cltrace.export.perfetto._writer.Writer",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cltrace._ext.writer.Writer",
     .tp_basicsize = sizeof(Writer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A .pftrace writer's state between batches (see the module).",
@@ -1633,12 +1634,12 @@ static PyTypeObject WriterType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cltrace.export.perfetto._writer",
+    PyModuleDef_HEAD_INIT, "cltrace._ext.writer",
     "SpanBatch columns to Perfetto packets in one C pass (see cltrace.export.perfetto.fused).", -1, NULL,
 };
 
-PyMODINIT_FUNC
-PyInit__writer(void)
+PyObject *
+cltrace_writer_module(void)
 {
     if (PyType_Ready(&WriterType) < 0)
         return NULL;

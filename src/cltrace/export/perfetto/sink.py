@@ -79,7 +79,7 @@ class PerfettoTraceSink:
             self._memory_at, self._memory_first = self._memory.open()
         self._clock = getattr(recorder, "now_ns", time.perf_counter_ns)  # a merged trace ends at its last span
         tracks = self._tracks = Tracks(recorder.tracks, _mono_offset())
-        native = getattr(encoder.encode_rows, "writer", None)
+        native = encoder.NATIVE
         self._fused = FusedWriter(native, tracks) if native is not None else None
         self._fh = open_trace_file(self.path)
         if self.compress:
