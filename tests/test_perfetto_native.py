@@ -436,14 +436,23 @@ def test_native_writer_rejects_inconsistent_calls() -> None:
     lut = np.zeros(2, np.uint8)
 
     def write(hp: np.ndarray, **kw: Any) -> Any:
-        args = dict(id=i64, parent=z, cat=np.zeros(n, np.int16), thr=np.full(n, 1, np.int64), hb=i64, he=i64 + 1,
-                    trk=z, ds=z, de=z, raws=z, rawe=z, leaf=lut, region=lut, hp=hp,
-                    dp=np.zeros(0, np.int64), extras=[], counters=np.zeros((0, 5), np.int64))
+        args = dict(id=i64, parent=z, cat=np.zeros(n, np.int16), thread=np.full(n, 1, np.int64), host_begin=i64,
+                    host_end=i64 + 1, track=z, dev_start=z, dev_end=z, raw_start=z, raw_end=z, leaf=lut, region=lut,
+                    hpids=hp, dpids=np.zeros(0, np.int64), extras=[], counters=np.zeros((0, 5), np.int64))
         args.update(kw)
-        return w.write(*args.values(), *pool, consts, 0)
+        return w.write(**args, pool=pool[0], pool_off=pool[1], pool_len=pool[2], consts=consts, mono=0)
 
     with pytest.raises(ValueError, match="prepare first"):
         write(np.zeros(1, np.int64))
+    with pytest.raises(TypeError, match="missing keyword argument 'id'"):
+        w.write()
+    with pytest.raises(TypeError, match="missing keyword argument 'mono'"):
+        w.write(id=i64, parent=z, cat=np.zeros(n, np.int16), thread=z, host_begin=z,
+                host_end=z, track=z, dev_start=z, dev_end=z, raw_start=z, raw_end=z, leaf=lut, region=lut, hpids=z,
+                dpids=z, extras=[], counters=np.zeros((0, 5), np.int64), pool=pool[0], pool_off=pool[1],
+                pool_len=pool[2], consts=consts)
+    with pytest.raises(TypeError):  # keyword-only
+        w.write(i64)
     with pytest.raises(ValueError, match="thread must hold"):
         w.prepare(cols[0], np.ones(2, np.int64), *cols[2:], None, None)
     with pytest.raises(ValueError, match="out of range"):

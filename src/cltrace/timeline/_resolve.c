@@ -756,19 +756,32 @@ clock_parse(PyObject *item, clockst *k)
 
 enum { O_THREAD, O_TRACK, O_QUEUED, O_SUBMIT, O_START, O_END, O_RAW_START, O_RAW_END, N_OUT64 };
 
-/* finish(ints, status, raw, lut, groups, thread_track, site_id, queue_track, queue_clock, queue_lane, path_id,
- *        clocks, extents, out64, name, cat, path, site, status_out): see tail.py. */
+/* finish(*, ints, status, raw, lut, groups, thread_track, site_id, queue_track, queue_clock, queue_lane, path_id,
+ *        clocks, extents, out64, name, cat, path, site, status_out): see tail.py and _ext.pyi. */
 static PyObject *
-resolve_finish(PyObject *self, PyObject *args)
+resolve_finish(PyObject *self, PyObject *args, PyObject *kw)
 {
     enum { NB = 17 };
     Py_buffer b[NB];
-    PyObject *clocks, *ext;
+    PyObject *clocks = NULL, *ext = NULL;
     memset(b, 0, sizeof(b));
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*y*y*O!O!w*w*w*w*w*w*:finish", &b[0], &b[1], &b[2], &b[3], &b[4],
-                          &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &PyList_Type, &clocks, &ExtentsType, &ext, &b[11],
-                          &b[12], &b[13], &b[14], &b[15], &b[16]))
+    static char *names[] = {"ints", "status", "raw", "lut", "groups", "thread_track", "site_id", "queue_track",
+                            "queue_clock", "queue_lane", "path_id", "clocks", "extents", "out64", "name", "cat", "path",
+                            "site", "status_out", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$y*y*y*y*y*y*y*y*y*y*y*O!O!w*w*w*w*w*w*:finish", names, &b[0], &b[1],
+                                     &b[2], &b[3], &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &PyList_Type,
+                                     &clocks, &ExtentsType, &ext, &b[11], &b[12], &b[13], &b[14], &b[15], &b[16]))
         return NULL;
+    for (int j = 0; j < NB + 2; j++) { /* every argument is required */
+        int given = j < 11 ? b[j].obj != NULL : j == 11 ? clocks != NULL : j == 12 ? ext != NULL : b[j - 2].obj != NULL;
+        if (!given) {
+            PyErr_Format(PyExc_TypeError, "finish() missing keyword argument '%s'", names[j]);
+            for (int i = 0; i < NB; i++)
+                if (b[i].obj)
+                    PyBuffer_Release(&b[i]);
+            return NULL;
+        }
+    }
     Py_ssize_t n = b[1].len / (Py_ssize_t)sizeof(int32_t), nclk = PyList_GET_SIZE(clocks);
     Py_ssize_t m_thr = b[5].len / 8, m_site = b[6].len / 4, m_q = b[7].len / 8, m_path = b[10].len / 4;
     if (b[0].len != N_COLS * n * 8 || b[2].len != 4 * n * 8 || b[4].len != N_GROUPS * n * 4 || b[8].len != m_q * 8 ||
@@ -951,7 +964,9 @@ static PyMethodDef methods[] = {
     {"first_fit", resolve_first_fit, METH_VARARGS,
      "first_fit(starts, ends, lane_ends, used, lanes) -> used: commands on the first free lane."},
     {"scan", resolve_scan, METH_VARARGS, "scan(ints, status, raw, lut, groups) -> counts and groups: the tail's first pass."},
-    {"finish", resolve_finish, METH_VARARGS, "finish(...): a batch's final columns, placed and nested (see tail.py)."},
+    {"finish", (PyCFunction)(void (*)(void))resolve_finish, METH_VARARGS | METH_KEYWORDS,
+     "finish(*, ints, status, raw, lut, groups, thread_track, site_id, queue_track, queue_clock, queue_lane, path_id, "
+     "clocks, extents, out64, name, cat, path, site, status_out): a batch's final columns, placed and nested (see tail.py)."},
     {"field", resolve_field, METH_VARARGS, "field(records, index, lo, hi) -> [r[index] for r in records[lo:hi]]."},
     {NULL, NULL, 0, NULL},
 };

@@ -75,10 +75,11 @@ def columns(res: Any, native: Any, todo: list[tuple], ints: np.ndarray, status: 
         for pl, kn, (ncmd, _, nreg, _) in zip(placements, knots, per_clock):
             room = ncmd + nreg + 1
             args.append((*kn, pl._t, pl._o, np.empty(room, np.int64), np.empty(room, np.int64), pl.state()))
-        native.finish(ints, status, raw, res._region_lut, groups, thread_track, site_id,
-                      np.array([inf[0] for inf in infos], np.int64), q_clock,
-                      np.array([inf[2] is not None for inf in infos], np.uint8), path_id, args,
-                      res._extents._x, out64, name, cat, path, site, err)
+        native.finish(ints=ints, status=status, raw=raw, lut=res._region_lut, groups=groups, thread_track=thread_track,
+                      site_id=site_id, queue_track=np.array([inf[0] for inf in infos], np.int64), queue_clock=q_clock,
+                      queue_lane=np.array([inf[2] is not None for inf in infos], np.uint8), path_id=path_id,
+                      clocks=args, extents=res._extents._x, out64=out64, name=name, cat=cat, path=path, site=site,
+                      status_out=err)
         for pl, a in zip(placements, args):
             pl.update(a[7], a[5], a[6])
     finally:

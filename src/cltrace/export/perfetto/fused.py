@@ -57,10 +57,13 @@ class FusedWriter:
         hp = np.array([tracks.prefix(tables, k, s) for k, s in hmiss], np.int64)
         dp = np.array([tracks.prefix(tables, k, s) for k, s in dmiss], np.int64)
         counters = _counters(batch, tracks, head, extras)
-        pool = tracks.pool.arrays()
-        out = self._w.write(_c(batch.id), _c(batch.parent), cat, thread, _c(batch.host_begin), _c(batch.host_end), track,
-                            _c(batch.dev_start), _c(batch.dev_end), _c(batch.raw_start), _c(batch.raw_end), leaf,
-                            region, hp, dp, extras, counters, *pool, tracks.consts, tracks.mono)
+        pool, pool_off, pool_len = tracks.pool.arrays()
+        out = self._w.write(id=_c(batch.id), parent=_c(batch.parent), cat=cat, thread=thread,
+                            host_begin=_c(batch.host_begin), host_end=_c(batch.host_end), track=track,
+                            dev_start=_c(batch.dev_start), dev_end=_c(batch.dev_end), raw_start=_c(batch.raw_start),
+                            raw_end=_c(batch.raw_end), leaf=leaf, region=region, hpids=hp, dpids=dp, extras=extras,
+                            counters=counters, pool=pool, pool_off=pool_off, pool_len=pool_len, consts=tracks.consts,
+                            mono=tracks.mono)
         return self._framed(*out)
 
     def drain(self) -> tuple[list[bytes], int]:
