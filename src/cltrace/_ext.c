@@ -6,6 +6,15 @@
 #include <Python.h>
 #include "_ext.h"
 
+/* The stages: each builds its sub-module (cltrace._ext.<name>), NULL with an exception set on failure. */
+PyObject *cltrace_stamps_module(void);   /* timeline/_stamps.c (with _reaper.c, _opencl.c) */
+PyObject *cltrace_resolve_module(void);  /* timeline/_resolve.c */
+PyObject *cltrace_stats_module(void);    /* timeline/_stats.c */
+PyObject *cltrace_region_module(void);   /* record/_region.c */
+PyObject *cltrace_chrome_module(void);   /* export/_chrome.c */
+PyObject *cltrace_writer_module(void);   /* export/perfetto/_writer.c */
+PyObject *cltrace_scan_module(void);     /* read/_scan.c */
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "cltrace._ext", "cltrace's native stages, one sub-module each (see _ext.pyi).", -1, NULL,
 };
