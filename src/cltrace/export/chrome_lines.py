@@ -49,7 +49,7 @@ Encoder = Callable[[np.ndarray, np.ndarray, Tables, int, int], bytes]
 
 
 class Batch(NamedTuple):
-    """The C extension's batch path (``_chrome.scan`` and ``_chrome.fill``; see ``_chrome.c``)."""
+    """The C extension's batch path (``cltrace._ext.chrome``'s ``scan`` and ``fill``; see ``export/_chrome.c``)."""
 
     scan: Callable[..., tuple[list[tuple[int, int, int]], list[Any], int, int]]
     fill: Callable[..., tuple[int, int]]

@@ -1,12 +1,12 @@
-"""A batch's packets in one C pass (``_writer``): the SpanBatch's columns to bytes, no packet rows in numpy.
+"""A batch's packets in one C pass (``cltrace._ext.writer``): the SpanBatch's columns to bytes, no packet rows in numpy.
 
-``_writer.Writer`` keeps what ``order.HoldBack`` and the sequences keep between writes (held rows, the
+``writer.Writer`` keeps what ``order.HoldBack`` and the sequences keep between writes (held rows, the
 parents seen and still to come, each track's clock and device offset, the name templates in the pool), and
 does groups, hold-back, order and encoding with the GIL released. Python does what touches Python objects,
 for a batch's few new values only: the tracks to open, the annotation bytes of each distinct (thread,
 attributes, failure, site, error), the name templates not in the pool yet, and the bytes-transferred
 counters; then each written track's sequence header and newly interned names go before its packets.
-The bytes are those of ``rows`` + ``order`` + ``packets`` (numpy), which run where ``_writer`` is not built.
+The bytes are those of ``rows`` + ``order`` + ``packets`` (numpy), which run where the C extension is not built.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ _NO_COUNTERS = np.zeros((0, 5), np.int64)
 
 
 class FusedWriter:
-    """Writes batches on ``tracks`` through a ``_writer.Writer`` (``native``: the loaded module)."""
+    """Writes batches on ``tracks`` through a ``writer.Writer`` (``native``: ``cltrace._ext.writer``)."""
 
     def __init__(self, native: Any, tracks: Tracks) -> None:
         self._w = native.Writer()
