@@ -159,10 +159,9 @@ class _RegionModule(ModuleType):
 
 
 class _Chrome(ModuleType):
-    """export/_chrome.c: Chrome JSON event lines of a batch. Python: export/chrome_lines.py, export/chrome.py."""
+    """export/_chrome.c: Chrome JSON event lines of a whole batch. Python: ``chrome_lines.encode_python`` on the
+    rows export/chrome.py prepares."""
 
-    def encode(self, ints: _Buffer, idx: _Buffer, start: int, stop: int, heads: Any, flow_s: Any, flow_f: Any,
-               hosts: Any, devices: Any, attrs: Any, errors: Any, /) -> bytes: ...
     def scan(self, cols: Any, luts: Any, ncat: int, attrs: Any, attrs_out: _Buffer, /) -> tuple[Any, Any, Any, Any]: ...
     def fill(self, out: _Buffer, at: int, start: int, stop: int, base: int, cols: Any, luts: Any, ncat: int,
              tables: Any, fd: int = ..., /) -> tuple[int, int, int]: ...

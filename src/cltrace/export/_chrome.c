@@ -1,22 +1,14 @@
-/* Chrome JSON event lines of a batch of spans, without the GIL.
+/* Chrome JSON event lines of a batch of spans, without the GIL (the C side of ``chrome_lines``; its
+ * Python reference is ``chrome_lines.encode_python``, which writes the same text).
  *
- * The interface is arrays in, bytes out (any contiguous buffer; ``chrome_lines.py`` passes numpy arrays):
- *   encode(ints, idx, start, stop, heads, flow_s, flow_f, hosts, devices, attrs, errors) -> bytes
- *     ints    int64[10, n]: id, parent, ts, dur, queued, submit, dev_ts, dev_dur, raw_start, raw_end
- *     idx     int32[6, n]:  head, host, device, attrs, error (indices into the tables), flags
- *                           (1: has a device slice, 2: no flow between its slices)
- *     tables  sequences of bytes: pre-encoded text the indices pick
- *   Lines of rows start..stop, each ending in ",\n", exactly as ``chrome_lines.encode_python`` writes
- *   them. An index outside its table is an IndexError, before anything is written.
- *
- * The tables are copied into tuples first (bytes are immutable), so the rows are written with the
- * GIL released: the flusher thread encoding a batch does not hold up the traced program.
- *
- * The batch path takes a SpanBatch's own columns instead (no per-row matrices built in numpy):
+ * It takes a SpanBatch's own columns (no per-row matrices built in numpy) and lookup tables of text:
  *   scan(cols, luts, ncat, attrs, attrs_out) -> (misses, objects, devices, flows, failed, need)
  *     one pass with the GIL: which ids the lookup tables have no text for yet, the attrs objects by identity
- *   fill(out, at, start, stop, base, cols, luts, ncat, tables) -> (row, at)
- *     the rows' lines (the same text as encode's) straight into a writable buffer, without the GIL
+ *   fill(out, at, start, stop, base, cols, luts, ncat, tables[, fd]) -> (row, at, flushed)
+ *     the rows' lines, each ending in ",\n", straight into a writable buffer (and full buffers to fd),
+ *     without the GIL: the table bytes are held in tuples first (bytes are immutable)
+ * Per row: the host slice (X); with a device slice (flag 1) the device X too, and unless the row is a
+ * region (flag 2: no flow) the flow pair between them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,14 +24,9 @@ typedef Py_ssize_t ssize_t;
 #include <unistd.h>
 #endif
 
-#define N_INTS 10
-#define N_IDX 6
-#define N_TABLES 7
 #define F_DEVICE 1
 #define F_NO_FLOW 2
 
-enum { T_HEAD, T_FLOW_S, T_FLOW_F, T_HOST, T_DEVICE, T_ATTRS, T_ERROR };
-static const char *const TABLE_NAMES[N_TABLES] = {"heads", "flow_s", "flow_f", "hosts", "devices", "attrs", "errors"};
 
 typedef struct {
     const char *p;
@@ -166,17 +153,6 @@ put_us(char *p, int64_t v)
     return p + 4;
 }
 
-static void
-tables_free(table *t)
-{
-    for (int k = 0; k < N_TABLES; k++) {
-        Py_XDECREF(t[k].tuple);
-        PyMem_Free(t[k].v);
-        t[k].tuple = NULL;
-        t[k].v = NULL;
-    }
-}
-
 static int
 table_from(PyObject *seq, table *t, const char *name)
 {
@@ -287,123 +263,6 @@ put_row(char *p, const row_t *r)
     return p;
 }
 
-/* The rows' lines, written from p on; returns the end. The caller sized the buffer. */
-static char *
-encode_rows(char *p, const int64_t *ints, const int32_t *idx, Py_ssize_t n, Py_ssize_t start, Py_ssize_t stop,
-            const table *t)
-{
-    const int64_t *c_id = ints, *c_par = ints + n, *c_ts = ints + 2 * n, *c_dur = ints + 3 * n,
-                  *c_q = ints + 4 * n, *c_sub = ints + 5 * n, *c_dts = ints + 6 * n, *c_ddur = ints + 7 * n,
-                  *c_rs = ints + 8 * n, *c_re = ints + 9 * n;
-    const int32_t *i_head = idx, *i_host = idx + n, *i_dev = idx + 2 * n, *i_attrs = idx + 3 * n,
-                  *i_err = idx + 4 * n, *i_flags = idx + 5 * n;
-    row_t r;
-    r.site.p = "";
-    r.site.n = 0;
-    for (Py_ssize_t i = start; i < stop; i++) {
-        int32_t h = i_head[i];
-        r.head = t[T_HEAD].v[h];
-        r.flow_s = t[T_FLOW_S].v[h];
-        r.flow_f = t[T_FLOW_F].v[h];
-        r.host = t[T_HOST].v[i_host[i]];
-        r.dev = t[T_DEVICE].v[i_dev[i]];
-        r.err = t[T_ERROR].v[i_err[i]];
-        r.attrs = t[T_ATTRS].v[i_attrs[i]];
-        r.id = c_id[i];
-        r.par = c_par[i];
-        r.ts = c_ts[i];
-        r.dur = c_dur[i];
-        r.q = c_q[i];
-        r.sub = c_sub[i];
-        r.dts = c_dts[i];
-        r.ddur = c_ddur[i];
-        r.rs = c_rs[i];
-        r.re = c_re[i];
-        r.flags = i_flags[i];
-        p = put_row(p, &r);
-    }
-    return p;
-}
-
-/* Checks every index of rows start..stop and returns the most bytes they can take (-1: error set). */
-static Py_ssize_t
-size_rows(const int32_t *idx, Py_ssize_t n, Py_ssize_t start, Py_ssize_t stop, const table *t)
-{
-    /* idx row -> the table it indexes (flags are row 5, checked separately) */
-    static const int which[5] = {T_HEAD, T_HOST, T_DEVICE, T_ATTRS, T_ERROR};
-    Py_ssize_t need = 0;
-    for (Py_ssize_t i = start; i < stop; i++) {
-        Py_ssize_t row = ROW_FIXED;
-        for (int k = 0; k < 5; k++) {
-            int32_t j = idx[k * n + i];
-            const table *tk = &t[which[k]];
-            if (j < 0 || j >= tk->n) {
-                PyErr_Format(PyExc_IndexError, "encode: row %zd: %s index %d outside its table of %zd",
-                             i, TABLE_NAMES[which[k]], (int)j, tk->n);
-                return -1;
-            }
-            row += 2 * tk->v[j].n;
-        }
-        int32_t h = idx[i];
-        if (h >= t[T_FLOW_S].n || h >= t[T_FLOW_F].n) {
-            PyErr_Format(PyExc_IndexError, "encode: row %zd: head %d has no flow text", i, (int)h);
-            return -1;
-        }
-        row += t[T_FLOW_S].v[h].n + t[T_FLOW_F].v[h].n;
-        if (need > PY_SSIZE_T_MAX - row) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        need += row;
-    }
-    return need;
-}
-
-static PyObject *
-chrome_encode(PyObject *self, PyObject *args)
-{
-    Py_buffer ib, xb;
-    Py_ssize_t start, stop;
-    PyObject *seqs[N_TABLES];
-    table t[N_TABLES];
-    PyObject *out = NULL;
-    memset(t, 0, sizeof(t));
-    if (!PyArg_ParseTuple(args, "y*y*nnOOOOOOO:encode", &ib, &xb, &start, &stop, &seqs[0], &seqs[1], &seqs[2],
-                          &seqs[3], &seqs[4], &seqs[5], &seqs[6]))
-        return NULL;
-    Py_ssize_t n = ib.len / (Py_ssize_t)(N_INTS * sizeof(int64_t));
-    if (ib.len % (Py_ssize_t)(N_INTS * sizeof(int64_t)) || xb.len != n * (Py_ssize_t)(N_IDX * sizeof(int32_t))) {
-        PyErr_Format(PyExc_ValueError, "encode: need int64[%d, N] and int32[%d, N] buffers; got %zd and %zd bytes",
-                     N_INTS, N_IDX, ib.len, xb.len);
-        goto done;
-    }
-    if (start < 0 || stop > n || start > stop) {
-        PyErr_Format(PyExc_IndexError, "encode: rows %zd:%zd outside 0:%zd", start, stop, n);
-        goto done;
-    }
-    for (int k = 0; k < N_TABLES; k++)
-        if (table_from(seqs[k], &t[k], TABLE_NAMES[k]) < 0)
-            goto done;
-    const int64_t *ints = (const int64_t *)ib.buf;
-    const int32_t *idx = (const int32_t *)xb.buf;
-    Py_ssize_t need = size_rows(idx, n, start, stop, t);
-    if (need < 0)
-        goto done;
-    out = PyBytes_FromStringAndSize(NULL, need);
-    if (out == NULL)
-        goto done;
-    char *begin = PyBytes_AS_STRING(out), *end;
-    Py_BEGIN_ALLOW_THREADS
-    end = encode_rows(begin, ints, idx, n, start, stop, t);
-    Py_END_ALLOW_THREADS
-    if (_PyBytes_Resize(&out, end - begin) < 0)
-        out = NULL;
-done:
-    tables_free(t);
-    PyBuffer_Release(&ib);
-    PyBuffer_Release(&xb);
-    return out;
-}
 
 /* --- the batch path: SpanBatch columns and lookup tables in, text straight into the caller's buffer ---------- */
 
@@ -792,9 +651,6 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"encode", chrome_encode, METH_VARARGS,
-     "encode(ints, idx, start, stop, heads, flow_s, flow_f, hosts, devices, attrs, errors) -> bytes: "
-     "the Chrome JSON lines of rows start:stop."},
     {"scan", chrome_scan, METH_VARARGS,
      "scan(cols, luts, ncat, attrs, attrs_out) -> (misses, objects, devices, flows): the keys a batch needs text for."},
     {"fill", chrome_fill, METH_VARARGS,
