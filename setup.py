@@ -1,8 +1,9 @@
-"""The native parts, each a small C extension with a pure-Python fallback that writes the same bytes:
-``timeline._stamps`` (event stamps in bulk), ``timeline._resolve`` (the resolver's passes over columns), ``timeline._stats`` (per-path statistics),
-``record._region`` (region enter/exit), ``export._chrome`` (Chrome JSON lines), ``export.perfetto._packets`` (Perfetto packets),
-``export.perfetto._writer`` (the .pftrace writer's whole batch pass), ``export.perfetto._deflate``
-(compressing its packets), ``read._scan`` (reading traces back): nine modules from ten files.
+"""The native part: ONE C extension, ``cltrace._ext``, built from the stages' own .c files (``src/cltrace/_ext.c``
+lists them; ``_ext.h`` holds their shared layouts; ``_ext.pyi`` states the interface). Its sub-modules:
+``stamps`` (event stamps in bulk, with the reaper thread), ``resolve`` (the resolver's passes over columns),
+``stats`` (per-path statistics), ``region`` (region enter/exit), ``chrome`` (Chrome JSON lines), ``writer``
+(the .pftrace writer's whole batch pass), ``scan`` (reading traces back). Each has a pure-Python reference
+that writes the same bytes; ``cltrace/_native.py`` picks one per stage.
 Project metadata lives in pyproject.toml.
 
 ``optional=True``: where no C compiler exists the install still succeeds and cltrace runs its
@@ -38,28 +39,17 @@ class BuildPyWithPth(build_py):
         return [*super().get_outputs(include_bytecode), *extra]
 
 _O2 = [] if sys.platform == "win32" else ["-O2"]
-
-
-def _ext(name: str, source: str, extra_sources: list[str] = [], **kw: object) -> Extension:
-    return Extension(name, sources=[source, *extra_sources], extra_compile_args=_O2, optional=True, **kw)
+_SRC = "src/cltrace/"
+_STAGES = ["timeline/_opencl.c", "timeline/_reaper.c", "timeline/_stamps.c", "timeline/_resolve.c", "timeline/_stats.c",
+           "record/_region.c", "export/_chrome.c", "export/perfetto/_writer.c", "read/_scan.c"]
+_HEADERS = ["_ext.h", "_mix.h", "timeline/_opencl.h", "timeline/_reaper.h", "export/perfetto/_wire.h"]
 
 
 setup(
     cmdclass={"build_py": BuildPyWithPth},
     ext_modules=[
-        _ext("cltrace.timeline._stamps", "src/cltrace/timeline/_stamps.c", extra_sources=["src/cltrace/timeline/_reaper.c"],
-             depends=["src/cltrace/timeline/_opencl.h", "src/cltrace/timeline/_reaper.h"],
-             libraries=[] if sys.platform == "win32" else ["dl", "pthread"]),
-        _ext("cltrace.timeline._resolve", "src/cltrace/timeline/_resolve.c", depends=["src/cltrace/_mix.h"],
-             libraries=[] if sys.platform == "win32" else ["m"]),
-        _ext("cltrace.timeline._stats", "src/cltrace/timeline/_stats.c", depends=["src/cltrace/_mix.h"]),
-        _ext("cltrace.record._region", "src/cltrace/record/_region.c"),
-        _ext("cltrace.export._chrome", "src/cltrace/export/_chrome.c"),
-        _ext("cltrace.export.perfetto._packets", "src/cltrace/export/perfetto/_packets.c",
-             depends=["src/cltrace/export/perfetto/_wire.h"]),
-        _ext("cltrace.export.perfetto._writer", "src/cltrace/export/perfetto/_writer.c",
-             depends=["src/cltrace/export/perfetto/_wire.h", "src/cltrace/_mix.h"]),
-        _ext("cltrace.export.perfetto._deflate", "src/cltrace/export/perfetto/_deflate.c"),
-        _ext("cltrace.read._scan", "src/cltrace/read/_scan.c"),
+        Extension("cltrace._ext", sources=[_SRC + "_ext.c", *(_SRC + f for f in _STAGES)],
+                  depends=[_SRC + h for h in _HEADERS], extra_compile_args=_O2, optional=True,
+                  libraries=[] if sys.platform == "win32" else ["dl", "pthread", "m"]),
     ],
 )

@@ -2,7 +2,7 @@
 # The core install, checked for real: a fresh venv with `pip install .` (cltrace and its core
 # dependencies, no extras) writes and reads .json/.pftrace, and --otlp, --plot and --store each
 # stop with the one line naming their extra (exit 2). Run by hand (a minute or two: it builds the
-# C extensions and installs pyopencl); tests/test_extras.py checks the same in-process, fast.
+# C extension and installs pyopencl); tests/test_extras.py checks the same in-process, fast.
 # Usage: sh .ci/bare-venv.sh [VENV_DIR]   (default: a temporary folder, removed after)
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)

@@ -230,10 +230,10 @@ def main() -> None:
     n = sum(b.n for b in batches)
     writers: list[tuple[str, Callable[[str], ChromeTraceSink]]] = []
     if chrome_lines.NATIVE is not None:
-        writers.append(("native (C extension)", lambda p: ChromeTraceSink(p, encoder=chrome_lines.NATIVE)))
+        writers.append(("native (C extension)", lambda p: ChromeTraceSink(p)))
     else:
         print(f"native encoder not available: {chrome_lines.WHY}")
-    writers.append(("python encoder", lambda p: ChromeTraceSink(p, encoder=chrome_lines.PYTHON)))
+    writers.append(("python encoder", lambda p: ChromeTraceSink(p, native=False)))
     writers.append(("per-span f-strings (before)", PerSpanSink))
     print(f"python {sys.version.split()[0]}; default encoder path: {chrome_lines.DETAIL}; {n:,} spans "
           f"in batches of {BATCH}; best of {args.rounds}")

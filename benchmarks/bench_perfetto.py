@@ -99,16 +99,14 @@ def write_as(writer: str, rec: Recorder, batches: list[SpanBatch], tmp: str) -> 
     """One run of a writer: the Perfetto sink with the given row encoder and compressor, or the Chrome sink."""
     if writer == "json":
         return write(ChromeTraceSink, rec, batches, os.path.join(tmp, "bench.json"))
-    active, squeeze = encoder.encode_rows, compress.zlib_stream
-    python = writer == "pftrace python"
-    encoder.encode_rows = encoder.PYTHON if python else encoder.NATIVE  # type: ignore[assignment]
-    if python:
-        compress.zlib_stream = compress.python_zlib
+    active, squeeze = encoder.NATIVE, compress.zlib_stream
+    if writer == "pftrace python":
+        encoder.NATIVE, compress.zlib_stream = None, compress.python_zlib
     try:
         return write(PerfettoTraceSink, rec, batches, os.path.join(tmp, writer.replace(" ", "-") + ".pftrace"),
                      compress=writer != "pftrace plain")
     finally:
-        encoder.encode_rows, compress.zlib_stream = active, squeeze
+        encoder.NATIVE, compress.zlib_stream = active, squeeze
 
 
 def best_of(repeat: int, rec: Recorder, batches: list[SpanBatch], tmp: str,
@@ -149,7 +147,7 @@ def compressors(path: str, spans: int, repeat: int) -> dict[str, tuple[float, fl
     pieces = [data[i:i + chunk] for i in range(0, len(data), chunk)]
     runs = {"zlib level 1 (python path)": compress.python_zlib}
     if compress.NATIVE is not None:
-        runs = {"_deflate (native path)": compress.NATIVE, **runs}
+        runs = {"isal level 1 (native path)": compress.NATIVE, **runs}
     out = {}
     for name, f in runs.items():
         best = float("inf")

@@ -442,7 +442,7 @@ def main() -> None:
         return not only or name in only
 
     if args.harvest_every is not None and stamps.REAPER is not None:
-        from cltrace.timeline import _stamps
+        from cltrace._ext import stamps as _stamps
 
         was = _stamps.reaper_config(250_000, 2_000_000)
         _stamps.reaper_config(*was[:2], args.harvest_every, *was[3:])

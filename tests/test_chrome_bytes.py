@@ -116,12 +116,12 @@ def batch(tables: Tables, n: int, seed: int, *, names: int = 3, late: bool = Fal
     return SpanBatch(tables, cols, attrs, errors)
 
 
-def write(path: Any, encoder: chrome_lines.Encoder) -> bytes:
+def write(path: Any, native: bool) -> bytes:
     rec = recorder()
     t = rec.tables
     parts = [batch(t, 4096, 1), batch(t, 700, 2, names=5000), batch(t, 5000, 3, late=True),
              batch(Tables(), 300, 4), batch(t, 1, 5), batch(t, 2500, 6, names=50)]
-    sink = ChromeTraceSink(path, flush_every=3000, encoder=encoder)
+    sink = ChromeTraceSink(path, flush_every=3000, native=native)
     sink.start(rec)
     for b in parts:
         sink.write(b)
@@ -133,23 +133,23 @@ def write(path: Any, encoder: chrome_lines.Encoder) -> bytes:
 
 
 def test_the_fallback_writes_the_pinned_file(tmp_path: Any) -> None:
-    data = write(tmp_path / "python.json", chrome_lines.PYTHON)
+    data = write(tmp_path / "python.json", False)
     assert hashlib.sha256(data).hexdigest() == PINNED
 
 
 def test_the_native_batch_path_writes_the_same_file(tmp_path: Any, monkeypatch: Any) -> None:
-    nat = native()
+    native()
     calls: list[int] = []
-    fill = chrome_lines.BATCH.fill  # type: ignore[union-attr]
+    fill = chrome_lines.NATIVE.fill  # type: ignore[union-attr]
 
     def counted(*args: Any) -> Any:
         calls.append(1)
         return fill(*args)
 
-    monkeypatch.setattr(chrome_lines, "BATCH", chrome_lines.BATCH._replace(fill=counted))  # type: ignore[union-attr]
-    data = write(tmp_path / "native.json", nat)
+    monkeypatch.setattr(chrome_lines, "NATIVE", chrome_lines.NATIVE._replace(fill=counted))  # type: ignore[union-attr]
+    data = write(tmp_path / "native.json", True)
     assert calls, "the batch path did not run"
-    assert data == write(tmp_path / "python.json", chrome_lines.PYTHON)
+    assert data == write(tmp_path / "python.json", False)
     assert hashlib.sha256(data).hexdigest() == PINNED
 
 
@@ -157,18 +157,18 @@ def test_the_native_batch_path_writes_the_same_file(tmp_path: Any, monkeypatch: 
 def test_rows_larger_than_the_buffer_and_track_ids_past_the_tables(tmp_path: Any, monkeypatch: Any) -> None:
     """A row longer than the whole buffer gets a larger buffer; a track id no lookup table covers sends the
     batch to the numpy path; both write what the fallback writes."""
-    nat = native()
+    native()
     monkeypatch.setattr(chrome, "_BUFFER", 4096)
     far_id = chrome._NO_TRACK + 5
 
-    def run(path: Any, encoder: chrome_lines.Encoder) -> bytes:
+    def run(path: Any, native: bool) -> bytes:
         rec = recorder()
         rec.tracks._tracks[far_id] = Track(far_id, DEVICE_QUEUE, "far queue", "OpenCL: dev0", device="dev0")
         b = batch(rec.tables, 200, 7)
         b.attrs[3] = {"big": "x" * 10_000}
         far = batch(rec.tables, 50, 8)
         far.track[far.track != 0] = far_id
-        sink = ChromeTraceSink(path, encoder=encoder)
+        sink = ChromeTraceSink(path, native=native)
         sink.start(rec)
         sink.write(b)
         sink.write(far)
@@ -177,9 +177,9 @@ def test_rows_larger_than_the_buffer_and_track_ids_past_the_tables(tmp_path: Any
         with open(path, "rb") as fh:
             return fh.read()
 
-    data = run(tmp_path / "n.json", nat)
+    data = run(tmp_path / "n.json", True)
     assert b'"big": "xxxx' in data and b'"tid":%d,' % far_id in data
-    assert data == run(tmp_path / "p.json", chrome_lines.PYTHON)
+    assert data == run(tmp_path / "p.json", False)
 
 
 @pytest.mark.skipif(DISABLED, reason="CLTRACE_NATIVE=0: fallback-only run")
@@ -188,8 +188,8 @@ def test_fill_lets_other_threads_run(tmp_path: Any, monkeypatch: Any) -> None:
     it could not: the switch interval is far longer than the call)."""
     native()
     args: list[Any] = []
-    fill = chrome_lines.BATCH.fill  # type: ignore[union-attr]
-    monkeypatch.setattr(chrome_lines, "BATCH", chrome_lines.BATCH._replace(  # type: ignore[union-attr]
+    fill = chrome_lines.NATIVE.fill  # type: ignore[union-attr]
+    monkeypatch.setattr(chrome_lines, "NATIVE", chrome_lines.NATIVE._replace(  # type: ignore[union-attr]
         fill=lambda *a: args.append(a) or fill(*a)))
     rec = recorder()
     sink = ChromeTraceSink(tmp_path / "g.json")
@@ -235,8 +235,8 @@ def test_fill_writes_full_buffers_itself_one_call_a_batch(tmp_path: Any, monkeyp
     native()
     monkeypatch.setattr(chrome, "_BUFFER", 8192)
     calls: list[Any] = []
-    fill = chrome_lines.BATCH.fill  # type: ignore[union-attr]
-    monkeypatch.setattr(chrome_lines, "BATCH", chrome_lines.BATCH._replace(  # type: ignore[union-attr]
+    fill = chrome_lines.NATIVE.fill  # type: ignore[union-attr]
+    monkeypatch.setattr(chrome_lines, "NATIVE", chrome_lines.NATIVE._replace(  # type: ignore[union-attr]
         fill=lambda *a: calls.append(a) or fill(*a)))
     rec = recorder()
     b = batch(rec.tables, 3000, 4)
@@ -262,20 +262,20 @@ def test_fill_writes_full_buffers_itself_one_call_a_batch(tmp_path: Any, monkeyp
 def test_columns_that_are_strided_views(tmp_path: Any) -> None:
     """A batch whose columns are views with strides (every other row of another batch's arrays) is written
     as its rows (the native path copies such columns before the C extension reads them)."""
-    def run(path: Any, encoder: chrome_lines.Encoder) -> bytes:
+    def run(path: Any, native: bool) -> bytes:
         rec = recorder()
         whole = batch(rec.tables, 400, 9)
         cols = {c: getattr(whole, c)[::2] for c, _ in COLUMNS}
         assert not cols["id"].flags.c_contiguous
         errors = {i // 2: e for i, e in whole.errors.items() if i % 2 == 0}
         half = SpanBatch(rec.tables, cols, whole.attrs[::2], errors)
-        sink = ChromeTraceSink(path, encoder=encoder)
+        sink = ChromeTraceSink(path, native=native)
         sink.start(rec)
         sink.write(half)
         sink.close({})
         with open(path, "rb") as fh:
             return fh.read()
 
-    data = run(tmp_path / "a.json", chrome_lines.encode)
-    assert data == run(tmp_path / "p.json", chrome_lines.PYTHON)
+    data = run(tmp_path / "a.json", True)
+    assert data == run(tmp_path / "p.json", False)
     assert data.count(b'"ph":"X"') > 200

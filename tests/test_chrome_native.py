@@ -1,5 +1,5 @@
-"""Chrome JSON line encoders (``cltrace.export.chrome_lines``): the C extension and the Python fallback
-write byte-identical files, on batches traced from real PoCL programs and on batches built by hand,
+"""Chrome JSON lines (``cltrace.export.chrome_lines``): the C batch path and the Python encoder write
+byte-identical files, on batches traced from real PoCL programs and on batches built by hand,
 and the text is what the per-span writer wrote before (field order, separators, numbers).
 
 The native tests fail, not skip, when the extension is not active: CI must exercise both paths.
@@ -35,7 +35,7 @@ from cltrace.timeline.tracks import TrackRegistry
 DISABLED = os.environ.get("CLTRACE_NATIVE", "").strip() == "0"
 
 
-def native() -> chrome_lines.Encoder:
+def native() -> chrome_lines.Batch:
     if DISABLED:
         pytest.skip("CLTRACE_NATIVE=0: fallback-only run")
     if chrome_lines.NATIVE is None:
@@ -45,8 +45,9 @@ def native() -> chrome_lines.Encoder:
 
 
 @pytest.fixture(params=["native", "python"])
-def encoder(request: Any) -> chrome_lines.Encoder:
-    return native() if request.param == "native" else chrome_lines.PYTHON
+def encoder(request: Any) -> bool:
+    """Whether the sink writes through the C batch path (True) or the Python encoder (False)."""
+    return request.param == "native" and native() is not None
 
 
 def lines(path: Any) -> list[str]:
@@ -55,8 +56,8 @@ def lines(path: Any) -> list[str]:
         return fh.read().split("\n")
 
 
-def write(path: Any, recorder: Any, batches: list[Any], encoder: chrome_lines.Encoder) -> bytes:
-    sink = ChromeTraceSink(path, encoder=encoder)
+def write(path: Any, recorder: Any, batches: list[Any], native: bool) -> bytes:
+    sink = ChromeTraceSink(path, native=native)
     sink.start(recorder)
     for b in batches:
         sink.write(b)
@@ -72,14 +73,13 @@ def test_the_active_encoder_is_native_unless_disabled() -> None:
     if DISABLED:
         assert (chrome_lines.PATH, chrome_lines.NATIVE) == ("python", None)
         assert chrome_lines.DETAIL == "python (fallback: CLTRACE_NATIVE=0)"
-        assert chrome_lines.encode is chrome_lines.PYTHON
     else:
-        assert chrome_lines.encode is native()
+        assert native() == (sys.modules["cltrace._ext"].chrome.scan, sys.modules["cltrace._ext"].chrome.fill)
         assert (chrome_lines.PATH, chrome_lines.DETAIL) == ("native", "native (C extension)")
 
 
 def test_cltrace_native_0_forces_the_python_encoder() -> None:
-    code = "from cltrace.export import chrome_lines as c; print(c.PATH, c.encode is c.PYTHON)"
+    code = "from cltrace.export import chrome_lines as c; print(c.PATH, c.NATIVE is None)"
     env = {k: v for k, v in os.environ.items() if k != "CLTRACE_NATIVE"}
     runs = {"0": "python True"}
     if not DISABLED:
@@ -169,7 +169,7 @@ BEFORE = [
 
 
 def test_the_lines_are_the_ones_the_per_span_writer_wrote(tmp_path: Any, queue: Any,
-                                                         encoder: chrome_lines.Encoder) -> None:
+                                                         encoder: bool) -> None:
     rec, spans = crafted(queue)
     path = tmp_path / "crafted.json"
     # A list of spans, then a SpanBatch with interning tables of its own: every way into a sink.
@@ -201,7 +201,7 @@ def test_the_lines_are_the_ones_the_per_span_writer_wrote(tmp_path: Any, queue: 
 
 
 def test_lone_surrogates_are_escaped_and_nothing_is_lost(tmp_path: Any, queue: Any,
-                                                         encoder: chrome_lines.Encoder) -> None:
+                                                         encoder: bool) -> None:
     """A name, error or attribute that has no UTF-8 form is written \\u-escaped (it used to fail the batch)."""
     rec, spans = crafted(queue)
     odd = "bad \ud800 name"
@@ -274,14 +274,14 @@ def traced_program(cl_ctx: Any, queue: Any, kernels: Any) -> SpanBatch:
 
 def test_native_and_python_write_the_same_file_for_a_traced_program(tmp_path: Any, cl_ctx: Any, queue: Any,
                                                                   kernels: Any, chrome: Any) -> None:
-    nat = native()
+    native()
     batch = traced_program(cl_ctx, queue, kernels)
     parts = [batch.take(slice(0, 7)), batch.take(slice(7, 8)), batch.take(slice(8, None))]
     mid = int(np.median(batch.host_begin))  # a later trace start: negative relative times
     for start_ns in (RECORDER.start_ns, mid):
         rec = FixedTrace(RECORDER.tracks, RECORDER.tables, start_ns)
-        a = write(tmp_path / "native.json", rec, parts, nat)
-        b = write(tmp_path / "python.json", rec, parts, chrome_lines.PYTHON)
+        a = write(tmp_path / "native.json", rec, parts, True)
+        b = write(tmp_path / "python.json", rec, parts, False)
         assert a == b
         tr = chrome.read(tmp_path / "native.json")
         assert len(tr.slices) == batch.n + int((batch.track != 0).sum())
@@ -308,9 +308,9 @@ def spans_strategy() -> Any:
 @settings(max_examples=150, deadline=None)
 @given(rows=spans_strategy())
 def test_encoders_agree_on_batches_built_from_spans(rows: list[tuple], reset: Any) -> None:
-    """Any column values (extreme, negative, mixed), names, errors and attrs: the same bytes, each line
-    is JSON, and each time is written as exactly the nanoseconds it came from."""
-    nat = native()
+    """Any column values (extreme, negative, mixed), names, errors and attrs: the C batch path writes the
+    Python encoder's bytes, each line is JSON, and each time is written as exactly the nanoseconds it came from."""
+    native()
     tracks = TrackRegistry()
     threads = [tracks.host_thread(i + 1, f"t{i}") for i in range(3)]
     qs = [tracks._add(("queue", i), "queue", f"q{i}", f"OpenCL: dev{i % 2}", device=f"dev{i % 2}") for i in range(3)]
@@ -329,12 +329,11 @@ def test_encoders_agree_on_batches_built_from_spans(rows: list[tuple], reset: An
     sink.start(rec)
     batch = SpanBatch.from_spans(tables, spans)
     ints, idx, t = sink._prepare(batch)
-    whole = nat(ints, idx, t, 0, batch.n)
-    assert whole == chrome_lines.PYTHON(ints, idx, t, 0, batch.n)
+    whole = chrome_lines.encode_python(ints, idx, t, 0, batch.n)
     cut = batch.n // 2  # chunks join to the whole
-    assert nat(ints, idx, t, 0, cut) + nat(ints, idx, t, cut, batch.n) == whole
+    assert chrome_lines.encode_python(ints, idx, t, 0, cut) + chrome_lines.encode_python(ints, idx, t, cut, batch.n) == whole
     with tempfile.TemporaryDirectory() as d:  # the batch path (scan + fill), as the sink runs it: the same file
-        files = [write(os.path.join(d, f"{k}.json"), rec, [batch], e) for k, e in (("n", nat), ("p", chrome_lines.PYTHON))]
+        files = [write(os.path.join(d, f"{k}.json"), rec, [batch], e) for k, e in (("n", True), ("p", False))]
         assert files[0] == files[1] and whole in files[0]
     events = [json.loads(ln.rstrip(",")) for ln in whole.decode().split("\n")[:-1]]
     xs = iter(e for e in events if e["ph"] == "X")
@@ -347,35 +346,13 @@ def test_encoders_agree_on_batches_built_from_spans(rows: list[tuple], reset: An
 
 
 def test_a_batch_larger_than_a_chunk(tmp_path: Any, queue: Any) -> None:
-    nat = native()
+    native()
     rec, spans = crafted(queue)
     many = [spans[i % len(spans)] for i in range(2 * chrome._CHUNK + 123)]
     batch = SpanBatch.from_spans(rec.tables, many)
-    a = write(tmp_path / "n.json", rec, [batch], nat)
-    b = write(tmp_path / "p.json", rec, [batch], chrome_lines.PYTHON)
+    a = write(tmp_path / "n.json", rec, [batch], True)
+    b = write(tmp_path / "p.json", rec, [batch], False)
     assert a == b
     assert sum(1 for ln in lines(tmp_path / "n.json") if ln.startswith('{"ph":"X"')) == \
         len(many) + sum(1 for s in many if s.device_track)
 
-
-def test_native_refuses_indices_outside_the_tables(queue: Any) -> None:
-    nat = native()
-    rec, spans = crafted(queue)
-    sink = ChromeTraceSink(os.devnull)
-    sink.start(rec)
-    ints, idx, t = sink._prepare(SpanBatch.from_spans(rec.tables, spans))
-    for row, table in ((0, "heads"), (1, "hosts"), (3, "attrs")):
-        bad = idx.copy()
-        bad[row, 2] = len(getattr(t, table))
-        with pytest.raises(IndexError, match=f"row 2: {table} index"):
-            nat(ints, bad, t, 0, len(spans))
-        bad[row, 2] = -1
-        with pytest.raises(IndexError):
-            nat(ints, bad, t, 0, len(spans))
-    with pytest.raises(IndexError):
-        nat(ints, idx, t, 0, len(spans) + 1)
-    with pytest.raises(TypeError, match="hosts"):
-        nat(ints, idx, t._replace(hosts=[h.decode() for h in t.hosts]), 0, len(spans))
-    with pytest.raises(ValueError):
-        nat(ints[:, :3].copy(), idx, t, 0, 3)
-    sink.close({})

@@ -1,4 +1,4 @@
-"""The .pftrace writer's compressed packets: the native DEFLATE encoder against zlib's inflate, and whole
+"""The .pftrace writer's compressed packets: ISA-L's zlib (``isal``) against zlib's inflate, and whole
 files written packed or plain reading the same."""
 from __future__ import annotations
 
@@ -56,10 +56,10 @@ def test_native_streams_inflate_for_any_bytes(data: bytes) -> None:
 
 @needs_native
 def test_native_compresses_packets_several_times_over(plain_trace: bytes) -> None:
-    """The packets' repeats are found: at least 3x smaller than plain, at most ~1.6x zlib's level 1."""
+    """The packets' repeats are found: at least 3x smaller than plain, about zlib's level 1 (at most 1.1x)."""
     z = compress.NATIVE(plain_trace)
     assert len(z) * 3 < len(plain_trace)
-    assert len(z) < 1.6 * len(zlib.compress(plain_trace, 1))
+    assert len(z) < 1.1 * len(zlib.compress(plain_trace, 1))
 
 
 def test_packed_frames_one_compressed_packet(plain_trace: bytes) -> None:
@@ -72,17 +72,12 @@ def test_packed_frames_one_compressed_packet(plain_trace: bytes) -> None:
 
 
 def test_a_list_of_pieces_packs_as_their_concatenation(plain_trace: bytes) -> None:
-    """The sink hands its packets over as a list (the native compressor joins them without the GIL):
-    the same packet as the joined bytes, on either compressor; a small list is returned joined."""
+    """The sink hands its packets over as a list: the same packet as the joined bytes, on either compressor;
+    a small list is returned joined."""
     cuts = [0, 1, 17, 4096, len(plain_trace) // 2, len(plain_trace)]
     pieces = [plain_trace[a:b] for a, b in zip(cuts, cuts[1:])] + [b""]
     assert compress.packed(pieces) == compress.packed(plain_trace)
     assert compress.packed([plain_trace[:100], plain_trace[100:200]]) == plain_trace[:200]
-    if compress.NATIVE is not None:
-        assert compress.NATIVE(pieces) == compress.NATIVE(plain_trace)
-        assert zlib.decompress(compress.NATIVE([])) == b""
-        with pytest.raises(TypeError):
-            compress.NATIVE([plain_trace, "text"])
 
 
 def test_packed_and_plain_files_read_the_same(plain_trace: bytes, tmp_path: Path, queue: Any, kernels: Any) -> None:

@@ -6,6 +6,7 @@ type checkers see still ties two modules together for a reader.
 from __future__ import annotations
 
 import ast
+import re
 import os
 import subprocess
 import sys
@@ -169,3 +170,53 @@ def test_no_benchmark_imports_another() -> None:
     bad = [f"{p.name} -> {n}" for p in scripts for n in sorted(_names_loaded(p) & stems - {p.stem})]
     bad += [f"{p.name} -> {n}" for p in scripts for n in sorted(_names_loaded(p)) if n.startswith(".")]
     assert not bad, f"benchmarks importing other benchmarks (copy what they share instead): {bad}"
+
+
+# ---- the C files of the one native module (cltrace._ext) --------------------------------------------
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+_DECL = re.compile(r"^(?!static|typedef|extern|#|\s)[\w\s\*]*?\b(\w+)\s*\([^;{]*\)\s*;", re.M)
+
+
+def _c_units() -> dict[Path, set[Path]]:
+    """Each .c/.h file under the package and the files it includes (quoted includes, resolved beside it)."""
+    files = sorted([*ROOT.rglob("*.c"), *ROOT.rglob("*.h")])
+    return {f: {(f.parent / inc).resolve() for inc in _INCLUDE.findall(f.read_text())} for f in files}
+
+
+def test_no_c_file_includes_another_c_file() -> None:
+    bad = [f"{f.relative_to(ROOT)} includes {i.name}" for f, incs in _c_units().items() for i in incs if i.suffix == ".c"]
+    assert not bad, f"compile .c files apart (setup.py lists them) and share through a header: {bad}"
+
+
+def test_a_header_s_functions_are_defined_in_the_c_file_of_its_name() -> None:
+    """So an #include names the file whose code it calls: the include graph below is the call graph too."""
+    bad = []
+    for h in ROOT.rglob("*.h"):
+        for fn in _DECL.findall(h.read_text()):
+            c = h.with_suffix(".c")
+            if not c.exists() or not re.search(rf"^{fn}\(", c.read_text(), re.M):
+                bad.append(f"{h.relative_to(ROOT)}: {fn}")
+    assert not bad, f"declared in a header, defined elsewhere: {bad}"
+
+
+def test_no_circle_between_c_files() -> None:
+    """Between the stems (x.c with its x.h): who includes whose header, one way only."""
+    units = _c_units()
+    graph: dict[str, set[str]] = {}
+    for f, incs in units.items():
+        me = str(f.with_suffix("").relative_to(ROOT))
+        graph.setdefault(me, set()).update(str(i.with_suffix("").relative_to(ROOT)) for i in incs
+                                           if i.with_suffix("") != f.with_suffix("") and i.parent.is_relative_to(ROOT))
+    seen: dict[str, int] = {}  # 1 on the path, 2 done
+
+    def visit(v: str, path: list[str]) -> None:
+        seen[v] = 1
+        for w in sorted(graph.get(v, ())):
+            assert seen.get(w) != 1, f"a circle between C files: {' -> '.join(path + [v, w])}"
+            if w not in seen:
+                visit(w, path + [v])
+        seen[v] = 2
+
+    for v in sorted(graph):
+        if v not in seen:
+            visit(v, [])

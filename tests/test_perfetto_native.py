@@ -1,5 +1,5 @@
-"""The .pftrace row encoder: the C extension ``_packets`` and the numpy fallback write the same bytes,
-on batches traced on real PoCL and on generated ones, and the files read back exactly.
+"""The .pftrace writer: the C pass (``cltrace._ext.writer``, driven by ``fused``) and the numpy path write the
+same bytes, on batches traced on real PoCL and on generated ones, and the files read back exactly.
 
 The native tests fail, not skip, when the extension is not active: CI must exercise both paths.
 Only ``CLTRACE_NATIVE=0`` (the fallback-only run) skips them.
@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyopencl as cl
@@ -20,7 +20,7 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
-from cltrace.export.perfetto import META_SEQ, PerfettoTraceSink, encoder, layout
+from cltrace.export.perfetto import META_SEQ, PerfettoTraceSink, encoder
 from cltrace.read.perfetto import iter_packets, load_pftrace
 from cltrace.record.recorder import RECORDER, Recorder
 from cltrace.timeline.batch import NAMES, SpanBatch
@@ -30,7 +30,7 @@ from cltrace.timeline.spans import Span
 DISABLED = os.environ.get("CLTRACE_NATIVE", "").strip() == "0"
 
 
-def native() -> encoder.EncodeRows:
+def native() -> Any:
     if DISABLED:
         pytest.skip("CLTRACE_NATIVE=0: fallback-only run")
     if encoder.NATIVE is None:
@@ -58,12 +58,10 @@ class Capture:
         pass
 
 
-def write_with(impl: encoder.EncodeRows, recorder: Any, batches: Sequence[Any], path: str,
-               monkeypatch: Any) -> bytes:
-    """The file a PerfettoTraceSink writes from ``batches``, rows filled and encoded by ``impl``'s path."""
+def write_with(impl: Any, recorder: Any, batches: Sequence[Any], path: str, monkeypatch: Any) -> bytes:
+    """The file a PerfettoTraceSink writes from ``batches``: through the C writer ``impl``, or the numpy path (None)."""
     with monkeypatch.context() as m:
-        m.setattr(encoder, "encode_rows", impl)
-        m.setattr(encoder, "fill_rows", getattr(impl, "fill", layout.fill_rows))
+        m.setattr(encoder, "NATIVE", impl)
         sink = PerfettoTraceSink(path)
         sink.start(recorder)
         for b in batches:
@@ -89,7 +87,7 @@ def timeless(data: bytes) -> list[bytes]:
 
 def assert_same_files(recorder: Any, batches: Sequence[Any], tmp_path: Any, monkeypatch: Any) -> bytes:
     fast = write_with(native(), recorder, batches, str(tmp_path / "native.pftrace"), monkeypatch)
-    slow = write_with(encoder.PYTHON, recorder, batches, str(tmp_path / "python.pftrace"), monkeypatch)
+    slow = write_with(None, recorder, batches, str(tmp_path / "python.pftrace"), monkeypatch)
     a, b = timeless(fast), timeless(slow)
     assert len(a) == len(b)
     first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
@@ -103,9 +101,8 @@ def test_the_active_path_is_native_unless_disabled() -> None:
     if DISABLED:
         assert (encoder.PATH, encoder.NATIVE) == ("python", None)
         assert encoder.DETAIL == "python (fallback: CLTRACE_NATIVE=0)"
-        assert encoder.encode_rows is encoder.PYTHON
     else:
-        assert native() is encoder.encode_rows
+        assert native() is sys.modules["cltrace._ext"].writer
         assert (encoder.PATH, encoder.DETAIL) == ("native", "native (C extension)")
 
 
@@ -207,10 +204,9 @@ def test_native_writes_the_whole_file_python_writes_for_real_batches(real_batche
     descriptors, interned data, packets, held rows written at close, counters and metadata."""
     meta = RECORDER.metadata()
     files = []
-    for impl in (native(), encoder.PYTHON):
+    for impl in (native(), None):
         with monkeypatch.context() as m:
-            m.setattr(encoder, "encode_rows", impl)
-            m.setattr(encoder, "fill_rows", getattr(impl, "fill", layout.fill_rows))
+            m.setattr(encoder, "NATIVE", impl)
             m.setattr(time, "monotonic_ns", lambda: 5 * 10**9)
             m.setattr(time, "clock_gettime_ns", lambda clock: 6 * 10**9)
             m.setattr(RECORDER, "now_ns", lambda: 7 * 10**9, raising=False)  # the sink reads it where it exists
@@ -375,7 +371,7 @@ def test_parents_in_a_cycle_go_as_the_numpy_path_takes_them(length: int, queue: 
     loop = [Span(i, i % length + 1, f"s{i}", "region", th, 10 + i, 30 - i) for i in range(1, length + 1)]
     batches = [[Span(99, 1, "child", "kernel", th, 15, 16)] + loop]
     if length & (length - 1):
-        for impl in (native(), encoder.PYTHON):
+        for impl in (native(), None):
             with pytest.raises(ValueError, match="cycle"):
                 write_with(impl, rec, batches, str(tmp_path / "t.pftrace"), monkeypatch)
     else:
@@ -409,7 +405,7 @@ def test_a_plain_kernel_span_costs_at_most_60_bytes(path: str, queue: Any, tmp_p
     these) take 2-byte varints in the two flow ids; each later power of 2**7 adds 2 bytes per span
     (bench_perfetto.py's 200 000 spans: 60.5 B). It was 92 B with fixed64 flows, sequence flags on
     every packet, a category and "device.start" on every device slice."""
-    impl: Callable[..., bytes] = native() if path == "native" else encoder.PYTHON
+    impl = native() if path == "native" else None
     rec, spans = plain_kernels(queue, 20_000)
     empty = len(write_with(impl, rec, [], str(tmp_path / "empty.pftrace"), monkeypatch))
     full = write_with(impl, rec, [spans[i:i + 4096] for i in range(0, len(spans), 4096)],
@@ -422,43 +418,11 @@ def test_a_plain_kernel_span_costs_at_most_60_bytes(path: str, queue: Any, tmp_p
 
 
 # ---- the C interface refuses what would read out of bounds ---------------------------------------
-def test_native_encode_rejects_inconsistent_arrays() -> None:
-    native()
-    from cltrace.export.perfetto import _packets
-    from cltrace.export.perfetto.columns import C_EXTRA, C_PRE, NCOLS
-    from cltrace.export.perfetto.layout import RUN_COLS, strings
-
-    pool = strings([b"\x0a", b"\x40", b"\x02", b"\x48\x01", b"\x48\x02", b"\x48\x04", b"\xa0\x02", b"\xd0\x02",
-                    b"\x50\x02\x5a", *[b"\x22"] * 40])
-    consts = np.arange(8, dtype=np.int64)
-    extras = strings([])
-    rows = np.zeros((NCOLS, 3), np.int64)
-    rows[C_PRE] = rows[C_EXTRA] = -1
-    runs = np.array([[0, 3, 8, 9, 19, 29, 39, 0, 0, 0]], np.int64)
-    perm = np.arange(3, dtype=np.int64)
-    assert _packets.encode(rows, perm, runs.copy(), 0, consts, *pool, *extras)  # consistent: encodes
-    cases = {
-        "do not cover": np.array([[0, 2, 8, 9, 19, 29, 39, 0, 0, 0]], np.int64),
-        "out of range": np.array([[0, 3, 99, 9, 19, 29, 39, 0, 0, 0]], np.int64),
-    }
-    for why, bad in cases.items():
-        with pytest.raises(ValueError, match=why):
-            _packets.encode(rows, perm, bad, 0, consts, *pool, *extras)
-    with pytest.raises(ValueError, match="perm is out of range"):
-        _packets.encode(rows, np.array([0, 1, 3], np.int64), runs.copy(), 0, consts, *pool, *extras)
-    rows[C_PRE, 1] = 10**6
-    with pytest.raises(ValueError, match="out of range"):
-        _packets.encode(rows, perm, runs.copy(), 0, consts, *pool, *extras)
-    with pytest.raises(ValueError, match="rows int64"):
-        _packets.encode(np.zeros(5, np.int64), perm, runs.copy(), 0, consts, *pool, *extras)
-    assert RUN_COLS == runs.shape[1]
-
-
 def test_native_writer_rejects_inconsistent_calls() -> None:
     """``_writer.Writer`` refuses, with a ValueError naming the cause, what would read out of bounds or
     against a batch it was not prepared for."""
     native()
-    from cltrace.export.perfetto import _writer
+    from cltrace._ext import writer as _writer
     from cltrace.export.perfetto.layout import strings
     from cltrace.export.perfetto.wire import ROW_CONSTANTS
 
@@ -472,14 +436,23 @@ def test_native_writer_rejects_inconsistent_calls() -> None:
     lut = np.zeros(2, np.uint8)
 
     def write(hp: np.ndarray, **kw: Any) -> Any:
-        args = dict(id=i64, parent=z, cat=np.zeros(n, np.int16), thr=np.full(n, 1, np.int64), hb=i64, he=i64 + 1,
-                    trk=z, ds=z, de=z, raws=z, rawe=z, leaf=lut, region=lut, hp=hp,
-                    dp=np.zeros(0, np.int64), extras=[], counters=np.zeros((0, 5), np.int64))
+        args = dict(id=i64, parent=z, cat=np.zeros(n, np.int16), thread=np.full(n, 1, np.int64), host_begin=i64,
+                    host_end=i64 + 1, track=z, dev_start=z, dev_end=z, raw_start=z, raw_end=z, leaf=lut, region=lut,
+                    hpids=hp, dpids=np.zeros(0, np.int64), extras=[], counters=np.zeros((0, 5), np.int64))
         args.update(kw)
-        return w.write(*args.values(), *pool, consts, 0)
+        return w.write(**args, pool=pool[0], pool_off=pool[1], pool_len=pool[2], consts=consts, mono=0)
 
     with pytest.raises(ValueError, match="prepare first"):
         write(np.zeros(1, np.int64))
+    with pytest.raises(TypeError, match="missing keyword argument 'id'"):
+        w.write()
+    with pytest.raises(TypeError, match="missing keyword argument 'mono'"):
+        w.write(id=i64, parent=z, cat=np.zeros(n, np.int16), thread=z, host_begin=z,
+                host_end=z, track=z, dev_start=z, dev_end=z, raw_start=z, raw_end=z, leaf=lut, region=lut, hpids=z,
+                dpids=z, extras=[], counters=np.zeros((0, 5), np.int64), pool=pool[0], pool_off=pool[1],
+                pool_len=pool[2], consts=consts)
+    with pytest.raises(TypeError):  # keyword-only
+        w.write(i64)
     with pytest.raises(ValueError, match="thread must hold"):
         w.prepare(cols[0], np.ones(2, np.int64), *cols[2:], None, None)
     with pytest.raises(ValueError, match="out of range"):
@@ -496,37 +469,6 @@ def test_native_writer_rejects_inconsistent_calls() -> None:
     data, runs, opened, rows = write(np.array([len(pool[2]) - 1], np.int64))
     assert (runs, opened, rows) == ([1], {1: 1}, 2 * n - 1)  # the latest END waits for the next write
     assert sum(1 for _ in iter_packets(data)) == rows
-
-
-def test_native_fill_writes_the_rows_numpy_writes_over_stale_rows() -> None:
-    """``_packets.fill`` writes every column of a batch's rows (the buffer is reused, not zeroed): the rows
-    numpy writes into a zeroed buffer, whatever the buffer held; columns that do not fit are refused."""
-    impl = native()
-    from cltrace.export.perfetto.columns import NCOLS
-
-    rng = np.random.default_rng(7)
-    n = 300
-    dv = np.sort(rng.choice(n, 170, replace=False)).astype(np.int64)
-    m = len(dv)
-    span = [rng.integers(-5, 1 << 40, n) for _ in range(13)]
-    thr, hb, he, ids, md, group, hpre, par, xid, ds, de, raws, rawe = span
-    raws[::3] = ds[::3] + 7
-    rawe[::3] = de[::3] + 7  # device.end follows on these: RAWEND 0
-    flows = (rng.random(n) < 0.5).view(np.uint8)
-    dtr, dpre = rng.integers(0, 99, m), rng.integers(-1, 50, m)
-    cols = (thr, hb, he, ids, md, group, hpre, flows, par, xid, dv, dtr, ds, de, dpre, raws, rawe)
-    want = np.zeros((NCOLS, 2 * n + 2 * m + 5), np.int64)
-    layout.fill_rows(want, *cols)
-    got = np.full_like(want, -12345)
-    impl.fill(got, *cols)  # type: ignore[attr-defined]
-    assert np.array_equal(got[:, :2 * n + 2 * m], want[:, :2 * n + 2 * m])
-    from cltrace.export.perfetto import _packets
-    with pytest.raises(ValueError, match="too few rows"):
-        _packets.fill(np.zeros((NCOLS, 2 * n), np.int64), *cols)
-    bad = list(cols)
-    bad[10] = dv + n
-    with pytest.raises(ValueError, match="out of range"):
-        _packets.fill(want, *bad)
 
 
 # ---- interned string values ---------------------------------------------------------------------
@@ -547,8 +489,8 @@ def test_repeated_string_attributes_are_interned_and_read_back_by_both_readers(q
         s.attrs = {"program": digest, "global_size": [64, 64], "cache": "disk", "note": f"n{i % 20}"}
         if i % 7 == 0:
             s.status, s.error = "error", "ValueError: boom"
-    plain = write_with(encoder.encode_rows, rec, [], str(tmp_path / "empty.pftrace"), monkeypatch)
-    data = write_with(encoder.encode_rows, rec, [spans[i:i + 128] for i in range(0, len(spans), 128)],
+    plain = write_with(encoder.NATIVE, rec, [], str(tmp_path / "empty.pftrace"), monkeypatch)
+    data = write_with(encoder.NATIVE, rec, [spans[i:i + 128] for i in range(0, len(spans), 128)],
                       str(tmp_path / "t.pftrace"), monkeypatch)
     packets = [pb.TracePacket.FromString(raw) for _, raw in iter_packets(data)]
     interned = [e.str for p in packets for e in p.interned_data.debug_annotation_string_values]

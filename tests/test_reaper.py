@@ -189,7 +189,7 @@ def harvests() -> dict[str, int]:
 def only_harvests() -> Any:
     """The reaper's thread and the resolver leave every ticket to the launching thread's harvests (the
     program never counts as quiet, no ticket grows stale); the harvest count starts from zero."""
-    from cltrace.timeline import _stamps
+    from cltrace._ext import stamps as _stamps
 
     was = _stamps.reaper_config(250_000, 2_000_000, 1024, 10**9, 10**11)
     try:
@@ -256,7 +256,7 @@ def test_harvests_are_short_while_other_threads_launch(queue: Any, kernels: Any,
     """Two threads launching on one queue: a harvest then reads with the GIL held (and keeps it through the
     first ``hold_ns`` of its wait) and the other thread waits for it, so harvests come every ~128 commands
     instead of every 1024; every span is still whole."""
-    from cltrace.timeline import _stamps
+    from cltrace._ext import stamps as _stamps
 
     _stamps.reaper_config(250_000, 2_000_000, -1, -1, -1, hold_ns)
     add = [cl.Kernel(kernels.add.program, "add") for _ in range(2)]  # a kernel object each: no shared args
@@ -295,7 +295,7 @@ def test_a_harvest_keeping_the_gil_never_waits_for_a_held_back_command(cl_ctx: A
     """While another thread launches, a harvest keeps the GIL through the start of its wait for the device:
     a newest command held back by a user event is never waited for; the harvest reads the completed
     commands before it (within ``spin_ns``) and leaves it unread."""
-    from cltrace.timeline import _stamps
+    from cltrace._ext import stamps as _stamps
 
     q, other_q = cltrace.profiling_queue(cl_ctx), cltrace.profiling_queue(cl_ctx)
     add, other = kernels.kernel("add"), cl.Kernel(kernels.add.program, "add")
@@ -331,7 +331,7 @@ def test_a_harvest_keeping_the_gil_never_waits_for_a_held_back_command(cl_ctx: A
 
 
 def test_reaper_config_checks_the_shared_hold_and_the_spin() -> None:
-    from cltrace.timeline import _stamps
+    from cltrace._ext import stamps as _stamps
 
     was = _stamps.reaper_config(250_000, 2_000_000)
     try:

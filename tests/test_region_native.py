@@ -1,4 +1,4 @@
-"""The C region (``cltrace.record._region``) against the Python fallback (``regions._Region``): the same
+"""The C region (``cltrace._ext.region``) against the Python fallback (``regions._Region``): the same
 scenarios give the same raw records (fields, nesting, paths, thread keys, errors, back-pressure),
 and both share the thread's stack, the id counter and the recorder's deque, so they mix freely.
 
@@ -344,7 +344,7 @@ def test_backpressure_is_checked_at_every_exit(impl: str) -> None:
 
 def test_clock_is_perf_counter_ns() -> None:
     native()
-    from cltrace.record import _region
+    from cltrace._ext import region as _region
 
     for _ in range(1000):
         a = time.perf_counter_ns()

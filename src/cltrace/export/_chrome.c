@@ -1,25 +1,18 @@
-/* Chrome JSON event lines of a batch of spans, without the GIL.
+/* Chrome JSON event lines of a batch of spans, without the GIL (the C side of ``chrome_lines``; its
+ * Python reference is ``chrome_lines.encode_python``, which writes the same text).
  *
- * The interface is arrays in, bytes out (any contiguous buffer; ``chrome_lines.py`` passes numpy arrays):
- *   encode(ints, idx, start, stop, heads, flow_s, flow_f, hosts, devices, attrs, errors) -> bytes
- *     ints    int64[10, n]: id, parent, ts, dur, queued, submit, dev_ts, dev_dur, raw_start, raw_end
- *     idx     int32[6, n]:  head, host, device, attrs, error (indices into the tables), flags
- *                           (1: has a device slice, 2: no flow between its slices)
- *     tables  sequences of bytes: pre-encoded text the indices pick
- *   Lines of rows start..stop, each ending in ",\n", exactly as ``chrome_lines.encode_python`` writes
- *   them. An index outside its table is an IndexError, before anything is written.
- *
- * The tables are copied into tuples first (bytes are immutable), so the rows are written with the
- * GIL released: the flusher thread encoding a batch does not hold up the traced program.
- *
- * The batch path takes a SpanBatch's own columns instead (no per-row matrices built in numpy):
+ * It takes a SpanBatch's own columns (no per-row matrices built in numpy) and lookup tables of text:
  *   scan(cols, luts, ncat, attrs, attrs_out) -> (misses, objects, devices, flows, failed, need)
  *     one pass with the GIL: which ids the lookup tables have no text for yet, the attrs objects by identity
- *   fill(out, at, start, stop, base, cols, luts, ncat, tables) -> (row, at)
- *     the rows' lines (the same text as encode's) straight into a writable buffer, without the GIL
+ *   fill(out, at, start, stop, base, cols, luts, ncat, tables[, fd]) -> (row, at, flushed)
+ *     the rows' lines, each ending in ",\n", straight into a writable buffer (and full buffers to fd),
+ *     without the GIL: the table bytes are held in tuples first (bytes are immutable)
+ * Per row: the host slice (X); with a device slice (flag 1) the device X too, and unless the row is a
+ * region (flag 2: no flow) the flow pair between them.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../_ext.h"
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -31,14 +24,9 @@ typedef Py_ssize_t ssize_t;
 #include <unistd.h>
 #endif
 
-#define N_INTS 10
-#define N_IDX 6
-#define N_TABLES 7
 #define F_DEVICE 1
 #define F_NO_FLOW 2
 
-enum { T_HEAD, T_FLOW_S, T_FLOW_F, T_HOST, T_DEVICE, T_ATTRS, T_ERROR };
-static const char *const TABLE_NAMES[N_TABLES] = {"heads", "flow_s", "flow_f", "hosts", "devices", "attrs", "errors"};
 
 typedef struct {
     const char *p;
@@ -165,17 +153,6 @@ put_us(char *p, int64_t v)
     return p + 4;
 }
 
-static void
-tables_free(table *t)
-{
-    for (int k = 0; k < N_TABLES; k++) {
-        Py_XDECREF(t[k].tuple);
-        PyMem_Free(t[k].v);
-        t[k].tuple = NULL;
-        t[k].v = NULL;
-    }
-}
-
 static int
 table_from(PyObject *seq, table *t, const char *name)
 {
@@ -286,130 +263,13 @@ put_row(char *p, const row_t *r)
     return p;
 }
 
-/* The rows' lines, written from p on; returns the end. The caller sized the buffer. */
-static char *
-encode_rows(char *p, const int64_t *ints, const int32_t *idx, Py_ssize_t n, Py_ssize_t start, Py_ssize_t stop,
-            const table *t)
-{
-    const int64_t *c_id = ints, *c_par = ints + n, *c_ts = ints + 2 * n, *c_dur = ints + 3 * n,
-                  *c_q = ints + 4 * n, *c_sub = ints + 5 * n, *c_dts = ints + 6 * n, *c_ddur = ints + 7 * n,
-                  *c_rs = ints + 8 * n, *c_re = ints + 9 * n;
-    const int32_t *i_head = idx, *i_host = idx + n, *i_dev = idx + 2 * n, *i_attrs = idx + 3 * n,
-                  *i_err = idx + 4 * n, *i_flags = idx + 5 * n;
-    row_t r;
-    r.site.p = "";
-    r.site.n = 0;
-    for (Py_ssize_t i = start; i < stop; i++) {
-        int32_t h = i_head[i];
-        r.head = t[T_HEAD].v[h];
-        r.flow_s = t[T_FLOW_S].v[h];
-        r.flow_f = t[T_FLOW_F].v[h];
-        r.host = t[T_HOST].v[i_host[i]];
-        r.dev = t[T_DEVICE].v[i_dev[i]];
-        r.err = t[T_ERROR].v[i_err[i]];
-        r.attrs = t[T_ATTRS].v[i_attrs[i]];
-        r.id = c_id[i];
-        r.par = c_par[i];
-        r.ts = c_ts[i];
-        r.dur = c_dur[i];
-        r.q = c_q[i];
-        r.sub = c_sub[i];
-        r.dts = c_dts[i];
-        r.ddur = c_ddur[i];
-        r.rs = c_rs[i];
-        r.re = c_re[i];
-        r.flags = i_flags[i];
-        p = put_row(p, &r);
-    }
-    return p;
-}
-
-/* Checks every index of rows start..stop and returns the most bytes they can take (-1: error set). */
-static Py_ssize_t
-size_rows(const int32_t *idx, Py_ssize_t n, Py_ssize_t start, Py_ssize_t stop, const table *t)
-{
-    /* idx row -> the table it indexes (flags are row 5, checked separately) */
-    static const int which[5] = {T_HEAD, T_HOST, T_DEVICE, T_ATTRS, T_ERROR};
-    Py_ssize_t need = 0;
-    for (Py_ssize_t i = start; i < stop; i++) {
-        Py_ssize_t row = ROW_FIXED;
-        for (int k = 0; k < 5; k++) {
-            int32_t j = idx[k * n + i];
-            const table *tk = &t[which[k]];
-            if (j < 0 || j >= tk->n) {
-                PyErr_Format(PyExc_IndexError, "encode: row %zd: %s index %d outside its table of %zd",
-                             i, TABLE_NAMES[which[k]], (int)j, tk->n);
-                return -1;
-            }
-            row += 2 * tk->v[j].n;
-        }
-        int32_t h = idx[i];
-        if (h >= t[T_FLOW_S].n || h >= t[T_FLOW_F].n) {
-            PyErr_Format(PyExc_IndexError, "encode: row %zd: head %d has no flow text", i, (int)h);
-            return -1;
-        }
-        row += t[T_FLOW_S].v[h].n + t[T_FLOW_F].v[h].n;
-        if (need > PY_SSIZE_T_MAX - row) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        need += row;
-    }
-    return need;
-}
-
-static PyObject *
-chrome_encode(PyObject *self, PyObject *args)
-{
-    Py_buffer ib, xb;
-    Py_ssize_t start, stop;
-    PyObject *seqs[N_TABLES];
-    table t[N_TABLES];
-    PyObject *out = NULL;
-    memset(t, 0, sizeof(t));
-    if (!PyArg_ParseTuple(args, "y*y*nnOOOOOOO:encode", &ib, &xb, &start, &stop, &seqs[0], &seqs[1], &seqs[2],
-                          &seqs[3], &seqs[4], &seqs[5], &seqs[6]))
-        return NULL;
-    Py_ssize_t n = ib.len / (Py_ssize_t)(N_INTS * sizeof(int64_t));
-    if (ib.len % (Py_ssize_t)(N_INTS * sizeof(int64_t)) || xb.len != n * (Py_ssize_t)(N_IDX * sizeof(int32_t))) {
-        PyErr_Format(PyExc_ValueError, "encode: need int64[%d, N] and int32[%d, N] buffers; got %zd and %zd bytes",
-                     N_INTS, N_IDX, ib.len, xb.len);
-        goto done;
-    }
-    if (start < 0 || stop > n || start > stop) {
-        PyErr_Format(PyExc_IndexError, "encode: rows %zd:%zd outside 0:%zd", start, stop, n);
-        goto done;
-    }
-    for (int k = 0; k < N_TABLES; k++)
-        if (table_from(seqs[k], &t[k], TABLE_NAMES[k]) < 0)
-            goto done;
-    const int64_t *ints = (const int64_t *)ib.buf;
-    const int32_t *idx = (const int32_t *)xb.buf;
-    Py_ssize_t need = size_rows(idx, n, start, stop, t);
-    if (need < 0)
-        goto done;
-    out = PyBytes_FromStringAndSize(NULL, need);
-    if (out == NULL)
-        goto done;
-    char *begin = PyBytes_AS_STRING(out), *end;
-    Py_BEGIN_ALLOW_THREADS
-    end = encode_rows(begin, ints, idx, n, start, stop, t);
-    Py_END_ALLOW_THREADS
-    if (_PyBytes_Resize(&out, end - begin) < 0)
-        out = NULL;
-done:
-    tables_free(t);
-    PyBuffer_Release(&ib);
-    PyBuffer_Release(&xb);
-    return out;
-}
 
 /* --- the batch path: SpanBatch columns and lookup tables in, text straight into the caller's buffer ---------- */
 
 /* Columns of a SpanBatch (``chrome_lines.COLS``), each a contiguous buffer of n items. */
-enum { C_ID, C_PARENT, C_THREAD, C_HOST_BEGIN, C_HOST_END, C_TRACK, C_QUEUED, C_SUBMIT, C_DEV_START, C_DEV_END,
-       C_RAW_START, C_RAW_END, C_NAME, C_CAT, C_SITE, C_STATUS, C_ATTRS, C_ERROR, N_COLS };
-static const int COL_SIZE[N_COLS] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 2, 4, 1, 4, 4};
+enum { SB_ID, SB_PARENT, SB_THREAD, SB_HOST_BEGIN, SB_HOST_END, SB_TRACK, SB_QUEUED, SB_SUBMIT, SB_DEV_START, SB_DEV_END,
+       SB_RAW_START, SB_RAW_END, SB_NAME, SB_CAT, SB_SITE, SB_STATUS, SB_ATTRS, SB_ERROR, N_SB_COLS };
+static const int COL_SIZE[N_SB_COLS] = {8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 4, 2, 4, 1, 4, 4};
 /* Lookup tables (``chrome_lines.LUTS``): track id -> host head, track id -> device head,
  * name id * ncat + category id -> head, site id + 1 -> site text, category id -> is a region. */
 enum { L_HOST, L_DEVICE, L_HEAD, L_SITE, L_REGION, N_LUTS };
@@ -419,15 +279,15 @@ static const char *const BTABLE_NAMES[N_BTABLES] = {"heads", "flow_s", "flow_f",
                                                     "sites", "errors"};
 
 typedef struct {
-    Py_buffer col[N_COLS], lut[N_LUTS];
-    int has_col[N_COLS], has_lut[N_LUTS];
+    Py_buffer col[N_SB_COLS], lut[N_LUTS];
+    int has_col[N_SB_COLS], has_lut[N_LUTS];
     Py_ssize_t n, lut_n[N_LUTS], ncat;
 } batch_t;
 
 static void
 batch_release(batch_t *b)
 {
-    for (int k = 0; k < N_COLS; k++)
+    for (int k = 0; k < N_SB_COLS; k++)
         if (b->has_col[k])
             PyBuffer_Release(&b->col[k]);
     for (int k = 0; k < N_LUTS; k++)
@@ -449,21 +309,21 @@ get_buffer(PyObject *o, Py_buffer *v, int itemsize, int writable, const char *wh
     return 0;
 }
 
-/* cols: a tuple of N_COLS buffers (the error column may be None: no failed rows); luts: N_LUTS buffers and
+/* cols: a tuple of N_SB_COLS buffers (the error column may be None: no failed rows); luts: N_LUTS buffers and
  * ncat. The lookup tables are writable: scan marks the keys it reports. */
 static int
 batch_from(PyObject *cols, PyObject *luts, Py_ssize_t ncat, batch_t *b)
 {
     memset(b, 0, sizeof(*b));
-    if (!PyTuple_Check(cols) || PyTuple_GET_SIZE(cols) != N_COLS || !PyTuple_Check(luts) ||
+    if (!PyTuple_Check(cols) || PyTuple_GET_SIZE(cols) != N_SB_COLS || !PyTuple_Check(luts) ||
         PyTuple_GET_SIZE(luts) != N_LUTS) {
-        PyErr_Format(PyExc_TypeError, "need a tuple of %d columns and a tuple of %d lookup tables", N_COLS, N_LUTS);
+        PyErr_Format(PyExc_TypeError, "need a tuple of %d columns and a tuple of %d lookup tables", N_SB_COLS, N_LUTS);
         return -1;
     }
     b->n = -1;
-    for (int k = 0; k < N_COLS; k++) {
+    for (int k = 0; k < N_SB_COLS; k++) {
         PyObject *o = PyTuple_GET_ITEM(cols, k);
-        if (k == C_ERROR && o == Py_None)
+        if (k == SB_ERROR && o == Py_None)
             continue;
         if (get_buffer(o, &b->col[k], COL_SIZE[k], 0, "column", k) < 0)
             goto fail;
@@ -545,14 +405,14 @@ chrome_scan(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    const int64_t *thread = COL(&b, C_THREAD, int64_t), *track = COL(&b, C_TRACK, int64_t);
-    const int32_t *name = COL(&b, C_NAME, int32_t), *site = COL(&b, C_SITE, int32_t);
-    const int16_t *cat = COL(&b, C_CAT, int16_t);
+    const int64_t *thread = COL(&b, SB_THREAD, int64_t), *track = COL(&b, SB_TRACK, int64_t);
+    const int32_t *name = COL(&b, SB_NAME, int32_t), *site = COL(&b, SB_SITE, int32_t);
+    const int16_t *cat = COL(&b, SB_CAT, int16_t);
     int32_t *host_lut = LUT(&b, L_HOST, int32_t), *dev_lut = LUT(&b, L_DEVICE, int32_t),
             *head_lut = LUT(&b, L_HEAD, int32_t), *site_lut = LUT(&b, L_SITE, int32_t);
     const uint8_t *region = LUT(&b, L_REGION, uint8_t);
     int32_t *attrs_out = (int32_t *)out.buf;
-    const int8_t *status = COL(&b, C_STATUS, int8_t);
+    const int8_t *status = COL(&b, SB_STATUS, int8_t);
     Py_ssize_t devices = 0, flows = 0, failed = 0;
     int64_t need = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -694,15 +554,15 @@ chrome_fill(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "fill: errors, attrs, devices and sites need their empty entry");
         goto done;
     }
-    const int64_t *id = COL(&b, C_ID, int64_t), *par = COL(&b, C_PARENT, int64_t),
-                  *thread = COL(&b, C_THREAD, int64_t), *hb = COL(&b, C_HOST_BEGIN, int64_t),
-                  *he = COL(&b, C_HOST_END, int64_t), *track = COL(&b, C_TRACK, int64_t),
-                  *q = COL(&b, C_QUEUED, int64_t), *sub = COL(&b, C_SUBMIT, int64_t),
-                  *ds = COL(&b, C_DEV_START, int64_t), *de = COL(&b, C_DEV_END, int64_t),
-                  *rs = COL(&b, C_RAW_START, int64_t), *re = COL(&b, C_RAW_END, int64_t);
-    const int32_t *name = COL(&b, C_NAME, int32_t), *site = COL(&b, C_SITE, int32_t),
-                  *attrs = COL(&b, C_ATTRS, int32_t), *err = b.has_col[C_ERROR] ? COL(&b, C_ERROR, int32_t) : NULL;
-    const int16_t *cat = COL(&b, C_CAT, int16_t);
+    const int64_t *id = COL(&b, SB_ID, int64_t), *par = COL(&b, SB_PARENT, int64_t),
+                  *thread = COL(&b, SB_THREAD, int64_t), *hb = COL(&b, SB_HOST_BEGIN, int64_t),
+                  *he = COL(&b, SB_HOST_END, int64_t), *track = COL(&b, SB_TRACK, int64_t),
+                  *q = COL(&b, SB_QUEUED, int64_t), *sub = COL(&b, SB_SUBMIT, int64_t),
+                  *ds = COL(&b, SB_DEV_START, int64_t), *de = COL(&b, SB_DEV_END, int64_t),
+                  *rs = COL(&b, SB_RAW_START, int64_t), *re = COL(&b, SB_RAW_END, int64_t);
+    const int32_t *name = COL(&b, SB_NAME, int32_t), *site = COL(&b, SB_SITE, int32_t),
+                  *attrs = COL(&b, SB_ATTRS, int32_t), *err = b.has_col[SB_ERROR] ? COL(&b, SB_ERROR, int32_t) : NULL;
+    const int16_t *cat = COL(&b, SB_CAT, int16_t);
     const int32_t *host_lut = LUT(&b, L_HOST, int32_t), *dev_lut = LUT(&b, L_DEVICE, int32_t),
                   *head_lut = LUT(&b, L_HEAD, int32_t), *site_lut = LUT(&b, L_SITE, int32_t);
     const uint8_t *region = LUT(&b, L_REGION, uint8_t);
@@ -791,9 +651,6 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"encode", chrome_encode, METH_VARARGS,
-     "encode(ints, idx, start, stop, heads, flow_s, flow_f, hosts, devices, attrs, errors) -> bytes: "
-     "the Chrome JSON lines of rows start:stop."},
     {"scan", chrome_scan, METH_VARARGS,
      "scan(cols, luts, ncat, attrs, attrs_out) -> (misses, objects, devices, flows): the keys a batch needs text for."},
     {"fill", chrome_fill, METH_VARARGS,
@@ -803,12 +660,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cltrace.export._chrome",
+    PyModuleDef_HEAD_INIT, "cltrace._ext.chrome",
     "Chrome JSON event lines of a span batch, without the GIL (see cltrace.export.chrome_lines).", -1, methods,
 };
 
-PyMODINIT_FUNC
-PyInit__chrome(void)
+PyObject *
+cltrace_chrome_module(void)
 {
     return PyModule_Create(&module);
 }

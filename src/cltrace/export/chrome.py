@@ -26,7 +26,7 @@ import numpy as np
 from .base import TraceContext, abandon_file, open_trace_file, release_space, reserve_space, start_writeback
 from ..timeline.arrays import distinct as _distinct, first_rows as _first_rows
 from . import chrome_lines
-from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Encoder, Tables, encode as _encode_lines
+from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Tables, encode_python
 from .processes import device_pid, program_name
 from ..record.memory import COUNTER_ARG, counter_name
 from ..timeline.batch import SpanBatch, as_batch
@@ -100,21 +100,22 @@ class ChromeTraceSink:
     """Streams spans to a Chrome trace JSON file.
 
     ``flush_every`` spans (or an explicit flush) push buffered text to the OS,
-    so a crash leaves a loadable file up to the last flush. ``encoder`` writes a
-    batch's event lines (``chrome_lines``: the C extension where built, else the
-    Python loop, both writing the same bytes); tests and benchmarks pick one.
+    so a crash leaves a loadable file up to the last flush. A batch's event lines
+    come from the C extension where built (``chrome_lines.NATIVE``), else from the
+    Python loop, both writing the same bytes; ``native=False`` picks the Python
+    one (tests and benchmarks compare them).
 
     The text goes through one reused 1 MiB buffer, handed to the OS by one
-    write() when full and at each flush; with the C extension's encoder a batch
+    write() when full and at each flush; with the C extension a batch
     is written straight into it (``chrome_lines.Batch``). Disk is reserved ahead
     of the file (``base.reserve_space``), which makes the kernel's part cheaper.
     """
 
     def __init__(self, path: str | os.PathLike[str], flush_every: int = 8192, *,
-                 encoder: Encoder | None = None) -> None:
+                 native: bool = True) -> None:
         self.path = os.fspath(path)
         self.flush_every = flush_every
-        self._encode = encoder or _encode_lines
+        self._native = chrome_lines.NATIVE if native else None
         self._fh: IO[bytes] | None = None
         self._out = bytearray()  # text not handed to the OS yet: self._out[:self._used]
         self._used = 0
@@ -173,11 +174,10 @@ class ChromeTraceSink:
         if fh is None or not batch:
             return
         b = as_batch(batch, self._ctx.tables)
-        if not (self._encode is chrome_lines.NATIVE and chrome_lines.BATCH and self._write_native(b)):
+        if not (self._native is not None and self._write_native(b)):
             ints, idx, tables = self._prepare(b)
-            encode = self._encode
             for start in range(0, b.n, _CHUNK):  # bounded memory for a batch of any size
-                self._put(encode(ints, idx, tables, start, min(b.n, start + _CHUNK)))
+                self._put(encode_python(ints, idx, tables, start, min(b.n, start + _CHUNK)))
             flags = idx[5]
             with_flow = int(np.count_nonzero(flags == DEVICE))  # a device slice, not a region
             self.events_written += b.n + int(np.count_nonzero(flags & DEVICE)) + 2 * with_flow
@@ -195,7 +195,7 @@ class ChromeTraceSink:
         if lut is None or lut.tables is not t or len(t.cats.values) > lut.ncat:
             lut = self._lut = _Lookup(t)
         regions = self._regions_of(t)
-        scan, fill = chrome_lines.BATCH  # type: ignore[misc]
+        scan, fill = self._native  # type: ignore[misc]
         attrs_of = np.empty(n, np.int32)
         cols = [np.ascontiguousarray(c) for c in (  # a batch's columns may be views with strides
             b.id, b.parent, b.thread, b.host_begin, b.host_end, b.track, b.dev_queued, b.dev_submit,

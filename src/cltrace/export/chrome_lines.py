@@ -2,18 +2,18 @@
 
 ``chrome.py`` prepares a batch per *distinct* value (one event head per name and category, one
 ``"pid":..,"tid":..,"ts":`` per track, one text per attrs dict and per error) and gives each row
-indices into those tables; ``encode`` then writes every row's lines. It is the C extension
-``_chrome`` where built, else the pure-Python loop below, which writes the same bytes;
-``CLTRACE_NATIVE=0`` forces the Python one. ``PATH`` says which runs ("native" or "python").
+indices into those tables; ``encode_python`` (the loop below) then writes every row's lines.
 
 Per row: the host slice (``X``); with a device slice, the device ``X`` event too, and unless the
 row is a region, the flow pair (``s`` on the host track, ``f`` on the device track) between them.
 Times are microseconds with exactly three decimals (negative ones with a leading minus).
 
-The C extension also writes a whole ``SpanBatch`` without that preparation (``Batch``): ``scan`` reads
-the id columns once and reports the keys (tracks, name and category, call site) that lookup tables do not
-map to text yet, ``fill`` writes the rows' lines straight into the writer's buffer, without the GIL. The
-text is the same; ``chrome.py`` uses it when the native encoder is active.
+The C side (``cltrace._ext.chrome``, ``Batch``) writes a whole ``SpanBatch`` without that preparation:
+``scan`` reads the id columns once and reports the keys (tracks, name and category, call site) that lookup
+tables do not map to text yet, ``fill`` writes the rows' lines straight into the writer's buffer, without
+the GIL. The text is the same; ``chrome.py`` uses it where built (``NATIVE``), and the Python path for a
+batch whose track ids do not suit lookup tables (not a registry's: 2**22 and up) or with
+``CLTRACE_NATIVE=0``. ``PATH`` says which runs ("native" or "python").
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ Encoder = Callable[[np.ndarray, np.ndarray, Tables, int, int], bytes]
 
 
 class Batch(NamedTuple):
-    """The C extension's batch path (``_chrome.scan`` and ``_chrome.fill``; see ``_chrome.c``)."""
+    """The C extension's batch path (``cltrace._ext.chrome``'s ``scan`` and ``fill``; see ``export/_chrome.c``)."""
 
     scan: Callable[..., tuple[list[tuple[int, int, int]], list[Any], int, int]]
     fill: Callable[..., tuple[int, int]]
@@ -101,23 +101,15 @@ def encode_python(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int,
     return "".join(out).encode()
 
 
-def _load_native() -> tuple[Encoder, Batch]:
-    _chrome = extension(__package__, "_chrome")
-    native = _chrome.encode
-
-    def encode(ints: np.ndarray, idx: np.ndarray, tables: Tables, start: int, stop: int) -> bytes:
-        return native(ints, idx, start, stop, *tables)
-
-    return encode, Batch(_chrome.scan, _chrome.fill)
+def _load_native() -> Batch:
+    chrome = extension("chrome")
+    return Batch(chrome.scan, chrome.fill)
 
 
-PYTHON: Encoder = encode_python
 _CHOICE = choose("the Chrome JSON encoder", _load_native)
-NATIVE: Encoder | None = _CHOICE.native and _CHOICE.native[0]
-BATCH: Batch | None = _CHOICE.native and _CHOICE.native[1]  # active with NATIVE
+NATIVE: Batch | None = _CHOICE.native  # the C batch path, or None
 WHY: str = _CHOICE.why  # why NATIVE is None ("" when it is active)
 PATH: str = _CHOICE.path
 DETAIL: str = _CHOICE.detail
-encode: Encoder = NATIVE or PYTHON
 
-__all__ = ["INTS", "IDX", "DEVICE", "NO_FLOW", "Tables", "Batch", "BATCH", "encode", "encode_python", "PATH", "DETAIL"]
+__all__ = ["INTS", "IDX", "DEVICE", "NO_FLOW", "Tables", "Batch", "NATIVE", "encode_python", "PATH", "DETAIL"]

@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../_ext.h"
 #include <stdint.h>
 #include <string.h>
 
@@ -1321,12 +1322,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cltrace.read._scan", "Trace files written by cltrace, scanned into columns.", -1,
+    PyModuleDef_HEAD_INIT, "cltrace._ext.scan", "Trace files written by cltrace, scanned into columns.", -1,
     methods,
 };
 
-PyMODINIT_FUNC
-PyInit__scan(void)
+PyObject *
+cltrace_scan_module(void)
 {
     return PyModule_Create(&module);
 }

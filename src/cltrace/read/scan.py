@@ -50,7 +50,7 @@ def _expected_fields() -> dict[str, tuple[int, ...]]:
 
 
 def _load_native() -> Any:
-    _scan = extension(__package__, "_scan")
+    _scan = extension("scan")
     built = {k: tuple(v) if isinstance(v, tuple) else (v,) for k, v in _scan.field_numbers().items()}
     if built != _expected_fields():
         raise ImportError("C extension built for other protobuf field numbers: reinstall cltrace")

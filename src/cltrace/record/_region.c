@@ -17,6 +17,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../_ext.h"
+#include "../timeline/_reaper.h"
 #include <structmember.h>
 #include <stdint.h>
 #include <time.h>
@@ -298,7 +300,7 @@ quiet_traverse(PyObject *t, visitproc visit, void *arg)
 
 static PyTypeObject QuietTupleType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "cltrace.record._region.record",
+    .tp_name = "cltrace._ext.region.record",
     .tp_dealloc = quiet_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
     .tp_doc = "A tuple outside the cyclic collector: a raw record, a region's path or stack entry.",
@@ -368,8 +370,7 @@ untrack_record(PyObject *t)
 }
 
 /* The reaper's hot-path entry (timeline/_reaper.c, from init's capsule): the event's ticket, or -1. */
-typedef int (*track_fn)(PyObject *ev, PyObject *queue, uint64_t *ticket);
-static track_fn g_track = NULL;
+static int g_reaper = 0; /* init(..., reaper=True): records past tickets_above hold reaper_track's tickets */
 
 /* The record with its command's events traded for the reaper's tickets (a new reference): the tuple
  * itself where only the caller's temporary refers to it, else a copy. The record as it is where the
@@ -378,19 +379,19 @@ static PyObject *
 with_tickets(PyObject *rec)
 {
     PyObject *e0, *e1;
-    if (g_track == NULL || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < 15 ||
-        PyTuple_GET_ITEM(rec, 8) == Py_None || (e0 = PyTuple_GET_ITEM(rec, 9)) == Py_None || PyLong_Check(e0))
+    if (!g_reaper || !PyTuple_Check(rec) || PyTuple_GET_SIZE(rec) < N_FIELDS ||
+        PyTuple_GET_ITEM(rec, R_QUEUE) == Py_None || (e0 = PyTuple_GET_ITEM(rec, R_EV0)) == Py_None || PyLong_Check(e0))
         return Py_NewRef(rec);
-    e1 = PyTuple_GET_ITEM(rec, 10);
+    e1 = PyTuple_GET_ITEM(rec, R_EV1);
     uint64_t t0, t1 = 0;
-    PyObject *q = PyTuple_GET_ITEM(rec, 8);
-    if (g_track(e0, q, &t0) < 0)
+    PyObject *q = PyTuple_GET_ITEM(rec, R_QUEUE);
+    if (reaper_track(e0, q, &t0) < 0)
         return Py_NewRef(rec);
     PyObject *o0 = PyLong_FromUnsignedLongLong(t0), *o1 = NULL;
     if (o0 == NULL)
         return NULL; /* the ticket stays held: its slot leaks, never a driver event */
     if (e1 != Py_None) {
-        if (g_track(e1, q, &t1) < 0) {
+        if (reaper_track(e1, q, &t1) < 0) {
             Py_DECREF(o0);
             return Py_NewRef(rec); /* both stay Events: the reaper reads the first ticket's, held by nobody */
         }
@@ -411,12 +412,12 @@ with_tickets(PyObject *rec)
         }
         untrack_record(out);
     }
-    PyObject *old0 = PyTuple_GET_ITEM(out, 9);
-    PyTuple_SET_ITEM(out, 9, o0);
+    PyObject *old0 = PyTuple_GET_ITEM(out, R_EV0);
+    PyTuple_SET_ITEM(out, R_EV0, o0);
     Py_DECREF(old0); /* the user's Event may go now: the reaper holds the cl_event */
     if (o1 != NULL) {
-        PyObject *old1 = PyTuple_GET_ITEM(out, 10);
-        PyTuple_SET_ITEM(out, 10, o1);
+        PyObject *old1 = PyTuple_GET_ITEM(out, R_EV1);
+        PyTuple_SET_ITEM(out, R_EV1, o1);
         Py_DECREF(old1);
     }
     return out;
@@ -428,7 +429,7 @@ push_record(PyObject *rec)
 {
     /* Past RECORDER.tickets_above records waiting, events are traded for tickets: below it the worker
      * keeps up and the driver's events cost nothing more; above it, no record holds a driver event. */
-    if (g_track != NULL) {
+    if (g_reaper) {
         Py_ssize_t waiting = PyObject_Size(g_pending);
         PyObject *above_o = PyObject_GetAttr(g_recorder, s_tickets_above);
         if (waiting < 0 || above_o == NULL) {
@@ -511,7 +512,7 @@ static int
 ready(void)
 {
     if (g_tls == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "cltrace.record._region: init() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "cltrace._ext.region: init() was not called");
         return 0;
     }
     return 1;
@@ -894,7 +895,7 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
     key = PyObject_GetAttr(st, s_key);
     if (key == NULL)
         goto fail;
-    rec = quiet_tuple(15);
+    rec = quiet_tuple(N_FIELDS);
     if (rec == NULL)
         goto fail;
     PyObject *status = Py_None, *error;
@@ -916,25 +917,25 @@ region_exit(Region *self, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *attrs = self->attrs ? self->attrs : Py_None;
 #define PUT(i, o) do { Py_INCREF(o); PyTuple_SET_ITEM(rec, i, o); } while (0)
-    PUT(0, self->cat);
-    PUT(1, self->name);
-    PUT(2, self->id);
-    PUT(3, self->parent);
-    PUT(4, self->path);
-    PyTuple_SET_ITEM(rec, 5, key);
+    PUT(R_CAT, self->cat);
+    PUT(R_NAME, self->name);
+    PUT(R_ID, self->id);
+    PUT(R_PARENT, self->parent);
+    PUT(R_PATH, self->path);
+    PyTuple_SET_ITEM(rec, R_THREAD, key);
     key = NULL;
-    PyTuple_SET_ITEM(rec, 6, hb);
-    PyTuple_SET_ITEM(rec, 7, he_o);
-    PyTuple_SET_ITEM(rec, 8, q);
+    PyTuple_SET_ITEM(rec, R_HB, hb);
+    PyTuple_SET_ITEM(rec, R_HE, he_o);
+    PyTuple_SET_ITEM(rec, R_QUEUE, q);
     q = NULL;
-    PyTuple_SET_ITEM(rec, 9, dev0);
+    PyTuple_SET_ITEM(rec, R_EV0, dev0);
     dev0 = NULL;
-    PyTuple_SET_ITEM(rec, 10, ev1);
+    PyTuple_SET_ITEM(rec, R_EV1, ev1);
     ev1 = NULL;
-    PUT(11, attrs);
-    PUT(12, status);
-    PyTuple_SET_ITEM(rec, 13, error);
-    PUT(14, self->site ? self->site : Py_None);
+    PUT(R_ATTRS, attrs);
+    PUT(R_STATUS, status);
+    PyTuple_SET_ITEM(rec, R_ERROR, error);
+    PUT(R_SITE, self->site ? self->site : Py_None);
 #undef PUT
     untrack_record(rec);
     int ok = push_record(rec);
@@ -1024,7 +1025,7 @@ enterexit_dealloc(EnterExit *d)
 
 static PyTypeObject EnterExitType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "cltrace.record._region.EnterExit",
+    .tp_name = "cltrace._ext.region.EnterExit",
     .tp_basicsize = sizeof(EnterExit),
     .tp_dealloc = (destructor)enterexit_dealloc,
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -1073,7 +1074,7 @@ static PyGetSetDef region_getset[] = {
 
 static PyTypeObject RegionType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "cltrace.record._region.Region",
+    .tp_name = "cltrace._ext.region.Region",
     .tp_basicsize = sizeof(Region),
     .tp_dealloc = (destructor)region_dealloc,
     .tp_call = PyVectorcall_Call,
@@ -1092,15 +1093,14 @@ static PyTypeObject RegionType = {
 static PyObject *
 mod_init(PyObject *mod, PyObject *args)
 {
-    PyObject *tls, *ids, *pending, *recorder, *marker, *decorate, *status_error, *region_cat, *reaper = Py_None;
-    int per_os_thread;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOp|O:init", &tls, &ids, &pending, &recorder, &marker, &decorate,
+    PyObject *tls, *ids, *pending, *recorder, *marker, *decorate, *status_error, *region_cat;
+    int per_os_thread, reaper = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOp|p:init", &tls, &ids, &pending, &recorder, &marker, &decorate,
                           &status_error, &region_cat, &per_os_thread, &reaper))
         return NULL;
-    track_fn track = NULL;
-    if (reaper != Py_None && (track = (track_fn)PyCapsule_GetPointer(reaper, "cltrace.timeline._stamps.track")) == NULL)
-        return NULL;
-    g_track = track;
+    if (reaper && !reaper_available())
+        return PyErr_Format(PyExc_RuntimeError, "init: reaper=True but the reaper does not run (stamps.init first)");
+    g_reaper = reaper;
     if (Py_TYPE(ids)->tp_iternext == NULL)
         return PyErr_Format(PyExc_TypeError, "init: ids must be an iterator (itertools.count)");
     PyObject *append = PyObject_GetAttrString(pending, "append");
@@ -1140,7 +1140,7 @@ record_command(PyObject *const *args)
         return NULL;
     }
     PyObject *sid = Py_TYPE(g_ids)->tp_iternext(g_ids);
-    PyObject *rec = sid == NULL ? NULL : quiet_tuple(15);
+    PyObject *rec = sid == NULL ? NULL : quiet_tuple(N_FIELDS);
     if (rec == NULL) {
         Py_XDECREF(sid);
         Py_DECREF(key);
@@ -1148,21 +1148,21 @@ record_command(PyObject *const *args)
         return NULL;
     }
 #define PUT(i, o) do { Py_INCREF(o); PyTuple_SET_ITEM(rec, i, o); } while (0)
-    PUT(0, args[5]);
-    PUT(1, args[0]);
-    PUT(2, sid);
-    PUT(3, parent);
-    PUT(4, path);
-    PyTuple_SET_ITEM(rec, 5, key);
-    PUT(6, args[3]);
-    PUT(7, args[4]);
-    PUT(8, args[1]);
-    PUT(9, args[2]);
-    PUT(10, Py_None);
-    PUT(11, args[6]);
-    PUT(12, Py_None);
-    PUT(13, Py_None);
-    PUT(14, args[7]);
+    PUT(R_CAT, args[5]);
+    PUT(R_NAME, args[0]);
+    PUT(R_ID, sid);
+    PUT(R_PARENT, parent);
+    PUT(R_PATH, path);
+    PyTuple_SET_ITEM(rec, R_THREAD, key);
+    PUT(R_HB, args[3]);
+    PUT(R_HE, args[4]);
+    PUT(R_QUEUE, args[1]);
+    PUT(R_EV0, args[2]);
+    PUT(R_EV1, Py_None);
+    PUT(R_ATTRS, args[6]);
+    PUT(R_STATUS, Py_None);
+    PUT(R_ERROR, Py_None);
+    PUT(R_SITE, args[7]);
 #undef PUT
     untrack_record(rec);
     int ok = push_record(rec);
@@ -1316,7 +1316,7 @@ static PyMemberDef gate_members[] = {
 
 static PyTypeObject GateType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "cltrace.record._region.Gate",
+    .tp_name = "cltrace._ext.region.Gate",
     .tp_basicsize = sizeof(Gate),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Gate(original, hook): calls original with tracing off or inside launch/copy, else hook.",
@@ -1377,7 +1377,7 @@ mod_launch(PyObject *mod, PyObject *const *args, size_t nargsf, PyObject *kwname
 {
     const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (g_launch_py == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "cltrace.record._region: launch_init() was not called");
+        PyErr_SetString(PyExc_RuntimeError, "cltrace._ext.region: launch_init() was not called");
         return NULL;
     }
     PyObject *wait_for = Py_None, *name = Py_None;
@@ -1497,9 +1497,9 @@ mod_now(PyObject *mod, PyObject *unused)
 
 static PyMethodDef methods[] = {
     {"init", mod_init, METH_VARARGS,
-     "init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread, reaper=None): "
-     "share the Python state (per_os_thread: tls is a plain threading.local; reaper: the capsule of "
-     "timeline._stamps' track, to trade records' events for tickets)."},
+     "init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread, reaper=False): "
+     "share the Python state (per_os_thread: tls is a plain threading.local; reaper: trade records' events "
+     "for the reaper's tickets, as stamps.reaper() says it can)."},
     {"push", mod_push, METH_O, "push(rec): append a raw record (untracked by the cyclic GC) to the pending deque, with back-pressure."},
     {"record_launch", (PyCFunction)(void (*)(void))mod_record_launch, METH_FASTCALL,
      "record_launch(name, queue, event, host_begin, host_end, cat, attrs, site): one enqueued command's record; its span id."},
@@ -1524,12 +1524,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cltrace.record._region",
+    PyModuleDef_HEAD_INIT, "cltrace._ext.region",
     "The enabled region's enter/exit in C (see cltrace.record.regions).", -1, methods,
 };
 
-PyMODINIT_FUNC
-PyInit__region(void)
+PyObject *
+cltrace_region_module(void)
 {
     QuietTupleType.tp_base = &PyTuple_Type;
     if (PyType_Ready(&QuietTupleType) < 0 || PyType_Ready(&EnterExitType) < 0 || PyType_Ready(&RegionType) < 0 ||

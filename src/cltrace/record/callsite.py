@@ -110,7 +110,7 @@ def _py_walk(f: Any) -> tuple | None:
 
 
 def _load_native() -> Any:
-    _region = extension(__package__, "_region")
+    _region = extension("region")
     if not hasattr(_region, "site"):
         raise ImportError("C extension built for another cltrace: reinstall cltrace")
     _region.site_config(_classify, _gen, _depth)
@@ -126,8 +126,7 @@ capture: Any = _CHOICE.native or _py_capture
 def _share() -> None:
     """Hand the settings to the C capture."""
     if _CHOICE.native is not None:
-        from . import _region
-        _region.site_config(_classify, _gen, _depth)
+        extension("region").site_config(_classify, _gen, _depth)
 
 
 def _reset() -> None:

@@ -205,11 +205,11 @@ def _decorate(fn: F, name: str, queue: Any, attrs: dict[str, Any] | None, cat: s
 
 def _load_native() -> Any:
     """The C region type, initialised with the state the Python one uses."""
-    _region = extension(__package__, "_region")
+    _region = extension("region")
     base = type(_tls).__base__  # CPython's own, not a per-greenlet local (gevent patches threading.local)
     per_os_thread = (base.__module__, base.__qualname__) == ("_thread", "_local")
     _region.init(_tls, new_id.__self__, _pending, RECORDER, _marker, _decorate,  # type: ignore[attr-defined]
-                 STATUS_ERROR, REGION, per_os_thread, stamps.REAPER)
+                 STATUS_ERROR, REGION, per_os_thread, bool(stamps.REAPER))
     return _region.Region
 
 

@@ -1,5 +1,5 @@
-/* The few OpenCL types, constants and entry points the ``_stamps`` extension uses, resolved at run time
- * (``init`` in _stamps.c) from the library pyopencl has loaded: no OpenCL header or link-time library. */
+/* The few OpenCL types, constants and entry points the stamps and the reaper use, resolved at run time
+ * (``opencl_load`` in _opencl.c) from the library pyopencl has loaded: no OpenCL header or link-time library. */
 #ifndef CLTRACE_OPENCL_H
 #define CLTRACE_OPENCL_H
 #include <stdint.h>
@@ -36,6 +36,8 @@ extern event_info_fn get_event_info;
 extern wait_fn wait_for_events;
 extern refcount_fn retain_event, release_event;
 
+/* Resolve the entry points in the library at ``path``; -1 with OSError set if it cannot. */
+int opencl_load(const char *path);
 /* One event's status (0 complete, > 0 not yet, < 0 failed or unreadable) and, when 0, its four stamps. */
 cl_int read_one(cl_event ev, int64_t *st);
 /* clWaitForEvents on all of them; after an error (a failed command) on each alone. GIL not touched. */

@@ -8,7 +8,7 @@
  * record carries the ticket, the user's Event is freed as usual, and this thread releases our
  * reference as soon as the command is done. Held events are those still running on the device.
  *
- * Who reads, and when (measured on an H200, benchmarks/inline_probe.py): while a thread enqueues, any
+ * Who reads, and when (measured on an H200 by a probe git history keeps: benchmarks/inline_probe.py before 7c93b17): while a thread enqueues, any
  * other thread's stamp read or release slows each of its enqueues by 3-5 us (both spin on the driver's
  * lock), and a read costs 4-8 us; right after the launching thread's own wait a read costs ~1 us.
  * So the launching thread harvests: every ``harvest_k`` commands tracked, if the command tracked
@@ -48,7 +48,7 @@
 #define SPIN_NS 2000000 /* the longest a harvest may poll its newest command (``spin_ns``'s bound) */
 /* While other threads launch too, a harvest reads with the GIL held (see harvest()), and every launching
  * thread waits for it: harvests come SHARED_DIV times as often, each that much shorter. Two threads on an
- * H200 (benchmarks/stall_parts.py): the longest pause 10.4-10.6 ms -> 7.7-8.9 ms at the same launch rate
+ * H200 (benchmarks/stall_parts.py, in git history before 7c93b17): the longest pause 10.4-10.6 ms -> 7.7-8.9 ms at the same launch rate
  * (0.43 ms a harvest of ~130 commands, against ~2 ms for ~1000). Harvesting only what is complete without
  * waiting for the newest cut the pause as much, but each read then cost 5.7 us and the launch rate fell by 20 %. */
 #define SHARED_DIV 8
@@ -429,7 +429,7 @@ harvest(cl_command_queue qh)
      * While other threads launch, the reads hold it, so that none enqueues meanwhile (a read beside an
      * enqueue costs both several us: 8 ms a harvest of 1024 against 2.6 ms, measured on an H200), and so
      * does the first ``shared_hold_ns`` of the wait: a wait that let the others enqueue left the queue busy
-     * and the reads after it cost 2.5-6 us each (H200, two threads launching on one queue, stall_parts.py:
+     * and the reads after it cost 2.5-6 us each (H200, two threads launching on one queue, stall_parts.py in git history:
      * the longest pause 7.6 -> 5.2 ms, iterations 890 -> 1 009 a second). A longer wait (a CPU device
      * behind the program, as PoCL's) goes on without the GIL. */
     PyThreadState *ts = others && shared_hold_ns > 0 ? NULL : PyEval_SaveThread();

@@ -4,9 +4,6 @@
 #include <Python.h>
 #include <stdint.h>
 
-/* Capsule "cltrace.timeline._stamps.track": for the hot path in other extensions (record/_region.c). */
-typedef int (*reaper_track_fn)(PyObject *ev, PyObject *queue, uint64_t *ticket);
-
 int reaper_available(void);
 /* Retain ``ev``'s cl_event and give it a ticket; -1 (no exception set) if it cannot: keep the Event then.
  * ``queue`` (its pyopencl queue, or NULL) lets the reaper read an in-order queue's commands in order. */

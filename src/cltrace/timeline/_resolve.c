@@ -20,6 +20,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../_ext.h"
 #include "pythread.h"
 #include <math.h>
 #include <stdint.h>
@@ -358,7 +359,7 @@ static PyMethodDef extents_methods[] = {
 static PySequenceMethods extents_seq = {.sq_length = (lenfunc)extents_len};
 
 static PyTypeObject ExtentsType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cltrace.timeline._resolve.Extents",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cltrace._ext.resolve.Extents",
     .tp_basicsize = sizeof(Extents),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Device extents of children whose parent is not resolved yet, per (parent id, device track).",
@@ -368,11 +369,9 @@ static PyTypeObject ExtentsType = {
     .tp_as_sequence = &extents_seq,
 };
 
-/* --- the tail: a batch's final columns (see cltrace.timeline.tail) ---------------------------- */
+/* --- the tail: a batch's final columns (see Resolver._native_columns) ---------------------------- */
 
 /* The first pass's int64 rows and flag bits (cltrace.timeline.stamps: C_*, F_*). */
-enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, C_SITE, N_COLS };
-enum { F_DEV = 1, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16 };
 enum { G_THREAD, G_SITE, G_QUEUE, G_PATH, N_GROUPS };              /* scan's groupings */
 enum { Q_CMDS, Q_CMD_MAX, Q_REGIONS, Q_REGION_MAX, N_QSTATS };      /* per queue group */
 #define RAW(i, k) raw[4 * (i) + (k)]                                  /* QUEUED, SUBMIT, START, END */
@@ -508,7 +507,7 @@ is_region(const uint8_t *lut, Py_ssize_t nlut, int64_t cat)
 }
 
 /* scan(ints, status, raw, lut, groups) -> (misses, big, failed, errors, attrs, thread_rows, site_rows,
- * queue_rows, path_rows, queue_stats): see tail.py. */
+ * queue_rows, path_rows, queue_stats): see Resolver._native_columns (resolve.py). */
 static PyObject *
 resolve_scan(PyObject *self, PyObject *args)
 {
@@ -757,25 +756,38 @@ clock_parse(PyObject *item, clockst *k)
 
 enum { O_THREAD, O_TRACK, O_QUEUED, O_SUBMIT, O_START, O_END, O_RAW_START, O_RAW_END, N_OUT64 };
 
-/* finish(ints, status, raw, lut, groups, thread_track, site_id, queue_track, queue_clock, queue_lane, path_id,
- *        clocks, extents, out64, name, cat, path, site, status_out): see tail.py. */
+/* finish(*, ints, status, raw, lut, groups, thread_track, site_id, queue_track, queue_clock, queue_lane, path_id,
+ *        clocks, extents, out64, name, cat, path, site, status_out): see Resolver._native_columns (resolve.py) and _ext.pyi. */
 static PyObject *
-resolve_finish(PyObject *self, PyObject *args)
+resolve_finish(PyObject *self, PyObject *args, PyObject *kw)
 {
     enum { NB = 17 };
     Py_buffer b[NB];
-    PyObject *clocks, *ext;
+    PyObject *clocks = NULL, *ext = NULL;
     memset(b, 0, sizeof(b));
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*y*y*O!O!w*w*w*w*w*w*:finish", &b[0], &b[1], &b[2], &b[3], &b[4],
-                          &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &PyList_Type, &clocks, &ExtentsType, &ext, &b[11],
-                          &b[12], &b[13], &b[14], &b[15], &b[16]))
+    static char *names[] = {"ints", "status", "raw", "lut", "groups", "thread_track", "site_id", "queue_track",
+                            "queue_clock", "queue_lane", "path_id", "clocks", "extents", "out64", "name", "cat", "path",
+                            "site", "status_out", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$y*y*y*y*y*y*y*y*y*y*y*O!O!w*w*w*w*w*w*:finish", names, &b[0], &b[1],
+                                     &b[2], &b[3], &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &PyList_Type,
+                                     &clocks, &ExtentsType, &ext, &b[11], &b[12], &b[13], &b[14], &b[15], &b[16]))
         return NULL;
+    for (int j = 0; j < NB + 2; j++) { /* every argument is required */
+        int given = j < 11 ? b[j].obj != NULL : j == 11 ? clocks != NULL : j == 12 ? ext != NULL : b[j - 2].obj != NULL;
+        if (!given) {
+            PyErr_Format(PyExc_TypeError, "finish() missing keyword argument '%s'", names[j]);
+            for (int i = 0; i < NB; i++)
+                if (b[i].obj)
+                    PyBuffer_Release(&b[i]);
+            return NULL;
+        }
+    }
     Py_ssize_t n = b[1].len / (Py_ssize_t)sizeof(int32_t), nclk = PyList_GET_SIZE(clocks);
     Py_ssize_t m_thr = b[5].len / 8, m_site = b[6].len / 4, m_q = b[7].len / 8, m_path = b[10].len / 4;
     if (b[0].len != N_COLS * n * 8 || b[2].len != 4 * n * 8 || b[4].len != N_GROUPS * n * 4 || b[8].len != m_q * 8 ||
         b[9].len != m_q || b[11].len != N_OUT64 * n * 8 || b[12].len != n * 4 || b[13].len != n * 2 ||
         b[14].len != n * 4 || b[15].len != n * 4 || b[16].len != n) {
-        PyErr_Format(PyExc_ValueError, "finish: buffers of the wrong size for N=%zd (see cltrace.timeline.tail)", n);
+        PyErr_Format(PyExc_ValueError, "finish: buffers of the wrong size for N=%zd (see Resolver._native_columns)", n);
         release(b, NB);
         return NULL;
     }
@@ -952,18 +964,20 @@ static PyMethodDef methods[] = {
     {"first_fit", resolve_first_fit, METH_VARARGS,
      "first_fit(starts, ends, lane_ends, used, lanes) -> used: commands on the first free lane."},
     {"scan", resolve_scan, METH_VARARGS, "scan(ints, status, raw, lut, groups) -> counts and groups: the tail's first pass."},
-    {"finish", resolve_finish, METH_VARARGS, "finish(...): a batch's final columns, placed and nested (see tail.py)."},
+    {"finish", (PyCFunction)(void (*)(void))resolve_finish, METH_VARARGS | METH_KEYWORDS,
+     "finish(*, ints, status, raw, lut, groups, thread_track, site_id, queue_track, queue_clock, queue_lane, path_id, "
+     "clocks, extents, out64, name, cat, path, site, status_out): a batch's final columns, placed and nested (see Resolver._native_columns)."},
     {"field", resolve_field, METH_VARARGS, "field(records, index, lo, hi) -> [r[index] for r in records[lo:hi]]."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cltrace.timeline._resolve",
+    PyModuleDef_HEAD_INIT, "cltrace._ext.resolve",
     "The resolver's passes over whole columns, without the GIL (see cltrace.timeline.passes).", -1, methods,
 };
 
-PyMODINIT_FUNC
-PyInit__resolve(void)
+PyObject *
+cltrace_resolve_module(void)
 {
     if (PyType_Ready(&ExtentsType) < 0)
         return NULL;

@@ -22,22 +22,12 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../_ext.h"
 #include <stdint.h>
 #include <string.h>
 
-#ifdef _WIN32
-#include <windows.h>
-#else
-#include <dlfcn.h>
-#endif
-
 #include "_opencl.h"
 #include "_reaper.h"
-
-profiling_info_fn get_profiling_info = NULL;
-event_info_fn get_event_info = NULL;
-wait_fn wait_for_events = NULL;
-refcount_fn retain_event = NULL, release_event = NULL;
 
 static PyObject *
 stamps_init(PyObject *self, PyObject *args)
@@ -45,32 +35,8 @@ stamps_init(PyObject *self, PyObject *args)
     const char *path;
     if (!PyArg_ParseTuple(args, "s:init", &path))
         return NULL;
-#ifdef _WIN32
-    HMODULE lib = LoadLibraryA(path);
-    if (lib == NULL)
-        return PyErr_Format(PyExc_OSError, "cannot load %s (error %lu)", path, GetLastError());
-#define SYM(name) ((void *)GetProcAddress(lib, name))
-#else
-    void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-    if (lib == NULL)
-        return PyErr_Format(PyExc_OSError, "cannot load %s: %s", path, dlerror());
-#define SYM(name) dlsym(lib, name)
-#endif
-    /* The library stays loaded for the life of the process, like pyopencl's own reference to it. */
-    profiling_info_fn p = (profiling_info_fn)SYM("clGetEventProfilingInfo");
-    event_info_fn e = (event_info_fn)SYM("clGetEventInfo");
-    wait_fn w = (wait_fn)SYM("clWaitForEvents");
-    refcount_fn r = (refcount_fn)SYM("clRetainEvent"), u = (refcount_fn)SYM("clReleaseEvent");
-#undef SYM
-    if (p == NULL || e == NULL || w == NULL)
-        return PyErr_Format(PyExc_OSError, "%s lacks clGetEventProfilingInfo/clGetEventInfo/clWaitForEvents", path);
-    get_profiling_info = p;
-    get_event_info = e;
-    wait_for_events = w;
-    if (r != NULL && u != NULL) { /* the reaper's; without them records keep their Events */
-        retain_event = r;
-        release_event = u;
-    }
+    if (opencl_load(path) < 0)
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -78,7 +44,7 @@ static int
 ready(void)
 {
     if (get_profiling_info == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "cltrace.timeline._stamps: init(path) was not called");
+        PyErr_SetString(PyExc_RuntimeError, "cltrace._ext.stamps: init(path) was not called");
         return 0;
     }
     return 1;
@@ -196,45 +162,6 @@ fail:
     return NULL;
 }
 
-/* One event: its status, and its four stamps when the status is 0. END first: for a complete
- * command that is the only call that can fail, so the usual case costs four calls and no more. */
-cl_int
-read_one(cl_event ev, int64_t *st)
-{
-    cl_ulong v[4];
-    cl_int err, status;
-    int retried = 0;
-again:
-    /* END first: for a complete command that is the only call that can fail, so the usual case costs four
-     * calls and no more. (Reading QUEUED first measured the same on NVIDIA's driver and PoCL.) */
-    err = get_profiling_info(ev, CL_PROFILING_COMMAND_END, sizeof(cl_ulong), &v[3], NULL);
-    if (err == CL_SUCCESS &&
-        ((err = get_profiling_info(ev, CL_PROFILING_COMMAND_QUEUED, sizeof(cl_ulong), &v[0], NULL)) != CL_SUCCESS ||
-         (err = get_profiling_info(ev, CL_PROFILING_COMMAND_SUBMIT, sizeof(cl_ulong), &v[1], NULL)) != CL_SUCCESS ||
-         (err = get_profiling_info(ev, CL_PROFILING_COMMAND_START, sizeof(cl_ulong), &v[2], NULL)) != CL_SUCCESS))
-        return err;
-    if (err == CL_SUCCESS) {
-        st[0] = (int64_t)v[0];
-        st[1] = (int64_t)v[1];
-        st[2] = (int64_t)v[2];
-        st[3] = (int64_t)v[3];
-        return CL_COMPLETE;
-    }
-    if (err != CL_PROFILING_INFO_NOT_AVAILABLE)
-        return err;
-    /* Not complete, failed, or no profiling (a user event, a queue without profiling). */
-    err = get_event_info(ev, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(cl_int), &status, NULL);
-    if (err != CL_SUCCESS)
-        return err;
-    if (status != CL_COMPLETE)
-        return status;
-    if (!retried) { /* it completed between the two calls */
-        retried = 1;
-        goto again;
-    }
-    return CL_PROFILING_INFO_NOT_AVAILABLE;
-}
-
 /* ``read_one`` of an event whose END alone is wanted (a region's second marker): one call where it completed. */
 static cl_int
 read_end(cl_event ev, int64_t *end)
@@ -283,15 +210,6 @@ stamps_read(PyObject *self, PyObject *args)
     PyBuffer_Release(&s);
     PyBuffer_Release(&t);
     Py_RETURN_NONE;
-}
-
-void
-wait_all(const cl_event *evs, size_t n)
-{
-    if (n > 0 && wait_for_events((cl_uint)n, evs) != CL_SUCCESS) {
-        for (size_t i = 0; i < n; i++)
-            wait_for_events(1, &evs[i]);
-    }
 }
 
 static PyObject *
@@ -367,15 +285,13 @@ static PyObject *stamps_transpose(PyObject *self, PyObject *records) {
 }
 
 /* columns(records, ints, handles, names, cats, paths): the resolver's first pass over a batch of raw records
- * (tuples laid out as record/recorder.py says: cat, name, id, parent, path, thread, host_begin, host_end,
+ * (tuples laid out as timeline/raw.py says: cat, name, id, parent, path, thread, host_begin, host_end,
  * queue, ev0, ev1, attrs, status, error, site). Fills ints, int64[COLS, N] (rows below), and handles,
  * uint64[2, N]: the int_ptr of ev0 and ev1 where the record has device work, else 0. A name, category or
  * path missing from the dicts ``names``/``cats``/``paths`` (value -> interned id) gets -1, for the caller
  * to intern; a thread key beyond int64 gets 0 and the flag F_BIG_THREAD, for the caller to read from the
  * record. Consecutive records mostly share their name, category and path objects: each is looked up
  * once per run of the same object. */
-enum { C_ID, C_PARENT, C_HB, C_HE, C_QUEUE, C_PATH, C_THREAD, C_NAME, C_CAT, C_FLAGS, C_SITE, N_COLS };
-enum { F_DEV = 1, F_TWO = 2, F_ERROR = 4, F_ATTRS = 8, F_BIG_THREAD = 16, F_TICKETS = 32 };
 
 static int
 lookup(PyObject *dict, PyObject *key, int64_t *out)
@@ -418,19 +334,19 @@ fill_rows(PyObject *records, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, int64_t
     last_seen *last_name = &lasts[0], *last_cat = &lasts[1], *last_path = &lasts[2];
     for (Py_ssize_t i = lo; i < hi; i++) {
         PyObject *r = PyList_GET_ITEM(records, i);
-        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 15) {
+        if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < N_FIELDS) {
             PyErr_SetString(PyExc_TypeError, "columns: records must be tuples of at least 15 fields");
             return -1;
         }
         PyObject **f = &PyTuple_GET_ITEM(r, 0);
-        if (as_i64(f[2], &c[C_ID * n + i]) || as_i64(f[3], &c[C_PARENT * n + i]) || as_i64(f[6], &c[C_HB * n + i]) ||
-            as_i64(f[7], &c[C_HE * n + i]) || lookup_cached(names, f[1], last_name, &c[C_NAME * n + i]) ||
-            lookup_cached(cats, f[0], last_cat, &c[C_CAT * n + i]) ||
-            lookup_cached(paths, f[4], last_path, &c[C_PATH * n + i]))
+        if (as_i64(f[R_ID], &c[C_ID * n + i]) || as_i64(f[R_PARENT], &c[C_PARENT * n + i]) ||
+            as_i64(f[R_HB], &c[C_HB * n + i]) || as_i64(f[R_HE], &c[C_HE * n + i]) || lookup_cached(names, f[R_NAME], last_name, &c[C_NAME * n + i]) ||
+            lookup_cached(cats, f[R_CAT], last_cat, &c[C_CAT * n + i]) ||
+            lookup_cached(paths, f[R_PATH], last_path, &c[C_PATH * n + i]))
             return -1;
         int64_t flags = 0;
         int overflow = 0;
-        long long key = PyLong_AsLongLongAndOverflow(f[5], &overflow);
+        long long key = PyLong_AsLongLongAndOverflow(f[R_THREAD], &overflow);
         if (key == -1 && PyErr_Occurred())
             return -1;
         if (overflow) { /* a reused thread ident's key (generation above bit 64): the caller reads it */
@@ -438,33 +354,33 @@ fill_rows(PyObject *records, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t n, int64_t
             key = 0;
         }
         c[C_THREAD * n + i] = (int64_t)key;
-        c[C_QUEUE * n + i] = f[8] == Py_None ? 0 : (int64_t)(uintptr_t)f[8];
-        c[C_SITE * n + i] = (int64_t)(uintptr_t)f[14];
+        c[C_QUEUE * n + i] = f[R_QUEUE] == Py_None ? 0 : (int64_t)(uintptr_t)f[R_QUEUE];
+        c[C_SITE * n + i] = (int64_t)(uintptr_t)f[R_SITE];
         h0[i] = h1[i] = 0;
-        if (f[8] != Py_None && f[9] != Py_None) {
+        if (f[R_QUEUE] != Py_None && f[R_EV0] != Py_None) {
             flags |= F_DEV;
-            if (PyLong_CheckExact(f[9])) { /* the reaper's tickets (the hot path traded the events for them) */
+            if (PyLong_CheckExact(f[R_EV0])) { /* the reaper's tickets (the hot path traded the events for them) */
                 flags |= F_TICKETS;
-                if (as_u64(f[9], &h0[i]))
+                if (as_u64(f[R_EV0], &h0[i]))
                     return -1;
-                if (f[10] != Py_None) {
+                if (f[R_EV1] != Py_None) {
                     flags |= F_TWO;
-                    if (as_u64(f[10], &h1[i]))
+                    if (as_u64(f[R_EV1], &h1[i]))
                         return -1;
                 }
             } else {
-                if (handle_of(f[9], attr, getter, &h0[i]))
+                if (handle_of(f[R_EV0], attr, getter, &h0[i]))
                     return -1;
-                if (f[10] != Py_None) {
+                if (f[R_EV1] != Py_None) {
                     flags |= F_TWO;
-                    if (handle_of(f[10], attr, getter, &h1[i]))
+                    if (handle_of(f[R_EV1], attr, getter, &h1[i]))
                         return -1;
                 }
             }
         }
-        if (f[12] != Py_None)
+        if (f[R_STATUS] != Py_None)
             flags |= F_ERROR;
-        if (f[11] != Py_None)
+        if (f[R_ATTRS] != Py_None)
             flags |= F_ATTRS;
         c[C_FLAGS * n + i] = flags;
     }
@@ -690,13 +606,11 @@ stamps_reaper(PyObject *self, PyObject *unused)
 {
     if (!ready())
         return NULL;
-    if (!reaper_available())
-        Py_RETURN_NONE;
-    return PyCapsule_New((void *)reaper_track, "cltrace.timeline._stamps.track", NULL);
+    return PyBool_FromLong(reaper_available());
 }
 
 static PyMethodDef methods[] = {
-    {"reaper", stamps_reaper, METH_NOARGS, "reaper(): the capsule of the hot path's track(), or None where there is no reaper."},
+    {"reaper", stamps_reaper, METH_NOARGS, "reaper(): whether the reaper runs here (region.init(..., reaper=True) then trades events for tickets)."},
     {"track", stamps_track, METH_O, "track(event): the event's ticket (retained until its stamps are read), or None."},
     {"peek", reaper_peek, METH_VARARGS, "peek(tickets, status, stamps, failed): what read() gives, for tickets."},
     {"wait_tickets", reaper_wait, METH_O, "wait_tickets(tickets): wait for their commands (GIL released)."},
@@ -717,12 +631,12 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cltrace.timeline._stamps",
+    PyModuleDef_HEAD_INIT, "cltrace._ext.stamps",
     "Bulk reads of OpenCL event profiling stamps without the GIL (see cltrace.timeline.stamps).", -1, methods,
 };
 
-PyMODINIT_FUNC
-PyInit__stamps(void)
+PyObject *
+cltrace_stamps_module(void)
 {
     return PyModule_Create(&module);
 }

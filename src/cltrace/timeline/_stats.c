@@ -18,6 +18,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../_ext.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,7 +232,7 @@ static PyMethodDef table_methods[] = {
 
 static PyTypeObject TableType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "cltrace.timeline._stats.Table",
+    .tp_name = "cltrace._ext.stats.Table",
     .tp_basicsize = sizeof(Table),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Per-path host and device series, fed whole batches.",
@@ -241,11 +242,11 @@ static PyTypeObject TableType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_stats", "Running statistics per region path over whole batches.", -1, NULL,
+    PyModuleDef_HEAD_INIT, "cltrace._ext.stats", "Running statistics per region path over whole batches.", -1, NULL,
 };
 
-PyMODINIT_FUNC
-PyInit__stats(void)
+PyObject *
+cltrace_stats_module(void)
 {
     if (PyType_Ready(&TableType) < 0)
         return NULL;

@@ -137,7 +137,7 @@ PYTHON = Impl(_python_group, _python_first_fit, PythonExtents)
 # --- native: the C extension -------------------------------------------------------------------
 
 def _load_native() -> Impl:
-    _resolve = extension(__package__, "_resolve")
+    _resolve = extension("resolve")
 
     def group(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         keys = _i64(keys)

@@ -341,10 +341,12 @@ class Resolver:
         with contextlib.ExitStack() as lent:  # each placement locked, and what ``finish`` placed taken back
             args = [(*kn, *lent.enter_context(pl.native(ncmd + nreg + 1)))
                     for pl, kn, (ncmd, _, nreg, _) in zip(placements, knots, per_clock)]
-            native.finish(ints, status, raw, self._region_lut, groups, thread_track, site_id,
-                          np.array([inf[0] for inf in infos], np.int64), q_clock,
-                          np.array([inf[2] is not None for inf in infos], np.uint8), path_id, args,
-                          self._extents.table, out64, name, cat, path, site, err)
+            native.finish(ints=ints, status=status, raw=raw, lut=self._region_lut, groups=groups,
+                          thread_track=thread_track, site_id=site_id,
+                          queue_track=np.array([inf[0] for inf in infos], np.int64), queue_clock=q_clock,
+                          queue_lane=np.array([inf[2] is not None for inf in infos], np.uint8), path_id=path_id,
+                          clocks=args, extents=self._extents.table, out64=out64, name=name, cat=cat, path=path,
+                          site=site, status_out=err)
         out = {"id": ints[C.C_ID], "parent": ints[C.C_PARENT], "host_begin": ints[C.C_HB], "host_end": ints[C.C_HE],
                "name": name, "cat": cat, "site": site, "thread": out64[0], "path": path, "track": out64[1],
                "dev_queued": out64[2], "dev_submit": out64[3], "dev_start": out64[4], "dev_end": out64[5],

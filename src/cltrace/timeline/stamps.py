@@ -298,7 +298,7 @@ def _reaper_off() -> bool:
 
 
 def _load_native() -> Impl:
-    _stamps = extension(__package__, "_stamps")
+    _stamps = extension("stamps")
 
     path = opencl_library()
     if path is None:
@@ -336,16 +336,16 @@ def _load_native() -> Impl:
 
     global REAPER, _reaper
     if not _reaper_off():
-        REAPER = _stamps.reaper()
-        _reaper = _stamps if REAPER is not None else None
+        REAPER = True if _stamps.reaper() else None
+        _reaper = _stamps if REAPER else None
     return Impl(handles, read, wait, _stamps.transpose, columns, columns_read, _stamps.settle)
 
 
-REAPER: Any = None  # the capsule of the reaper's hot-path entry (record/_region.c), None without one
+REAPER: bool | None = None  # True where the reaper runs (record/_region.c then trades events for tickets), None without
 _reaper: Any = None
 _CHOICE = choose("reading event stamps", _load_native)
 REAPER_DETAIL: str = ("launching thread harvests once its queue catches up; native thread reads the rest"
-                      if REAPER is not None else
+                      if REAPER else
                       "off (CLTRACE_REAPER=0: records keep their events)" if _reaper_off() else
                       "off (records keep their events until resolved)")
 NATIVE: Impl | None = _CHOICE.native

@@ -125,9 +125,9 @@ class PythonTable:
 
 
 def _load_native() -> Any:
-    mod = extension(__package__, "_stats")
+    mod = extension("stats")
     if mod.RESERVOIR != RESERVOIR:
-        raise ImportError(f"_stats built with RESERVOIR {mod.RESERVOIR}, not {RESERVOIR}")
+        raise ImportError(f"the stats stage built with RESERVOIR {mod.RESERVOIR}, not {RESERVOIR}")
     return mod.Table
 
 

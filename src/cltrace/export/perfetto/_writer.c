@@ -20,6 +20,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "../../_ext.h"
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1365,19 +1367,30 @@ load_pool(Writer *w, const char *fn, const Py_buffer *b, long long mono, strings
 static const char *const FAIL[] = {"", "", "a track, template or extra id is out of range", "spans whose parents form a cycle"};
 
 static PyObject *
-w_write(Writer *w, PyObject *args)
+w_write(Writer *w, PyObject *args, PyObject *kw)
 {
     const char *fn = "write";
     enum { NB = 20 };
     Py_buffer b[NB];
     memset(b, 0, sizeof b);
-    PyObject *extras, *result = NULL;
-    long long mono;
-    /* id par cat thr hb he trk ds de raws rawe leaf region hpids dpids | extras | counters pool off len consts */
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*O!y*y*y*y*y*L:write", &b[0], &b[1], &b[2], &b[3],
-                          &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11], &b[12], &b[13], &b[14],
-                          &PyList_Type, &extras, &b[15], &b[16], &b[17], &b[18], &b[19], &mono))
+    PyObject *extras = NULL, *result = NULL;
+    long long mono = LLONG_MIN;
+    /* keyword-only (_ext.pyi): the span columns, the track tables, the interned strings and the clock */
+    static char *names[] = {"id", "parent", "cat", "thread", "host_begin", "host_end", "track", "dev_start", "dev_end",
+                            "raw_start", "raw_end", "leaf", "region", "hpids", "dpids", "extras", "counters", "pool",
+                            "pool_off", "pool_len", "consts", "mono", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$y*y*y*y*y*y*y*y*y*y*y*y*y*y*y*O!y*y*y*y*y*L:write", names, &b[0],
+                                     &b[1], &b[2], &b[3], &b[4], &b[5], &b[6], &b[7], &b[8], &b[9], &b[10], &b[11],
+                                     &b[12], &b[13], &b[14], &PyList_Type, &extras, &b[15], &b[16], &b[17], &b[18],
+                                     &b[19], &mono))
         return NULL;
+    for (int j = 0; j <= NB + 1; j++) { /* every argument is required */
+        int given = j < 15 ? b[j].obj != NULL : j == 15 ? extras != NULL : j <= NB ? b[j - 1].obj != NULL : mono != LLONG_MIN;
+        if (!given) {
+            PyErr_Format(PyExc_TypeError, "write() missing keyword argument '%s'", names[j]);
+            goto done;
+        }
+    }
     const Py_ssize_t n = w->n;
     w->n = -1;
     if (n < 0) {
@@ -1614,16 +1627,16 @@ w_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 static PyMethodDef w_methods[] = {
     {"prepare", (PyCFunction)w_prepare, METH_VARARGS,
      "prepare(attrs, thread, status, site, cat, name, track, deep, errors) -> (firsts, new_tracks, hmiss, dmiss)"},
-    {"write", (PyCFunction)w_write, METH_VARARGS,
-     "write(id, parent, cat, thread, hb, he, track, ds, de, raws, rawe, leaf, region, hpids, dpids, extras, counters, "
-     "pool, pool_off, pool_len, consts, mono) -> (bytes, run_tracks, opened, rows)"},
+    {"write", (PyCFunction)(void (*)(void))w_write, METH_VARARGS | METH_KEYWORDS,
+     "write(*, id, parent, cat, thread, host_begin, host_end, track, dev_start, dev_end, raw_start, raw_end, leaf, "
+     "region, hpids, dpids, extras, counters, pool, pool_off, pool_len, consts, mono) -> (bytes, run_tracks, opened, rows)"},
     {"drain", (PyCFunction)w_drain, METH_VARARGS, "drain(pool, pool_off, pool_len, consts, mono): every held row."},
     {"track", (PyCFunction)w_track, METH_VARARGS, "track(id, tail, h_span, h_parent, h_dev_start, h_dev_end)"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyTypeObject WriterType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cltrace.export.perfetto._writer.Writer",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "cltrace._ext.writer.Writer",
     .tp_basicsize = sizeof(Writer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A .pftrace writer's state between batches (see the module).",
@@ -1633,12 +1646,12 @@ static PyTypeObject WriterType = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "cltrace.export.perfetto._writer",
+    PyModuleDef_HEAD_INIT, "cltrace._ext.writer",
     "SpanBatch columns to Perfetto packets in one C pass (see cltrace.export.perfetto.fused).", -1, NULL,
 };
 
-PyMODINIT_FUNC
-PyInit__writer(void)
+PyObject *
+cltrace_writer_module(void)
 {
     if (PyType_Ready(&WriterType) < 0)
         return NULL;

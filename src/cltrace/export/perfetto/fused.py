@@ -1,12 +1,12 @@
-"""A batch's packets in one C pass (``_writer``): the SpanBatch's columns to bytes, no packet rows in numpy.
+"""A batch's packets in one C pass (``cltrace._ext.writer``): the SpanBatch's columns to bytes, no packet rows in numpy.
 
-``_writer.Writer`` keeps what ``order.HoldBack`` and the sequences keep between writes (held rows, the
+``writer.Writer`` keeps what ``order.HoldBack`` and the sequences keep between writes (held rows, the
 parents seen and still to come, each track's clock and device offset, the name templates in the pool), and
 does groups, hold-back, order and encoding with the GIL released. Python does what touches Python objects,
 for a batch's few new values only: the tracks to open, the annotation bytes of each distinct (thread,
 attributes, failure, site, error), the name templates not in the pool yet, and the bytes-transferred
 counters; then each written track's sequence header and newly interned names go before its packets.
-The bytes are those of ``rows`` + ``order`` + ``packets`` (numpy), which run where ``_writer`` is not built.
+The bytes are those of ``rows`` + ``order`` + ``packets`` (numpy), which run where the C extension is not built.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ _NO_COUNTERS = np.zeros((0, 5), np.int64)
 
 
 class FusedWriter:
-    """Writes batches on ``tracks`` through a ``_writer.Writer`` (``native``: the loaded module)."""
+    """Writes batches on ``tracks`` through a ``writer.Writer`` (``native``: ``cltrace._ext.writer``)."""
 
     def __init__(self, native: Any, tracks: Tracks) -> None:
         self._w = native.Writer()
@@ -57,10 +57,13 @@ class FusedWriter:
         hp = np.array([tracks.prefix(tables, k, s) for k, s in hmiss], np.int64)
         dp = np.array([tracks.prefix(tables, k, s) for k, s in dmiss], np.int64)
         counters = _counters(batch, tracks, head, extras)
-        pool = tracks.pool.arrays()
-        out = self._w.write(_c(batch.id), _c(batch.parent), cat, thread, _c(batch.host_begin), _c(batch.host_end), track,
-                            _c(batch.dev_start), _c(batch.dev_end), _c(batch.raw_start), _c(batch.raw_end), leaf,
-                            region, hp, dp, extras, counters, *pool, tracks.consts, tracks.mono)
+        pool, pool_off, pool_len = tracks.pool.arrays()
+        out = self._w.write(id=_c(batch.id), parent=_c(batch.parent), cat=cat, thread=thread,
+                            host_begin=_c(batch.host_begin), host_end=_c(batch.host_end), track=track,
+                            dev_start=_c(batch.dev_start), dev_end=_c(batch.dev_end), raw_start=_c(batch.raw_start),
+                            raw_end=_c(batch.raw_end), leaf=leaf, region=region, hpids=hp, dpids=dp, extras=extras,
+                            counters=counters, pool=pool, pool_off=pool_off, pool_len=pool_len, consts=tracks.consts,
+                            mono=tracks.mono)
         return self._framed(*out)
 
     def drain(self) -> tuple[list[bytes], int]:

@@ -1,10 +1,10 @@
-"""Packet rows to bytes with numpy: the pure-Python twin of the C encoder ``_packets``.
+"""Packet rows to bytes with numpy: the last step of the .pftrace writer's Python reference.
 
 A batch's packets are rows (one per packet) of protobuf fields: varints and byte strings from a
 pool (row constants, sequence fields, name and category iids, annotation headers) or from the
 batch's extras. Each field is one vectorized pass over the rows that have it, so Python does no
-per-packet work here. ``encode_rows`` has the interface and output of ``_packets.encode``, byte for
-byte; ``encoder`` picks one of them.
+per-packet work here. With ``rows``, ``order`` and ``packets`` it writes the bytes the C pass
+(``cltrace._ext.writer``) writes, byte for byte; ``encoder`` picks one of the two.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from ...timeline.arrays import sorted_distinct as distinct
 from .columns import (C_EXTRA, C_FLOW, C_G, C_K1, C_K2, C_K3, C_PARENT, C_PRE, C_RAW, C_RAWE, C_RAWEND, C_RAWS,
                       C_SID, C_SPANANN, C_TRACK, C_TS, FLOW_IN, FLOW_OUT, K2_END)
 
-# Columns of a run (one track's rows in a write), as _packets.c reads them.
+# Columns of a run (one track's rows in a write).
 R_LO, R_HI, R_TAIL, R_HDR, R_LAST, R_OFFSET, R_HAS_OFFSET = 0, 1, 2, 3, 7, 8, 9
 RUN_COLS = 10
 K_PACKET, K_TS, K_ABS, K_TYPE, K_FLOW = 0, 1, 2, 3, 6  # row constants (wire.ROW_CONSTANTS) by position
@@ -193,16 +193,22 @@ def _put_ragged(out: np.ndarray, dst: np.ndarray, buf: np.ndarray, src: np.ndarr
 
 
 def strings(items: list[bytes]) -> Strings:
-    """Byte strings as one buffer with each one's offset and length (``_packets`` takes this form)."""
+    """Byte strings as one buffer with each one's offset and length (the C writer takes this form too)."""
     lens = np.fromiter(map(len, items), np.int64, len(items))
     return np.frombuffer(b"".join(items) or b"\x00", np.uint8), np.cumsum(lens) - lens, lens
 
 
 def encode_rows(rows: np.ndarray, perm: np.ndarray, runs: np.ndarray, mono: int, consts: np.ndarray, pool: Strings,
                 extras: Strings) -> bytes:
-    """Packets of ``rows[:, perm]`` (int64[NCOLS, M], column by column; ``perm``: the rows to write,
-    sorted by track and time; ``runs`` delimit each track's rows and carry its sequence's state, updated
-    in place). ``_packets.c`` describes the arguments.
+    """Packets of ``rows[:, perm]``, one Trace.packet a row.
+
+    ``rows``: int64[NCOLS, M], packet rows column by column (``columns``); ``perm``: int64[N], the rows to
+    write in file order (sorted by track and time); ``runs``: int64[R, RUN_COLS], one per track's run of
+    rows: lo, hi, pool ids of the sequence's fields and of its four annotation headers (span, parent,
+    device.start, device.end; each for a 1-byte value, the next nine for longer ones), then the sequence's
+    state, read and written back in place: last timestamp, last device offset, whether it has one;
+    ``mono``: MONOTONIC - host clock, added to the timestamps written as absolute; ``consts``: int64[8],
+    pool ids of the row constants (``wire.ROW_CONSTANTS``); ``pool``/``extras``: byte strings by id.
 
     Per row: the timestamp is a delta on the sequence's incremental clock, or absolute MONOTONIC where
     time goes back (the clock keeps its value); "device.start" is written where the raw - mapped offset
@@ -269,8 +275,9 @@ def fill_rows(rows: np.ndarray, thr: np.ndarray, hb: np.ndarray, he: np.ndarray,
               group: np.ndarray, hpre: np.ndarray, flows: np.ndarray, par: np.ndarray, xid: np.ndarray, dv: np.ndarray,
               dtr: np.ndarray, ds: np.ndarray, de: np.ndarray, dpre: np.ndarray, raws: np.ndarray,
               rawe: np.ndarray) -> None:
-    """A batch's packet rows into ``rows``, every column written: ``_packets.fill``'s twin, which documents
-    the arguments.
+    """A batch's packet rows into ``rows`` (int64[NCOLS, >= 2n + 2m]), every column written: per span its host
+    thread track, begin, end, id, md, group, host prefix id, whether it has a flow, parent and extra id;
+    per device span (``dv``: their rows among the spans) its track, start, end, prefix id and raw stamps.
 
     Per span a host BEGIN/END pair; per device span (``dv``) a device pair after them. BEGIN(Y) sorts as
     (ts, Y), END(X) as (ts, md(X), 1, -X) (see ``order``)."""
