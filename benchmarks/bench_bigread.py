@@ -8,7 +8,7 @@ Targets (issue 29): summary/analyze of a 45M-span ``.pftrace`` completes with pe
 peak RSS reading a trace <= 100 B a span; analyze of a 1M-span file no slower than before (3.3-6.5 s).
 
     python benchmarks/bench_bigread.py [--spans 1000000,5000000] [--formats pftrace,json]
-                                       [--what load_columns,summary,analyze] [--dir DIR] [--keep]
+                                       [--what load_columns,summary,analyze] [--dir DIR] [--keep] [--cap-mb MB]
 """
 from __future__ import annotations
 
@@ -121,14 +121,20 @@ def child_read(what: str, path: str) -> dict[str, Any]:
         n = int(meta.get("recorded_spans", 0))
         stats.as_dict()
     else:
-        from cltrace.analyze import analyze
+        from cltrace.analyze.analysis import analyze
 
         n = analyze(path).spans
     return {"seconds": time.perf_counter() - t0, "spans": n}
 
 
-def run_child(*args: str) -> dict[str, Any]:
-    p = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+def run_child(*args: str, cap_mb: int = 0) -> dict[str, Any]:
+    """Run ``--child args`` in a fresh process; ``cap_mb``: its address space limit (a reading past it fails
+    with MemoryError rather than taking the machine's memory)."""
+    def cap() -> None:
+        if cap_mb:
+            resource.setrlimit(resource.RLIMIT_AS, (cap_mb << 20, cap_mb << 20))
+
+    p = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, preexec_fn=cap)
     if p.returncode:
         return {"error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1][:120]}
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -141,6 +147,7 @@ def main() -> int:
     ap.add_argument("--what", default="load_columns,summary,analyze")
     ap.add_argument("--dir", help="where the traces go (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the traces (reused by a later run)")
+    ap.add_argument("--cap-mb", type=int, default=12_000, help="address space limit of each reading (0: none)")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -167,7 +174,7 @@ def main() -> int:
         for fmt, path in files.items():
             mb = os.path.getsize(path) / 1e6
             for what in args.what.split(","):
-                r = run_child(what, path)
+                r = run_child(what, path, cap_mb=args.cap_mb)
                 if "error" in r:
                     print(f"| {n} | {fmt} | {mb:.0f} | {what} | - | - | - | failed: {r['error']} |")
                     continue
