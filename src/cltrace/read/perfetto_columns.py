@@ -233,22 +233,32 @@ _KEPT = ("uuid", "ts", "dev", "sid", "parent", "has_parent", "raw_start", "has_r
 def _span_rows(got: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The scanner's BEGIN rows of the slices that are spans (paired with their END: ``end_ts``), in file
     order, with the columns the spans are built from. The scanner's rows (BEGIN and END, every column) are
-    taken out of ``got`` and freed here, so they and the spans' columns are never in memory together."""
+    taken out of ``got`` and freed column by column as the BEGIN rows that may be spans are taken from them,
+    before the pairing, which reads only the four columns it needs of every row: the scanner's rows and the
+    spans' columns are never in memory together."""
     r = {name: np.frombuffer(b, np.int64) for name, b in zip(P_COLS, got.pop("rows"))}
-    all_b, all_e = _pairs(r["uuid"], r["ts"], r["index"], r["type"] == BEGIN)
-    end_ts = np.zeros(len(r["ts"]), np.int64)
-    end_ts[all_b] = r["ts"][all_e]
-    del all_e
-    b_rows = np.sort(all_b[r["sid_kind"][all_b] != 0])  # slices without a span id are not spans
-    del all_b
-    end_ts = end_ts[b_rows]
+    begin = r["type"] == BEGIN
+    cand = np.flatnonzero(begin & (r["sid_kind"] != 0))  # slices without a span id are not spans
     kept = {}
-    for k in P_COLS:  # column by column, each freed once taken
+    for k in P_COLS:
+        if k in ("uuid", "ts", "index", "type"):
+            continue
         col = r.pop(k)
         if k in _KEPT:
-            kept[k] = col[b_rows]
+            kept[k] = col[cand]
         del col
-    return kept, end_ts
+    all_b, all_e = _pairs(r["uuid"], r["ts"], r.pop("index"), begin)
+    del begin
+    r.pop("type")
+    at = np.minimum(np.searchsorted(cand, all_b), max(len(cand) - 1, 0))
+    paired = cand[at] == all_b if len(cand) else np.zeros(len(all_b), bool)
+    at, end_ts = at[paired], r["ts"][all_e[paired]]
+    del all_b, all_e, paired
+    for k in ("uuid", "ts"):
+        kept[k] = r.pop(k)[cand]
+    o = np.argsort(at, kind="stable")  # file order, as the rows came
+    at, end_ts = at[o], end_ts[o]
+    return {k: v[at] for k, v in kept.items()}, end_ts
 
 
 def _build(data: bytes, got: dict[str, Any], expanded: Expanded) -> tuple[SpanBatch, dict[str, Any]] | None:
