@@ -12,6 +12,7 @@ import pytest
 from cltrace.analyze.summary import add_in_time_order, summarize
 from cltrace.read import load, load_columns
 from cltrace.read.scan import NATIVE
+from cltrace.timeline.batch import SpanBatch, Tables
 from cltrace.timeline.stats import Stats
 
 from big_trace import write_big_trace
@@ -28,9 +29,10 @@ def test_chunked_summary_equals_the_whole(tmp_path, suffix):
     n = write_big_trace(60_000, path)  # 50 000 kernels: percentiles from the reservoir, not exact
     whole, meta = summarize(path)
     assert meta["recorded_spans"] == n
-    spans, _ = load_columns(path)
+    spans, _ = load_columns(path)  # Span objects where the scanner is not native (CLTRACE_NATIVE=0)
+    batch = spans if isinstance(spans, SpanBatch) else SpanBatch.from_spans(Tables(), spans)
     chunked = Stats()
-    add_in_time_order(chunked, spans, chunk=7_001)
+    add_in_time_order(chunked, batch, chunk=7_001)
     objects = Stats()
     objects.add(sorted(load(path)[0], key=lambda s: s.host_begin))
     assert whole.as_dict() == chunked.as_dict() == objects.as_dict()
