@@ -53,10 +53,13 @@ col_free(col *c)
     c->n = c->cap = 0;
 }
 
+/* The column as bytes; its own memory is freed at once, so a result never holds two copies of its rows. */
 static PyObject *
 col_bytes(col *c)
 {
-    return PyBytes_FromStringAndSize((const char *)c->v, c->n * (Py_ssize_t)sizeof(int64_t));
+    PyObject *b = PyBytes_FromStringAndSize((const char *)c->v, c->n * (Py_ssize_t)sizeof(int64_t));
+    col_free(c);
+    return b;
 }
 
 /* ---- interner: (key, byte slice) -> dense id, slices kept as (offset, length) ----------------------- */

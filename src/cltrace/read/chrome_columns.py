@@ -110,25 +110,46 @@ def load_chrome_columns(path: str, scanner: Any) -> tuple[SpanBatch, dict[str, A
     if got is None:
         return None
     try:
-        return _build(path, data, got)
+        texts = _texts(data, got)
+        del data  # the file's bytes go before the columns are built: never both in memory
+        return None if texts is None else _build(path, got, texts)
     except TraceFileError:
         return None  # the general reader names the field and the event
 
 
-def _build(path: str, data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict[str, Any]] | None:
+class _Texts:
+    """What the columns need of the file's bytes: the other lines read, the distinct attribute texts,
+    names and categories."""
+
+    def __init__(self, others: Others, readable: int, last: int, extras: tuple[Any, ...], names: list[str],
+                 cats: list[str]) -> None:
+        self.others, self.readable, self.last, self.extras = others, readable, last, extras
+        self.names, self.cats = names, cats
+
+
+def _texts(data: bytes, got: dict[str, Any]) -> _Texts | None:
     others = Others()
     seen = _others(data, got, others)
     if seen is None:
         return None
-    readable, last = seen
+    extras = _extras(data, got["extras"])
+    if extras is None:
+        return None
+    try:
+        names = [checks.text(json.loads(data[o:o + n]), "'name'") for o, n in zip(*_table(got["names"]))]
+        cats = [checks.text(data[o:o + n].decode("utf-8"), "'cat'") for o, n in zip(*_table(got["cats"]))]
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return _Texts(others, *seen, extras, names, cats)
+
+
+def _build(path: str, got: dict[str, Any], texts: _Texts) -> tuple[SpanBatch, dict[str, Any]] | None:
+    others, readable, last = texts.others, texts.readable, texts.last
     complete = got["closed"] and got["commas_ok"] and readable == len(got["others_off"]) // 8
     x = _cols(got["x"], X_COLS)
     if not complete and not got["events"] + readable:
         return None
-    extras = _extras(data, got["extras"])
-    if extras is None:
-        return None
-    ex_attrs, ex_failed, ex_errors, ex_sites = extras
+    ex_attrs, ex_failed, ex_errors, ex_sites = texts.extras
     sid = x["sid"]
     order = np.argsort(sid, kind="stable")
     s = sid[order]
@@ -145,13 +166,8 @@ def _build(path: str, data: bytes, got: dict[str, Any]) -> tuple[SpanBatch, dict
         return None  # device slices of a span whose args lack the device stamps, or on track 0
 
     tables = Tables()
-    try:
-        names = [checks.text(json.loads(data[o:o + n]), "'name'") for o, n in zip(*_table(got["names"]))]
-        cats = [checks.text(data[o:o + n].decode("utf-8"), "'cat'") for o, n in zip(*_table(got["cats"]))]
-    except (ValueError, UnicodeDecodeError):
-        return None
-    name_lut = np.array([tables.names.id(v) for v in names] or [0], np.int32)
-    cat_lut = np.array([tables.cats.id(v) for v in cats] or [0], np.int16)
+    name_lut = np.array([tables.names.id(v) for v in texts.names] or [0], np.int32)
+    cat_lut = np.array([tables.cats.id(v) for v in texts.cats] or [0], np.int16)
     n = len(host)
     extra = x["extra"][host]
     has_extra = extra >= 0

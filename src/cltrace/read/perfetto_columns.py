@@ -226,6 +226,41 @@ def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interne
     return attrs, failed, errors, stacks
 
 
+_KEPT = ("uuid", "ts", "dev", "sid", "parent", "has_parent", "raw_start", "has_raw_end", "raw_end", "name", "cat",
+         "extra", "site")
+
+
+def _span_rows(got: dict[str, Any]) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The scanner's BEGIN rows of the slices that are spans (paired with their END: ``end_ts``), in file
+    order, with the columns the spans are built from. The scanner's rows (BEGIN and END, every column) are
+    taken out of ``got`` and freed column by column as the BEGIN rows that may be spans are taken from them,
+    before the pairing, which reads only the four columns it needs of every row: the scanner's rows and the
+    spans' columns are never in memory together."""
+    r = {name: np.frombuffer(b, np.int64) for name, b in zip(P_COLS, got.pop("rows"))}
+    begin = r["type"] == BEGIN
+    cand = np.flatnonzero(begin & (r["sid_kind"] != 0))  # slices without a span id are not spans
+    kept = {}
+    for k in P_COLS:
+        if k in ("uuid", "ts", "index", "type"):
+            continue
+        col = r.pop(k)
+        if k in _KEPT:
+            kept[k] = col[cand]
+        del col
+    all_b, all_e = _pairs(r["uuid"], r["ts"], r.pop("index"), begin)
+    del begin
+    r.pop("type")
+    at = np.minimum(np.searchsorted(cand, all_b), max(len(cand) - 1, 0))
+    paired = cand[at] == all_b if len(cand) else np.zeros(len(all_b), bool)
+    at, end_ts = at[paired], r["ts"][all_e[paired]]
+    del all_b, all_e, paired
+    for k in ("uuid", "ts"):
+        kept[k] = r.pop(k)[cand]
+    o = np.argsort(at, kind="stable")  # file order, as the rows came
+    at, end_ts = at[o], end_ts[o]
+    return {k: v[at] for k, v in kept.items()}, end_ts
+
+
 def _build(data: bytes, got: dict[str, Any], expanded: Expanded) -> tuple[SpanBatch, dict[str, Any]] | None:
     rest = _Rest()
     for o, n, index in zip(*(np.frombuffer(b, np.int64).tolist() for b in got["python"])):
@@ -236,13 +271,9 @@ def _build(data: bytes, got: dict[str, Any], expanded: Expanded) -> tuple[SpanBa
     if ext is None:
         return None
     ex_attrs, ex_failed, ex_errors, ex_stacks = ext
-    r = {name: np.frombuffer(b, np.int64) for name, b in zip(P_COLS, got["rows"])}
-    all_b, all_e = _pairs(r["uuid"], r["ts"], r["index"], r["type"] == BEGIN)
-    end_ts = np.zeros(len(r["ts"]), np.int64)
-    end_ts[all_b] = r["ts"][all_e]
-    b_rows = np.sort(all_b[r["sid_kind"][all_b] != 0])  # slices without a span id are not spans
-    is_dev = r["dev"][b_rows] != 0
-    hrows, drows = b_rows[~is_dev], b_rows[is_dev]
+    r, end_ts = _span_rows(got)
+    is_dev = r["dev"] != 0
+    hrows, drows = np.flatnonzero(~is_dev), np.flatnonzero(is_dev)
     hsid, dsid = r["sid"][hrows], r["sid"][drows]
     for col in (hsid, dsid, r["parent"][hrows], r["raw_start"][drows], r["raw_end"][drows]):
         if ((col >= _LIMIT) | (col <= -_LIMIT)).any():

@@ -1,0 +1,201 @@
+"""Reading one large trace file: peak RSS and seconds of ``load_columns``, ``summary`` and ``analyze``.
+
+A trace of N spans is synthesised as columns (a ``step`` region per step holding ten ``saxpy``
+kernel launches on an in-order queue and a ``finish``) and written with the real sinks (``.pftrace``
+packed as cltrace writes it, and ``.json``), batch by batch, so writing it costs a batch of memory.
+Each reading runs in a fresh process that reports its own peak RSS (``ru_maxrss``) and wall time.
+Targets (issue 29): summary/analyze of a 45M-span ``.pftrace`` completes with peak RSS <= 2 GB;
+peak RSS reading a trace <= 100 B a span; analyze of a 1M-span file no slower than before (3.3-6.5 s).
+
+    python benchmarks/bench_bigread.py [--spans 1000000,5000000] [--formats pftrace,json]
+                                       [--what load_columns,summary,analyze] [--dir DIR] [--keep] [--cap-mb MB]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+PER_STEP = 12  # the step region, ten kernels, a finish
+WRITE_BATCH = 65_536
+TARGET_45M_MB = 2048
+TARGET_B_PER_SPAN = 100
+
+
+def synthesise(n: int, out_paths: list[str]) -> int:
+    """Write a trace of about ``n`` spans to each of ``out_paths`` (by suffix); returns the span count."""
+    import pyopencl as cl
+
+    import cltrace
+    from cltrace.export.chrome import ChromeTraceSink
+    from cltrace.export.perfetto import PerfettoTraceSink
+    from cltrace.record.recorder import Recorder
+    from cltrace.timeline.batch import SpanBatch
+
+    queue = cltrace.profiling_queue(cl.Context([cltrace.default_device()]))
+    rec = Recorder()
+    ident = threading.get_ident()
+    th, dt = rec.tracks.host_thread(ident), rec.tracks.device_queue(queue, ident)
+    t = rec.tables
+    k = 10
+    kernel, region, sync = t.cats.id("kernel"), t.cats.id("region"), t.cats.id("sync")
+    n_step, n_saxpy, n_finish = t.names.id("step"), t.names.id("saxpy"), t.names.id("finish")
+    p_step, p_saxpy, p_finish = t.paths.id(("step",)), t.paths.id(("step", "saxpy")), t.paths.id(("step", "finish"))
+    sinks: list[Any] = [PerfettoTraceSink(p) if p.endswith(".pftrace") else ChromeTraceSink(p) for p in out_paths]
+    for s in sinks:
+        s.start(rec)
+    steps_total = max(n // PER_STEP, 1)
+    per_write = WRITE_BATCH // PER_STEP
+    rng = np.random.default_rng(0)
+    t_next = rec.start_ns + 1_000_000
+    written = 0
+    for first in range(0, steps_total, per_write):
+        steps = min(per_write, steps_total - first)
+        kdur = rng.integers(20_000, 40_000, (steps, k))
+        step_len = kdur.sum(1) + 30_000
+        s0 = t_next + np.r_[0, np.cumsum(step_len)[:-1]]
+        t_next = int(s0[-1] + step_len[-1])
+        ids = np.arange(steps * PER_STEP, dtype=np.int64).reshape(steps, PER_STEP) + 1 + first * PER_STEP
+        parent = np.repeat(ids[:, :1], PER_STEP, 1)
+        parent[:, 0] = 0
+        hb = np.empty((steps, PER_STEP), np.int64)
+        he = np.empty_like(hb)
+        ds = np.zeros_like(hb)
+        de = np.zeros_like(hb)
+        kstart = s0[:, None] + 10_000 + np.c_[np.zeros(steps, np.int64), np.cumsum(kdur, 1)[:, :-1]]
+        hb[:, 1:1 + k] = s0[:, None] + 1_000 + np.arange(k) * 800
+        he[:, 1:1 + k] = hb[:, 1:1 + k] + 600
+        ds[:, 1:1 + k] = kstart
+        de[:, 1:1 + k] = kstart + kdur
+        hb[:, 1 + k] = s0 + 9_000
+        he[:, 1 + k] = s0 + step_len - 5_000
+        hb[:, 0], he[:, 0] = s0, s0 + step_len - 4_000
+        ds[:, 0], de[:, 0] = s0 + 10_000, de[:, k]
+        track = np.zeros((steps, PER_STEP), np.int64)
+        track[:, :1 + k] = dt
+        cat = np.zeros((steps, PER_STEP), np.int16)
+        cat[:, 0], cat[:, 1:1 + k], cat[:, 1 + k] = region, kernel, sync
+        name = np.zeros((steps, PER_STEP), np.int32)
+        name[:, 0], name[:, 1:1 + k], name[:, 1 + k] = n_step, n_saxpy, n_finish
+        path = np.zeros((steps, PER_STEP), np.int32)
+        path[:, 0], path[:, 1:1 + k], path[:, 1 + k] = p_step, p_saxpy, p_finish
+        shape, blocking = {"global_size": [65536], "local_size": [64]}, {"blocking": True}
+        attrs = ([None] + [shape] * k + [blocking]) * steps
+        cols = {"id": ids, "parent": parent, "name": name, "cat": cat, "thread": np.full_like(ids, th),
+                "host_begin": hb, "host_end": he, "track": track, "dev_queued": ds - 3_000 * (track != 0),
+                "dev_submit": ds - 1_000 * (track != 0), "dev_start": ds, "dev_end": de,
+                "raw_start": ds + 1_234 * (track != 0), "raw_end": de + 1_234 * (track != 0), "path": path}
+        batch = SpanBatch(t, {c: v.reshape(-1) for c, v in cols.items()}, attrs)
+        for s in sinks:
+            s.write(batch)
+        written += batch.n
+    meta = rec.metadata()
+    meta["recorded_spans"] = written
+    for s in sinks:
+        s.flush(meta)
+        s.close(meta)
+    return written
+
+
+def child_read(what: str, path: str) -> dict[str, Any]:
+    """Read ``path`` as ``what`` does; the spans it read (a packed file past the reader's inflate budget is
+    read in part: ``partial``)."""
+    t0 = time.perf_counter()
+    if what == "load_columns":
+        from cltrace.read import load_columns
+
+        spans, meta = load_columns(path)
+        n = len(spans)
+    elif what == "summary":
+        from cltrace.analyze.summary import summarize
+
+        stats, meta = summarize(path)
+        n = sum(v["host"]["count"] for v in stats.as_dict().values() if v["host"])
+    else:
+        from cltrace.analyze.analysis import analyze
+
+        a = analyze(path)  # the steady state, as cltrace analyze: "spans read" counts the spans in it
+        n, meta = a.spans, {}
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "read": n, "partial": bool(meta.get("inflate_skipped"))}
+
+
+def run_child(*args: str, cap_mb: int = 0) -> dict[str, Any]:
+    """Run ``--child args`` in a fresh process; ``cap_mb``: its address space limit (a reading past it fails
+    with MemoryError rather than taking the machine's memory)."""
+    def cap() -> None:
+        if cap_mb:
+            resource.setrlimit(resource.RLIMIT_AS, (cap_mb << 20, cap_mb << 20))
+
+    p = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, preexec_fn=cap)
+    if p.returncode:
+        return {"error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1][:120]}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spans", default="1000000,5000000", help="comma-separated span counts")
+    ap.add_argument("--formats", default="pftrace,json")
+    ap.add_argument("--what", default="load_columns,summary,analyze")
+    ap.add_argument("--dir", help="where the traces go (default: a temporary folder)")
+    ap.add_argument("--keep", action="store_true", help="keep the traces (reused by a later run)")
+    ap.add_argument("--cap-mb", type=int, default=12_000, help="address space limit of each reading (0: none)")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        what, *rest = args.child
+        if what == "synth":
+            got: dict[str, Any] = {"spans": synthesise(int(rest[0]), rest[1:])}
+        else:
+            got = child_read(what, rest[0])
+        got["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(got))
+        return 0
+    base = args.dir or tempfile.mkdtemp(prefix="cltrace-bench-bigread-")
+    os.makedirs(base, exist_ok=True)
+    formats = args.formats.split(",")
+    print("| spans | format | file MB | reading | spans read | peak RSS MB | B a span read | seconds | target |")
+    print("|---:|---|---:|---|---:|---:|---:|---:|---|")
+    for n in (int(x) for x in args.spans.split(",")):
+        files = {f: os.path.join(base, f"big{n}.{f}") for f in formats}
+        todo = [p for p in files.values() if not os.path.exists(p)]
+        if todo:
+            got = run_child("synth", str(n), *todo)
+            if "error" in got:
+                raise SystemExit(f"synthesising {n} spans: {got['error']}")
+        for fmt, path in files.items():
+            mb = os.path.getsize(path) / 1e6
+            for what in args.what.split(","):
+                r = run_child(what, path, cap_mb=args.cap_mb)
+                if "error" in r:
+                    print(f"| {n} | {fmt} | {mb:.0f} | {what} | - | - | - | - | failed: {r['error']} |")
+                    continue
+                target = f"<= {TARGET_B_PER_SPAN} B a span"
+                if n >= 40_000_000 and what != "load_columns":
+                    target += f"; <= {TARGET_45M_MB} MB"
+                if what == "analyze" and n == 1_000_000:
+                    target += "; no slower (3.3-6.5 s before)"
+                read = f"{r['read']}" + (" (part: inflate budget)" if r["partial"] else "")
+                print(f"| {n} | {fmt} | {mb:.0f} | {what} | {read} | {r['peak_rss_mb']:.0f} | "
+                      f"{r['peak_rss_mb'] * 2**20 / max(r['read'], 1):.0f} | {r['seconds']:.1f} | {target} |", flush=True)
+        if not args.keep:
+            for p in files.values():
+                os.remove(p)
+    if not args.keep and not args.dir:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
