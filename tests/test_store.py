@@ -243,7 +243,11 @@ def test_rows_match_a_collectors_clickhouse_exporter(tmp_path: Path) -> None:
         (root_ours,) = [k for k in ours if k[0] == "cltrace.run"]
         (root_theirs,) = [k for k in theirs if k[0] == "cltrace.run"]
         # the root: the sink's begin/end against the file's first and last span; its counters the same
-        assert ours.pop(root_ours)["attrs"] == _as_go(theirs.pop(root_theirs)["attrs"])
+        root_attrs = ours.pop(root_ours)["attrs"]
+        assert root_attrs == _as_go(theirs.pop(root_theirs)["attrs"])
+        # the devices the run used: on its root span, in both; never in a resource (repeated on every row)
+        assert root_attrs["cltrace.opencl.device.names"].startswith('["')
+        assert not any(k.startswith("cltrace.opencl.") for row in (*ours.values(), *theirs.values()) for k in row["res"])
         assert ours.keys() == theirs.keys() and len(ours) > 3 * STEPS
         for key, a in ours.items():
             b = theirs[key]
@@ -256,7 +260,7 @@ def test_rows_match_a_collectors_clickhouse_exporter(tmp_path: Path) -> None:
             shared = set(a["res"]) & set(b["res"])
             b["res"] = _as_go(b["res"])
             assert {"service.name", "host.name", "process.pid", "cltrace.rank", "cltrace.run.id",
-                    "cltrace.version", "cltrace.opencl.device.names"} <= shared
+                    "cltrace.version"} <= shared
             assert {k: a["res"][k] for k in shared} == {k: b["res"][k] for k in shared}
         with Store(tmp_path / "store", database="collector") as collector:  # a second client, same engine
             mine, its = store.analyze(), collector.analyze()
