@@ -432,3 +432,41 @@ def test_two_ranks_are_enough(store: Store, job: list[str]) -> None:
     store.load(job[:2])
     slow = store.analyze().slow_ranks
     assert [r.rank for r in slow] == ["1"] and slow[0].steps == STEPS
+
+
+def _derived_rows(store: Store, spans: list[dict[str, Any]]) -> None:
+    """Rows straight into ``cltrace_spans`` (what the questions read), for a question on known numbers."""
+    from cltrace.store import derived
+
+    base = {"Run": "r", "Service": "s", "Host": "h", "Pid": "1", "Path": "", "Device": "", "TraceId": "t",
+            "SpanId": "", "OnDevice": 0, "DevStart": 0, "DevEnd": 0}
+    rows = [{**base, "Path": s["Name"], **s} for s in spans]
+    store.client.insert(f'"{store.database}"."{derived.TABLE}"', [[r[c] for c in derived.NAMES] for r in rows],
+                        column_names=derived.NAMES)
+
+
+def test_a_straggling_step_is_split_against_the_median_rank() -> None:
+    # three ranks, one step each: rank 1 is the median (105 us), rank 2 straggles (200 us). Its parts are
+    # compared with rank 1's own parts, not with each part's median over the ranks (which no rank ran)
+    import tempfile
+
+    t0 = 1_000_000_000
+    spans = []
+    for rank, (step, kernel, wait) in {"0": (100_000, 80_000, 10_000), "1": (105_000, 20_000, 70_000),
+                                        "2": (200_000, 150_000, 20_000)}.items():
+        spans += [
+            {"Rank": rank, "Name": "step", "Cat": "step", "Begin": t0, "End": t0 + step, "HostNs": step},
+            {"Rank": rank, "Name": "k", "Cat": "kernel", "Begin": t0 + 10, "End": t0 + 1_010, "HostNs": 1_000,
+             "OnDevice": 1, "DevStart": t0 + 2_000, "DevEnd": t0 + 2_000 + kernel},
+            {"Rank": rank, "Name": "finish", "Cat": "sync", "Begin": t0 + 2_000, "End": t0 + 2_000 + wait,
+             "HostNs": wait},
+        ]
+    with tempfile.TemporaryDirectory() as d, Store(d) as store:
+        _derived_rows(store, spans)
+        a = store.analyze()
+    (s,) = a.stragglers
+    assert (s.rank, s.step, s.step_ns, s.median_ns) == ("2", 0, 200_000, 105_000)
+    # host's own time: the step's host time less its calls' (launch 1 us and the wait)
+    assert s.excess_by_part == {"kernels": 130_000, "transfers": 0, "waiting": -50_000,
+                                "host": (200_000 - 21_000) - (105_000 - 71_000)}
+    assert s.cause == "kernels" and a.slow_ranks[0].excess_by_part == s.excess_by_part
