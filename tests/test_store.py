@@ -439,7 +439,7 @@ def _derived_rows(store: Store, spans: list[dict[str, Any]]) -> None:
     from cltrace.store import derived
 
     base = {"Run": "r", "Service": "s", "Host": "h", "Pid": "1", "Path": "", "Device": "", "TraceId": "t",
-            "SpanId": "", "OnDevice": 0, "DevStart": 0, "DevEnd": 0}
+            "SpanId": "", "OnDevice": 0, "DevStart": 0, "DevEnd": 0, "Blocking": 0, "Bytes": 0}
     rows = [{**base, "Path": s["Name"], **s} for s in spans]
     store.client.insert(f'"{store.database}"."{derived.TABLE}"', [[r[c] for c in derived.NAMES] for r in rows],
                         column_names=derived.NAMES)
@@ -470,3 +470,35 @@ def test_a_straggling_step_is_split_against_the_median_rank() -> None:
     assert s.excess_by_part == {"kernels": 130_000, "transfers": 0, "waiting": -50_000,
                                 "host": (200_000 - 21_000) - (105_000 - 71_000)}
     assert s.cause == "kernels" and a.slow_ranks[0].excess_by_part == s.excess_by_part
+
+
+def test_findings_per_rank_are_the_file_analysis(store: Store, job: list[str]) -> None:
+    # each rule the store computes fires on the ranks whose own file it fires on, with the same time at stake
+    from cltrace.store.questions.findings import run_findings
+    from cltrace.store.questions.common import Scope
+
+    store.load(job[:3])
+    a = store.analyze(run="job-7")
+    got = {(f.rule, h.rank): h.cost_ns for f in a.findings for h in f.ranks}
+    want = {}
+    for rank, path in enumerate(job[:3]):
+        for f in analyze(path).findings:
+            if f["rule"] in ("blocking-in-loop", "small-transfers"):
+                want[(f["rule"], str(rank))] = f["cost_ns"]
+    assert ("blocking-in-loop", "1") in want  # rank_program's queue.finish() in every step
+    assert got == want
+    assert [f.rule for f in run_findings(store.result, Scope(run="job-7", rank="1"))] == ["blocking-in-loop"]
+    from cltrace.store.analysis import render
+
+    assert "blocking-in-loop" in render(a) and "0-2 (3)" in render(a)
+
+
+def test_a_derived_table_of_other_columns_is_derived_again(tmp_path: Path, job: list[str]) -> None:
+    # cltrace_spans is derived data: a store whose table an older cltrace made (other columns) gets it anew
+    with Store(tmp_path / "s") as s:
+        s.load([job[0]])
+        s.client.command(f'ALTER TABLE "{s.database}".cltrace_spans DROP COLUMN Blocking')
+    with Store(tmp_path / "s") as s:
+        a = s.analyze()
+        assert s.query("SELECT count() FROM {derived}")[0][0] == s.count()
+        assert [f.rule for f in a.findings] == ["blocking-in-loop"]
