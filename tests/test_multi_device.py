@@ -195,9 +195,8 @@ def test_transfers_go_on_the_track_of_their_queue_device(tmp_path: Path) -> None
         tracks = {t.id: t for t in cltrace.RECORDER.tracks.tracks()}
         spans = [s for s in cltrace.RECORDER.spans() if s.cat == "transfer"]
         from cltrace.export.otlp.mapping import Mapper
-        from cltrace.export.otlp.resource import resource_attributes
         otlp = [Mapper(cltrace.RECORDER, 1, 1).convert(s)[5] for s in spans]
-        res = resource_attributes(cltrace.RECORDER, {})
+        res = Mapper(cltrace.RECORDER, 1, 1).root(0, 0, cltrace.RECORDER.metadata(), {"dropped": 0, "failed": 0})[5]
         done(ok=bool((out == host).all()), uids=[device_info(D0).uid, device_info(D1).uid],
              placed=[(s.name, tracks[s.device_track].device, tracks[s.device_track].name) for s in spans],
              otlp=[(a["cltrace.device.id"], a["cltrace.queue"]) for a in otlp],
@@ -211,7 +210,7 @@ def test_transfers_go_on_the_track_of_their_queue_device(tmp_path: Path) -> None
     assert placed["to0"][0] == uid0 and placed["to0"][1].startswith(f"{POCL} #0 · queue ")
     for name in ("from1", instrumented):
         assert placed[name][0] == uid1 and placed[name][1].startswith(f"{POCL} #1 · queue "), placed
-    # OTLP: each device span names its physical device; the resource lists both.
+    # OTLP: each device span names its physical device; the run's root span lists both.
     assert res["otlp"] == [[d, track] for _, d, track in res["placed"]]
     assert sorted(res["resource"]["cltrace.opencl.device.ids"]) == sorted(res["uids"])
     assert sorted(res["resource"]["cltrace.opencl.device.labels"]) == [f"{POCL} #0", f"{POCL} #1"]

@@ -243,7 +243,11 @@ def test_rows_match_a_collectors_clickhouse_exporter(tmp_path: Path) -> None:
         (root_ours,) = [k for k in ours if k[0] == "cltrace.run"]
         (root_theirs,) = [k for k in theirs if k[0] == "cltrace.run"]
         # the root: the sink's begin/end against the file's first and last span; its counters the same
-        assert ours.pop(root_ours)["attrs"] == _as_go(theirs.pop(root_theirs)["attrs"])
+        root_attrs = ours.pop(root_ours)["attrs"]
+        assert root_attrs == _as_go(theirs.pop(root_theirs)["attrs"])
+        # the devices the run used: on its root span, in both; never in a resource (repeated on every row)
+        assert root_attrs["cltrace.opencl.device.names"].startswith('["')
+        assert not any(k.startswith("cltrace.opencl.") for row in (*ours.values(), *theirs.values()) for k in row["res"])
         assert ours.keys() == theirs.keys() and len(ours) > 3 * STEPS
         for key, a in ours.items():
             b = theirs[key]
@@ -256,7 +260,7 @@ def test_rows_match_a_collectors_clickhouse_exporter(tmp_path: Path) -> None:
             shared = set(a["res"]) & set(b["res"])
             b["res"] = _as_go(b["res"])
             assert {"service.name", "host.name", "process.pid", "cltrace.rank", "cltrace.run.id",
-                    "cltrace.version", "cltrace.opencl.device.names"} <= shared
+                    "cltrace.version"} <= shared
             assert {k: a["res"][k] for k in shared} == {k: b["res"][k] for k in shared}
         with Store(tmp_path / "store", database="collector") as collector:  # a second client, same engine
             mine, its = store.analyze(), collector.analyze()
@@ -428,3 +432,73 @@ def test_two_ranks_are_enough(store: Store, job: list[str]) -> None:
     store.load(job[:2])
     slow = store.analyze().slow_ranks
     assert [r.rank for r in slow] == ["1"] and slow[0].steps == STEPS
+
+
+def _derived_rows(store: Store, spans: list[dict[str, Any]]) -> None:
+    """Rows straight into ``cltrace_spans`` (what the questions read), for a question on known numbers."""
+    from cltrace.store import derived
+
+    base = {"Run": "r", "Service": "s", "Host": "h", "Pid": "1", "Path": "", "Device": "", "TraceId": "t",
+            "SpanId": "", "OnDevice": 0, "DevStart": 0, "DevEnd": 0, "Blocking": 0, "Bytes": 0}
+    rows = [{**base, "Path": s["Name"], **s} for s in spans]
+    store.client.insert(f'"{store.database}"."{derived.TABLE}"', [[r[c] for c in derived.NAMES] for r in rows],
+                        column_names=derived.NAMES)
+
+
+def test_a_straggling_step_is_split_against_the_median_rank() -> None:
+    # three ranks, one step each: rank 1 is the median (105 us), rank 2 straggles (200 us). Its parts are
+    # compared with rank 1's own parts, not with each part's median over the ranks (which no rank ran)
+    import tempfile
+
+    t0 = 1_000_000_000
+    spans = []
+    for rank, (step, kernel, wait) in {"0": (100_000, 80_000, 10_000), "1": (105_000, 20_000, 70_000),
+                                        "2": (200_000, 150_000, 20_000)}.items():
+        spans += [
+            {"Rank": rank, "Name": "step", "Cat": "step", "Begin": t0, "End": t0 + step, "HostNs": step},
+            {"Rank": rank, "Name": "k", "Cat": "kernel", "Begin": t0 + 10, "End": t0 + 1_010, "HostNs": 1_000,
+             "OnDevice": 1, "DevStart": t0 + 2_000, "DevEnd": t0 + 2_000 + kernel},
+            {"Rank": rank, "Name": "finish", "Cat": "sync", "Begin": t0 + 2_000, "End": t0 + 2_000 + wait,
+             "HostNs": wait},
+        ]
+    with tempfile.TemporaryDirectory() as d, Store(d) as store:
+        _derived_rows(store, spans)
+        a = store.analyze()
+    (s,) = a.stragglers
+    assert (s.rank, s.step, s.step_ns, s.median_ns) == ("2", 0, 200_000, 105_000)
+    # host's own time: the step's host time less its calls' (launch 1 us and the wait)
+    assert s.excess_by_part == {"kernels": 130_000, "transfers": 0, "waiting": -50_000,
+                                "host": (200_000 - 21_000) - (105_000 - 71_000)}
+    assert s.cause == "kernels" and a.slow_ranks[0].excess_by_part == s.excess_by_part
+
+
+def test_findings_per_rank_are_the_file_analysis(store: Store, job: list[str]) -> None:
+    # each rule the store computes fires on the ranks whose own file it fires on, with the same time at stake
+    from cltrace.store.questions.findings import run_findings
+    from cltrace.store.questions.common import Scope
+
+    store.load(job[:3])
+    a = store.analyze(run="job-7")
+    got = {(f.rule, h.rank): h.cost_ns for f in a.findings for h in f.ranks}
+    want = {}
+    for rank, path in enumerate(job[:3]):
+        for f in analyze(path).findings:
+            if f["rule"] in ("blocking-in-loop", "small-transfers"):
+                want[(f["rule"], str(rank))] = f["cost_ns"]
+    assert ("blocking-in-loop", "1") in want  # rank_program's queue.finish() in every step
+    assert got == want
+    assert [f.rule for f in run_findings(store.result, Scope(run="job-7", rank="1"))] == ["blocking-in-loop"]
+    from cltrace.store.analysis import render
+
+    assert "blocking-in-loop" in render(a) and "0-2 (3)" in render(a)
+
+
+def test_a_derived_table_of_other_columns_is_derived_again(tmp_path: Path, job: list[str]) -> None:
+    # cltrace_spans is derived data: a store whose table an older cltrace made (other columns) gets it anew
+    with Store(tmp_path / "s") as s:
+        s.load([job[0]])
+        s.client.command(f'ALTER TABLE "{s.database}".cltrace_spans DROP COLUMN Blocking')
+    with Store(tmp_path / "s") as s:
+        a = s.analyze()
+        assert s.query("SELECT count() FROM {derived}")[0][0] == s.count()
+        assert [f.rule for f in a.findings] == ["blocking-in-loop"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .questions.common import Scope
+from .questions.findings import RunFinding, run_findings
 from .questions.kernels import KernelPace, kernel_pace
 from .questions.ranks import RankRow, rank_table
 from .questions.regions import RegionRow, region_table
@@ -23,6 +24,7 @@ class StoreAnalysis:
     regions: list[RegionRow] = field(default_factory=list)
     slow_ranks: list[SlowRank] = field(default_factory=list)  # the ranks that straggled, slowest first
     stragglers: list[Straggler] = field(default_factory=list)  # the worst straggling steps
+    findings: list[RunFinding] = field(default_factory=list)  # the file analysis's rules, with the ranks they hit
 
     def slowest_ranks(self) -> list[dict[str, Any]]:
         return [r.as_dict() for r in self.slow_ranks]
@@ -30,7 +32,8 @@ class StoreAnalysis:
     def as_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "scope": vars(self.scope), "ranks": [r.as_dict() for r in self.ranks],
                 "slowest_ranks": self.slowest_ranks(), "stragglers": [s.as_dict() for s in self.stragglers],
-                "kernels": [k.as_dict() for k in self.kernels], "regions": [r.as_dict() for r in self.regions]}
+                "kernels": [k.as_dict() for k in self.kernels], "regions": [r.as_dict() for r in self.regions],
+                "findings": [f.as_dict() for f in self.findings]}
 
     def run_samples(self) -> Any:
         """The run as ``cltrace diff``'s gate reads it (``analyze.samples.RunSamples``), so a diff of two
@@ -67,11 +70,23 @@ def analyse(query: Any, scope: Scope, step_name: str = "step", threshold_pct: fl
     """Every question for ``scope``; ``query(sql, params)`` runs SQL with ``{spans}`` for the table."""
     slow, steps = stragglers(query, scope, step_name, threshold_pct, top)
     return StoreAnalysis(scope, rank_table(query, scope), kernel_pace(query, scope, top),
-                         region_table(query, scope, top), slow, steps)
+                         region_table(query, scope, top), slow, steps, run_findings(query, scope))
 
 
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:.3f}"
+
+
+def _ranks(f: RunFinding) -> str:
+    """The ranks a finding hits, runs of consecutive numbers as ``a-b``."""
+    names = sorted({h.rank for h in f.ranks}, key=lambda r: (not r.isdigit(), int(r) if r.isdigit() else 0, r))
+    out: list[str] = []
+    for r in names:
+        if out and r.isdigit() and out[-1].split("-")[-1].isdigit() and int(out[-1].split("-")[-1]) + 1 == int(r):
+            out[-1] = out[-1].split("-")[0] + "-" + r
+        else:
+            out.append(r)
+    return ",".join(out) + f" ({len(names)})"
 
 
 def render(a: StoreAnalysis, top: int = 10) -> str:
@@ -101,6 +116,15 @@ def render(a: StoreAnalysis, top: int = 10) -> str:
             out.append(f"  {(s.run or '-') + '/' + s.rank:<30} {s.step:>5} {_ms(s.step_ns):>10} {_ms(s.median_ns):>10} "
                        f"{s.excess_pct:>6.1f}%  {s.cause:<10} {_ms(x['kernels']):>10} {_ms(x['transfers']):>12} "
                        f"{_ms(x['host']):>7} {_ms(x['waiting']):>8}  t={s.at_s:.6f} s, span {s.span_id}")
+    out.append("")
+    if a.findings:
+        out.append("findings (rules of cltrace analyze FILE, per rank)  ranks hit            ms at stake  most at stake")
+        for f in a.findings:
+            worst = f.ranks[0]
+            out.append(f"  {f.rule:<49} {_ranks(f):<20} {_ms(f.cost_ns):>11}  rank {worst.rank} of run "
+                       f"{worst.run or '-'}: {_ms(worst.cost_ns)} ms, {worst.detail}")
+    else:
+        out.append("findings: none of the rules the store computes fired on any rank")
     out.append("")
     out.append("kernels                         launches   total ms    mean us  p99 us  ranks  rank means us "
                "(min/median/max)  slowest  spread")

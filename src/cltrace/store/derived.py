@@ -33,6 +33,9 @@ PER_SET = (
     ("Cat", "LowCardinality(String)", "SpanAttributes['cltrace.category']"),
     ("Path", "LowCardinality(String)", "if(SpanAttributes['cltrace.path'] != '', SpanAttributes['cltrace.path'], SpanName)"),
     ("Device", "LowCardinality(String)", "SpanAttributes['cltrace.device.name']"),
+    # what the findings read (questions/findings): a blocking call (record attribute ``blocking``), bytes moved
+    ("Blocking", "UInt8", "SpanAttributes['cltrace.blocking'] = 'true'"),
+    ("Bytes", "Int64", "toInt64OrZero(SpanAttributes['cltrace.bytes'])"),
 )
 PER_ROW = (
     ("TraceId", "String", "TraceId"),
@@ -53,6 +56,16 @@ def ddl(db: str) -> str:
     cols = ", ".join(f"{c} {t}" for c, t, _ in COLUMNS)
     return (f'CREATE TABLE IF NOT EXISTS "{db}"."{TABLE}" ({cols}) ENGINE = MergeTree '
             f"ORDER BY (Run, Rank, Begin) SETTINGS index_granularity = 8192")
+
+
+def ensure(client: Any, db: str) -> None:
+    """Create ``cltrace_spans``; one of an older cltrace with other columns is dropped and made anew
+    (it is derived data: ``sync`` derives every trace again)."""
+    got = [r[0] for r in client.query(f"SELECT name FROM system.columns WHERE database = {{d:String}} "
+                                      f"AND table = '{TABLE}' ORDER BY position", parameters={"d": db}).result_rows]
+    if got and got != NAMES:
+        client.command(f'DROP TABLE IF EXISTS "{db}"."{TABLE}"')
+    client.command(ddl(db))
 
 
 def select(source: str, where: str = "") -> str:

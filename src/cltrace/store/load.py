@@ -28,7 +28,7 @@ from ..timeline.batch import SpanBatch, Tables, as_batch
 from . import derived, rows, schema, values
 from .questions.common import quote
 
-CHUNK_ROWS = 100_000
+CHUNK_ROWS = 100_000  # 1M (a file in one insert) cost ~17 % less CPU for one file alone but only ~3 % loading six (the table's merges dominate) for ~50 % more memory
 _STAGE_COLS = (("Ts", "Int64"), ("Dur", "UInt64"), ("Sid", "UInt64"), ("Pid", "UInt64"), ("HasParent", "UInt8"),
                ("HostDur", "Int64"), ("Dev", "UInt8"), ("DevDur", "Int64"), ("Q", "Int64"), ("Su", "Int64"),
                ("St", "Int64"), ("En", "Int64"), ("Set", "UInt32"), ("PerRow", "UInt8"))

@@ -73,8 +73,7 @@ def ids_of(file_hash: str) -> tuple[int, int]:
 def resource(meta: dict[str, Any], service_name: str | None = None, extra: dict[str, Any] | None = None) -> dict[str, str]:
     """Resource attributes of a file's process, as its OTLP export names them (``export/otlp/resource``),
     as far as the file records them; ``extra`` over them (``cltrace.run.id``/``cltrace.rank`` given
-    when loading)."""
-    devices = [d for d in (meta.get("devices") or {}).values() if isinstance(d, dict)]
+    when loading). The devices are on the ``cltrace.run`` root span (``Mapper.root``), not here."""
     attrs: dict[str, Any] = {"service.name": service_name or "cltrace"}
     host = meta.get("host") or {}
     if isinstance(host, dict) and host.get("name"):
@@ -85,12 +84,6 @@ def resource(meta: dict[str, Any], service_name: str | None = None, extra: dict[
         attrs["cltrace.version"] = meta["cltrace.version"]
     if meta.get("start_unix_ns") is not None and meta.get("start_ns") is not None:
         attrs["cltrace.host.unix_offset_ns"] = int(meta["start_unix_ns"]) - int(meta["start_ns"])
-    if devices:
-        for key, field in (("names", "name"), ("types", "type"), ("versions", "version"), ("ids", "uid"),
-                           ("labels", "label"), ("indices", "index"), ("hardware_ids", "hardware_id")):
-            attrs[f"cltrace.opencl.device.{key}"] = [str(d.get(field, "")) for d in devices]
-        attrs["cltrace.opencl.driver.versions"] = [str(d.get("driver", "")) for d in devices]
-        attrs["cltrace.opencl.platform.names"] = [str(d.get("platform", "")) for d in devices]
     j = meta.get("job")
     if isinstance(j, dict):
         attrs.update(job.resource_attributes(j))

@@ -72,4 +72,4 @@ def apply(client: Any, database: str = DATABASE, table: str = TABLE) -> None:
     for ddl in render(database, table):
         client.command(ddl)
     client.command(loads_ddl(database))
-    client.command(derived.ddl(database))
+    derived.ensure(client, database)

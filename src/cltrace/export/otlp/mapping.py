@@ -35,6 +35,13 @@ _FIXED_KEYS = frozenset({
 })
 _INT64 = 1 << 63
 EVENT_NAMES = ("QUEUED", "SUBMIT", "START", "END")
+# The OpenCL devices a run used, one list per field (``cltrace.opencl.device.names`` ...), on its
+# ``cltrace.run`` span: (attribute, field of the trace metadata's ``devices`` entries).
+DEVICE_LISTS = (("cltrace.opencl.device.names", "name"), ("cltrace.opencl.device.types", "type"),
+                ("cltrace.opencl.device.versions", "version"), ("cltrace.opencl.driver.versions", "driver"),
+                ("cltrace.opencl.platform.names", "platform"), ("cltrace.opencl.device.ids", "uid"),
+                ("cltrace.opencl.device.labels", "label"), ("cltrace.opencl.device.indices", "index"),
+                ("cltrace.opencl.device.hardware_ids", "hardware_id"))
 CACHE_MAX = 8192  # entries per mapping or encoding cache; past it, compute afresh
 
 
@@ -220,7 +227,10 @@ class Mapper:
         return (s.name, s.id ^ key, parent, start, end, attrs, events, 0, None)
 
     def root(self, begin_ns: int, end_ns: int, meta: Mapping[str, Any], counts: Mapping[str, int]) -> tuple:
-        """The ``cltrace.run`` span (cltrace id 0) that every top-level span hangs under."""
+        """The ``cltrace.run`` span (cltrace id 0) that every top-level span hangs under. It lists the
+        OpenCL devices the run used (``DEVICE_LISTS``, from ``meta["devices"]``): facts about the run,
+        complete only at its end, not the process's identity, so not in the resource, which
+        OpenTelemetry keeps immutable and which a store repeats on every span."""
         off = self.offset
         attrs: dict[str, Any] = {
             "cltrace.category": "run",
@@ -237,6 +247,10 @@ class Mapper:
             attrs["cltrace.clock.drift_ns"] = [int(clocks[k].get("drift_ns", 0)) for k in keys]
             attrs["cltrace.clock.domain"] = [str(clocks[k].get("domain", "")) for k in keys]
             attrs["cltrace.clock.method"] = [str(clocks[k].get("method", "")) for k in keys]
+        devices = [d for d in (meta.get("devices") or {}).values() if isinstance(d, Mapping)]
+        if devices:
+            for key, field in DEVICE_LISTS:
+                attrs[key] = [str(d.get(field, "")) for d in devices]
         return ("cltrace.run", self.key, self.root_parent, begin_ns + off, end_ns + off, attrs, (), 0, None)
 
 

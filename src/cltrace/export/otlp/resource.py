@@ -1,5 +1,6 @@
 """The OTLP resource of a run: service name and user attributes from the environment, and
-the host, process and OpenCL devices cltrace detected."""
+the host, process and job (run id, rank) cltrace detected. The OpenCL devices the run used are on
+its ``cltrace.run`` span (``mapping.DEVICE_LISTS``), each device span naming its own."""
 from __future__ import annotations
 
 import os
@@ -30,8 +31,7 @@ def base_resource(service_name: str | None) -> dict[str, Any]:
 
 
 def resource_attributes(ctx: TraceContext, base: Mapping[str, Any]) -> dict[str, Any]:
-    """Detected host/process/OpenCL facts, overridden by ``base`` (see ``base_resource``)."""
-    devices = list(ctx.tracks.devices.values())
+    """Detected host/process/job facts, overridden by ``base`` (see ``base_resource``)."""
     detected: dict[str, Any] = {
         "host.name": socket.gethostname(),
         "host.arch": platform.machine(),
@@ -42,15 +42,6 @@ def resource_attributes(ctx: TraceContext, base: Mapping[str, Any]) -> dict[str,
         "process.runtime.version": platform.python_version(),
         "cltrace.version": _version(),
         "cltrace.host.unix_offset_ns": ctx.start_unix_ns - ctx.start_ns,
-        "cltrace.opencl.device.names": [d.name for d in devices],
-        "cltrace.opencl.device.types": [d.type for d in devices],
-        "cltrace.opencl.device.versions": [d.version for d in devices],
-        "cltrace.opencl.driver.versions": [d.driver for d in devices],
-        "cltrace.opencl.platform.names": [d.platform for d in devices],
-        "cltrace.opencl.device.ids": [d.uid for d in devices],
-        "cltrace.opencl.device.labels": [d.label for d in devices],
-        "cltrace.opencl.device.indices": [d.index for d in devices],
-        "cltrace.opencl.device.hardware_ids": [d.hardware_id for d in devices],
         **job.resource_attributes(job.identity()),
     }
     args = command_args()  # redacted, or None where the command line is left out

@@ -3,18 +3,20 @@
 A step is a span of category ``step`` (a scheduled session's) or a span named ``step_name`` (a user's
 ``region("step")``); each rank's steps are numbered in time order, so step k of every rank is
 compared. A rank straggles at step k when its step took more than ``threshold_pct`` over the median
-of the ranks at k. Its time is split as the rank spent it inside the step (spans it began there):
+of the ranks at k. Step times come from the step spans alone (a window over the steps, not over
+every span); only the steps that straggle are then split into parts, each against the same part of
+the median rank at that step (the rank whose step time is the middle one; of an even count, the
+faster of the two middle ones). A step's parts are those of the spans its rank began inside it:
 kernels (device time), transfers and fills (device time), waits for the device (``sync`` host time)
 and the host's own time (the step's host time less that of every OpenCL call recorded in it:
 launches, transfers, fills, waits; a launch that blocks while the device works counts as the device's,
-and so does the part of the step after its host side returned, until its device work ended); each part is compared
-with the median rank's. The cause is the device (kernels or transfers, the larger) where their excess
+and so does the part of the step after its host side returned, until its device work ended). Spans
+are matched to those steps by an equi-join on time buckets (one median step long) and the step's
+interval, so the cost is a scan of the calls and a hash lookup each, and no sort of every span.
+The cause is the device (kernels or transfers, the larger) where their excess
 explains at least half of the step's: device work is what a host waits for, in calls or between them,
 so host time that grows with it is its effect; else the host, where its own excess does; else
-"waiting" (waiting on something the
-trace does not show, such as another rank). A span's step is the latest step begun at or before it on
-its rank: one window pass in the table's own order (run, rank, time: no sort, no join); a step span
-begins before the spans inside it, so the order needs no tie-break. Only aggregates come
+"waiting" (waiting on something the trace does not show, such as another rank). Only aggregates come
 back: per rank that straggled its steps, excess and cause, with its ``top`` worst steps as evidence
 (their span ids looked up afterwards for those steps alone). Evidence: the step span's trace and span id, and where it
 starts on its rank's timeline (seconds from the rank's first span), to find it in Perfetto.
@@ -27,6 +29,7 @@ from typing import Any
 from .common import DEVICE_NS, Scope, quote, rows
 
 PARTS = ("kernels", "transfers", "host", "waiting")
+CALLS = ("kernel", "transfer", "fill", "sync")  # the OpenCL calls whose host time is not the host's own
 
 
 @dataclass
@@ -67,40 +70,53 @@ class SlowRank:
 
 def _sql(where: str, step_name: str, per_rank: int) -> str:
     step = f"(Cat = 'step' OR Name = {quote(step_name)})"
-    parts = ", ".join(f"x_{p}" for p in PARTS)
+    calls = ", ".join(f"'{c}'" for c in CALLS)
+    xs = ", ".join(f"x_{p}" for p in PARTS)
     return f"""
-WITH tagged AS (
-    SELECT Run AS run, Rank AS rank, Cat AS cat, Begin AS b, End - Begin AS d, {DEVICE_NS} AS dev,
-           HostNs AS host_ns, {step} AS is_step,
-           sum(toInt64({step})) OVER w - 1 AS step, max(if({step}, End, 0)) OVER w AS step_end
-    FROM {{derived}} WHERE {where}
-    WINDOW w AS (PARTITION BY Run, Rank ORDER BY Begin ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-),
-per AS (
-    SELECT run, rank, step, anyIf(d, is_step) AS sd, anyIf(b, is_step) AS sb,
-           sumIf(dev, inside AND cat = 'kernel') AS kernels, sumIf(dev, inside AND cat IN ('transfer', 'fill')) AS transfers,
-           sumIf(host_ns, inside AND cat = 'sync') AS waiting,
-           greatest(toInt64(0), anyIf(host_ns, is_step) -
-                    sumIf(host_ns, inside AND cat IN ('kernel', 'transfer', 'fill', 'sync'))) AS host
-    FROM (SELECT *, NOT is_step AND b < step_end AS inside FROM tagged WHERE step >= 0)
-    GROUP BY run, rank, step
-),
-med AS (
-    SELECT run, step, median(sd) AS m_sd, median(kernels) AS m_k, median(transfers) AS m_t, median(host) AS m_h,
-           median(waiting) AS m_w, count() AS n
-    FROM per GROUP BY run, step
+WITH steps AS (
+    SELECT Run AS run, Rank AS rank, Begin AS sb, End AS se, End - Begin AS sd,
+           row_number() OVER (PARTITION BY Run, Rank ORDER BY Begin) - 1 AS step
+    FROM {{derived}} WHERE {where} AND {step}
 ),
 slow AS (
-    SELECT per.run AS run, per.rank AS rank, per.step AS step, sd, m_sd, sd - m_sd AS excess, kernels - m_k AS x_kernels,
-           transfers - m_t AS x_transfers, host - m_h AS x_host, waiting - m_w AS x_waiting, sb
-    FROM per JOIN med ON per.run = med.run AND per.step = med.step
+    SELECT steps.run AS run, steps.rank AS rank, steps.step AS step, sd, m_sd, sd - m_sd AS excess, m_rank, sb
+    FROM steps JOIN (
+        SELECT run, step, median(sd) AS m_sd, count() AS n, arraySort(groupArray((sd, rank)))[intDiv(n + 1, 2)].2 AS m_rank
+        FROM steps GROUP BY run, step) AS med ON steps.run = med.run AND steps.step = med.step
     WHERE n >= 2 AND sd > m_sd * (1 + {{threshold:Float64}} / 100)
+),
+wanted AS (
+    SELECT w.run AS run, w.who AS rank, w.step AS step, w.sign AS sign, w.rank AS of, w.sd AS sd, w.m_sd AS m_sd,
+           w.excess AS excess, w.sb AS slow_b, st.sb AS sb, st.se AS se
+    FROM (SELECT *, arrayJoin([(rank, 1), (m_rank, -1)]) AS pair, pair.1 AS who, pair.2 AS sign FROM slow) AS w
+    JOIN steps AS st ON w.run = st.run AND w.who = st.rank AND w.step = st.step
+),
+width AS (SELECT greatest(toInt64(ifNotFinite(median(sd), 1.0)), 1) AS w FROM steps),
+split AS (
+    SELECT w.run AS run, w.of AS of, w.step AS step, w.sign AS sign, any(w.sd) AS sd, any(w.m_sd) AS m_sd,
+           any(w.excess) AS excess, any(w.slow_b) AS slow_b,
+           sumIf(dev, cat = 'kernel') AS kernels, sumIf(dev, cat IN ('transfer', 'fill')) AS transfers,
+           sumIf(host_ns, cat = 'sync') AS waiting,
+           greatest(toInt64(0), sumIf(host_ns, c.Begin = w.sb AND is_step) - sumIf(host_ns, cat IN ({calls}))) AS host
+    FROM (SELECT Run, Rank, Begin, toUInt64(intDiv(Begin, (SELECT w FROM width))) AS bucket, Cat AS cat,
+                 {DEVICE_NS} AS dev, HostNs AS host_ns, {step} AS is_step
+          FROM {{derived}} WHERE {where} AND (Cat IN ({calls}) OR {step})) AS c
+    JOIN (SELECT *, arrayJoin(range(toUInt64(intDiv(sb, (SELECT w FROM width))),
+                                    toUInt64(intDiv(se, (SELECT w FROM width))) + 1)) AS bucket FROM wanted) AS w
+      ON c.Run = w.run AND c.Rank = w.rank AND c.bucket = w.bucket
+    WHERE c.Begin >= w.sb AND c.Begin < w.se
+    GROUP BY run, of, step, sign
+),
+x AS (
+    SELECT run, of AS rank, step, anyIf(sd, sign = 1) AS sd, anyIf(m_sd, sign = 1) AS m_sd,
+           anyIf(excess, sign = 1) AS excess, anyIf(slow_b, sign = 1) AS sb,
+           {", ".join(f"sum(sign * toInt64({p})) AS x_{p}" for p in PARTS)}
+    FROM split GROUP BY run, of, step
 )
 SELECT run, rank, count() AS steps, sum(excess) AS total_excess, {", ".join(f"sum(x_{p}) AS sum_{p}" for p in PARTS)},
        argMax(step, excess) AS worst,
-       arraySlice(arraySort(t -> -t.4, groupArray((step, sd, m_sd, excess, {parts}, sb))),
-                  1, {int(per_rank)}) AS top
-FROM slow GROUP BY run, rank ORDER BY total_excess DESC"""
+       arraySlice(arraySort(t -> -t.4, groupArray((step, sd, m_sd, excess, {xs}, sb))), 1, {int(per_rank)}) AS top
+FROM x GROUP BY run, rank ORDER BY total_excess DESC"""
 
 
 def cause(excess: dict[str, float], total: float) -> str:
