@@ -13,12 +13,10 @@ import random
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyopencl as cl
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 

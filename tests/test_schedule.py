@@ -12,7 +12,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import cltrace

@@ -7,7 +7,6 @@ what it might have).
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Mapping
 
 import pytest

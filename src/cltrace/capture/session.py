@@ -54,7 +54,7 @@ def _checked(out: str | os.PathLike[str]) -> str:
     """The path ``out`` names, or OutputError saying what to change (before anything is created)."""
     path = os.fspath(out)
     try:
-        fmt = format_for(path)
+        format_for(path)
     except ValueError as exc:
         raise OutputError(str(exc)) from None
     if os.path.isdir(path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlparse
 
-from .config import GRPC, Target
+from .config import Target
 
 
 def _where(target: Target | None, endpoint: str) -> str:
