@@ -1,7 +1,7 @@
 """Reading one large trace file: peak RSS and seconds of ``load_columns``, ``summary`` and ``analyze``.
 
-A trace of N spans is synthesised as columns (a ``step`` region per step holding ten ``saxpy``
-kernel launches on an in-order queue and a ``finish``) and written with the real sinks (``.pftrace``
+A trace of N spans is synthesised as columns (``tests/big_trace.py``: a ``step`` region per step holding ten
+``saxpy`` kernel launches on an in-order queue and a ``finish``) and written with the real sinks (``.pftrace``
 packed as cltrace writes it, and ``.json``), batch by batch, so writing it costs a batch of memory.
 Each reading runs in a fresh process that reports its own peak RSS (``ru_maxrss``) and wall time.
 Targets (issue 29): summary/analyze of a 45M-span ``.pftrace`` completes with peak RSS <= 2 GB;
@@ -20,91 +20,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from big_trace import write_big_trace  # noqa: E402  the traces the tests read
 
-PER_STEP = 12  # the step region, ten kernels, a finish
-WRITE_BATCH = 65_536
 TARGET_45M_MB = 2048
 TARGET_B_PER_SPAN = 100
-
-
-def synthesise(n: int, out_paths: list[str]) -> int:
-    """Write a trace of about ``n`` spans to each of ``out_paths`` (by suffix); returns the span count."""
-    import pyopencl as cl
-
-    import cltrace
-    from cltrace.export.chrome import ChromeTraceSink
-    from cltrace.export.perfetto import PerfettoTraceSink
-    from cltrace.record.recorder import Recorder
-    from cltrace.timeline.batch import SpanBatch
-
-    queue = cltrace.profiling_queue(cl.Context([cltrace.default_device()]))
-    rec = Recorder()
-    ident = threading.get_ident()
-    th, dt = rec.tracks.host_thread(ident), rec.tracks.device_queue(queue, ident)
-    t = rec.tables
-    k = 10
-    kernel, region, sync = t.cats.id("kernel"), t.cats.id("region"), t.cats.id("sync")
-    n_step, n_saxpy, n_finish = t.names.id("step"), t.names.id("saxpy"), t.names.id("finish")
-    p_step, p_saxpy, p_finish = t.paths.id(("step",)), t.paths.id(("step", "saxpy")), t.paths.id(("step", "finish"))
-    sinks: list[Any] = [PerfettoTraceSink(p) if p.endswith(".pftrace") else ChromeTraceSink(p) for p in out_paths]
-    for s in sinks:
-        s.start(rec)
-    steps_total = max(n // PER_STEP, 1)
-    per_write = WRITE_BATCH // PER_STEP
-    rng = np.random.default_rng(0)
-    t_next = rec.start_ns + 1_000_000
-    written = 0
-    for first in range(0, steps_total, per_write):
-        steps = min(per_write, steps_total - first)
-        kdur = rng.integers(20_000, 40_000, (steps, k))
-        step_len = kdur.sum(1) + 30_000
-        s0 = t_next + np.r_[0, np.cumsum(step_len)[:-1]]
-        t_next = int(s0[-1] + step_len[-1])
-        ids = np.arange(steps * PER_STEP, dtype=np.int64).reshape(steps, PER_STEP) + 1 + first * PER_STEP
-        parent = np.repeat(ids[:, :1], PER_STEP, 1)
-        parent[:, 0] = 0
-        hb = np.empty((steps, PER_STEP), np.int64)
-        he = np.empty_like(hb)
-        ds = np.zeros_like(hb)
-        de = np.zeros_like(hb)
-        kstart = s0[:, None] + 10_000 + np.c_[np.zeros(steps, np.int64), np.cumsum(kdur, 1)[:, :-1]]
-        hb[:, 1:1 + k] = s0[:, None] + 1_000 + np.arange(k) * 800
-        he[:, 1:1 + k] = hb[:, 1:1 + k] + 600
-        ds[:, 1:1 + k] = kstart
-        de[:, 1:1 + k] = kstart + kdur
-        hb[:, 1 + k] = s0 + 9_000
-        he[:, 1 + k] = s0 + step_len - 5_000
-        hb[:, 0], he[:, 0] = s0, s0 + step_len - 4_000
-        ds[:, 0], de[:, 0] = s0 + 10_000, de[:, k]
-        track = np.zeros((steps, PER_STEP), np.int64)
-        track[:, :1 + k] = dt
-        cat = np.zeros((steps, PER_STEP), np.int16)
-        cat[:, 0], cat[:, 1:1 + k], cat[:, 1 + k] = region, kernel, sync
-        name = np.zeros((steps, PER_STEP), np.int32)
-        name[:, 0], name[:, 1:1 + k], name[:, 1 + k] = n_step, n_saxpy, n_finish
-        path = np.zeros((steps, PER_STEP), np.int32)
-        path[:, 0], path[:, 1:1 + k], path[:, 1 + k] = p_step, p_saxpy, p_finish
-        shape, blocking = {"global_size": [65536], "local_size": [64]}, {"blocking": True}
-        attrs = ([None] + [shape] * k + [blocking]) * steps
-        cols = {"id": ids, "parent": parent, "name": name, "cat": cat, "thread": np.full_like(ids, th),
-                "host_begin": hb, "host_end": he, "track": track, "dev_queued": ds - 3_000 * (track != 0),
-                "dev_submit": ds - 1_000 * (track != 0), "dev_start": ds, "dev_end": de,
-                "raw_start": ds + 1_234 * (track != 0), "raw_end": de + 1_234 * (track != 0), "path": path}
-        batch = SpanBatch(t, {c: v.reshape(-1) for c, v in cols.items()}, attrs)
-        for s in sinks:
-            s.write(batch)
-        written += batch.n
-    meta = rec.metadata()
-    meta["recorded_spans"] = written
-    for s in sinks:
-        s.flush(meta)
-        s.close(meta)
-    return written
 
 
 def child_read(what: str, path: str) -> dict[str, Any]:
@@ -156,7 +79,7 @@ def main() -> int:
     if args.child:
         what, *rest = args.child
         if what == "synth":
-            got: dict[str, Any] = {"spans": synthesise(int(rest[0]), rest[1:])}
+            got: dict[str, Any] = {"spans": write_big_trace(int(rest[0]), *rest[1:])}
         else:
             got = child_read(what, rest[0])
         got["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -2,7 +2,7 @@
 
 Steps of a ``step`` region holding ten ``saxpy`` kernels on an in-order queue and a ``finish`` are made as
 columns, 65 536 spans a write, and handed to ``PerfettoTraceSink`` / ``ChromeTraceSink`` as a traced run
-hands them its batches (benchmarks/bench_bigread.py makes the same traces; tests do not import benchmarks).
+hands them its batches (benchmarks/bench_bigread.py writes its traces with it, as bench_otlp uses tests/otlp_collector.py).
 Run as a script, it writes the files named: ``python tests/big_trace.py N OUT.pftrace [OUT.json]``.
 """
 from __future__ import annotations

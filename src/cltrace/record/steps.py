@@ -20,8 +20,7 @@ from ..errors import ProfilingNotEnabledError
 from . import queues as _queues
 from .queues import has_profiling
 from .recorder import RECORDER, new_id
-from .regions import _OUT_OF_ORDER, _projected, _tls
-from .. import _state
+from .regions import _projected, _projects, _tls
 from ..timeline.spans import STEP
 
 PATH = (STEP,)
@@ -42,9 +41,7 @@ class OpenStep:
         if queue is not None and not has_profiling(queue):
             raise ProfilingNotEnabledError(f"cltrace.step on {self.name}")
         self._queue = queue
-        # as a region's (regions._projects): an in-order queue while regions are projected
-        self._project = project = (queue is not None and _state.PROJECT_REGIONS
-                                   and not queue.properties & _OUT_OF_ORDER)
+        self._project = project = queue is not None and _projects(queue, self.name)  # as a region's
         self.span_id = sid = new_id()
         st.append((sid, PATH))
         self.begin_ns = _perf()
