@@ -125,6 +125,33 @@ def test_resolution_runs_off_the_launching_thread(queue, kernels):
     assert RECORDER.batch().n == 200
 
 
+
+def test_records_found_running_resolve_while_the_program_launches_nothing_more(queue, kernels):
+    """Records the worker found still running are asked again at its next wakes, not only when new records
+    come: a program that stops launching (waiting on its host, a data loader) had them only at stop()."""
+    gate = cl.UserEvent(queue.context)
+    RECORDER.configure(resolve_interval_s=0.01)
+    with cltrace.trace():
+        try:
+            kernels.add(queue, (kernels.n,), None, kernels.a, kernels.b, wait_for=[gate])
+            for _ in range(20):
+                kernels.launch_add(queue)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the worker holds a batch in hand only inside its lock
+                with RECORDER._lock:
+                    taken = not RECORDER.pending and len(RECORDER.resolver.waiting) == 21
+                if taken:
+                    break
+                time.sleep(0.01)
+            assert taken  # all 21 found running (the gate holds them), none left for a later batch
+        finally:
+            gate.set_status(cl.command_execution_status.COMPLETE)
+        deadline = time.monotonic() + 30
+        while RECORDER.recorded < 21 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert RECORDER.recorded == 21  # resolved before stop(), though nothing was launched after them
+    assert RECORDER.batch().n == 21
+
 STRESS = """
 import sys, threading, time
 import numpy as np, pyopencl as cl, cltrace

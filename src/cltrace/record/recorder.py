@@ -236,7 +236,9 @@ class Recorder:
                     continue
             try:
                 while True:
-                    if self.pending:
+                    # Records waiting for their commands are asked again at every wake, new records or
+                    # none: else a program that launches nothing more left them unresolved until stop().
+                    if self.pending or self.resolver.waiting:
                         # Small first steps: the first spans and the clock reach the files at once,
                         # however slowly a chunk resolves (the pure-Python fallback on a busy core).
                         # Then steps of at most STEP_ROWS: each pass over a step is one C call that holds
