@@ -134,6 +134,30 @@ def test_old_queue_without_profiling_gives_host_only_spans_and_one_warning(
         assert s.attrs["cltrace.device_time"] == "unavailable: queue without PROFILING_ENABLE"
 
 
+
+def test_launches_of_one_shape_share_one_attrs_dict_and_a_plain_queue_changes_it_not(
+        cl_ctx: Any, queue: Any, plain_queue: Any, instrumented: None) -> None:
+    """One attrs dict a launch shape (a sink encodes each dict once: a dict a launch cost the Chrome sink
+    ~9 us of the worker's time a span); a launch on a queue without profiling gets a copy with its note."""
+    prg = cl.Program(cl_ctx, TWICE).build()
+    knl = prg.twice
+    buf = cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE, 4 * N)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with cltrace.trace():
+            for q in (queue, plain_queue, queue):
+                for _ in range(3):
+                    knl(q, (N,), None, buf)
+            plain_queue.finish()
+            queue.finish()
+    spans = [s for s in RECORDER.spans() if s.cat == "kernel"]
+    profiled = [s for s in spans if s.source == "device"]
+    assert len(spans) == 9 and len(profiled) == 6
+    assert len({id(s.attrs) for s in profiled}) == 1
+    assert profiled[0].attrs == {"global_size": [N], "local_size": None}
+    assert [s.attrs["cltrace.device_time"] for s in spans if s.source == "host"] == [
+        "unavailable: queue without PROFILING_ENABLE"] * 3
+
 def test_tracing_off_records_nothing(cl_ctx: Any, instrumented: None) -> None:
     q = cl.CommandQueue(cl_ctx)
     prg = cl.Program(cl_ctx, TWICE).build()
