@@ -77,11 +77,17 @@ class Setup:
         self.k.set_args(self.buf)
         self.compiled = cltrace.compile(SRC, context=self.q.context)
 
-    def loop(self, n: int, sync_every: int = 0) -> None:
+    def loop(self, n: int, sync_every: int = 0, raw: bool = False) -> None:
         """``n`` launches, then ``finish``; with ``sync_every``, a ``finish`` after every that many too
-        (a program that waits for each step, as a training loop reading its loss)."""
+        (a program that waits for each step, as a training loop reading its loss). ``raw``: pyopencl's own
+        ``kernel(queue, ...)``, as an unmodified program under ``cltrace run`` launches (the hooks record it)."""
         q, k, buf = self.q, self.k, self.buf
         launch = cltrace.launch
+        if raw:
+            for _ in range(n):
+                k(q, (1024,), None, buf)
+            q.finish()
+            return
         if sync_every:
             for _ in range(n // sync_every):
                 for _ in range(sync_every):
@@ -145,18 +151,18 @@ def harvest_note(before: dict | None) -> str:
             f"harvests ({d['harvest_ms']} ms), {d['harvests_declined']} declined")
 
 
-def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0) -> tuple[float, float]:
+def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0, raw: bool = False) -> tuple[float, float]:
     off, on = [], []
     for r in range(rounds):
         with GcPauses() as g_off:
             t0 = time.perf_counter()
-            s.loop(n, sync_every)
+            s.loop(n, sync_every, raw)
             off.append(time.perf_counter() - t0)
         RECORDER.clear()
         with GcPauses() as g_on:
             t0 = time.perf_counter()
             with switched(), cltrace.trace(os.path.join(tmp, f"e{r}.json"), os.path.join(tmp, f"e{r}.pftrace")):
-                s.loop(n, sync_every)
+                s.loop(n, sync_every, raw)
             on.append(time.perf_counter() - t0)
         print(f"  round {r}: {off[-1] * 1e3:.1f} ms untraced (GC: {g_off}), {on[-1] * 1e3:.1f} ms traced (GC: {g_on})")
     return statistics.median(off), statistics.median(on)
@@ -432,7 +438,7 @@ def main() -> None:
                     help="sys.setswitchinterval while the end-to-end and stall rows trace (default: unchanged)")
     ap.add_argument("--harvest-every", type=int, default=None,
                     help="commands between two harvests of a launching thread (default: the reaper's own)")
-    ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,e2e_sync,torch,stall,region,launch,memory,pftrace,first")
+    ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,e2e_raw,e2e_sync,torch,stall,region,launch,memory,pftrace,first")
     args = ap.parse_args()
     global SWITCH_S
     SWITCH_S = None if args.switch_ms is None else args.switch_ms / 1e3
@@ -485,6 +491,10 @@ def main() -> None:
                 floor = (off + per * d["harvested"] / args.rounds) / off
                 row("floor: the harvests' reads alone", f"{per * 1e9:.0f} ns a command",
                     f"{off / args.launches * 1e9:.0f} ns a launch untraced", floor, "(what the driver costs)")
+        if want("e2e_raw"):
+            off, on = end_to_end(s, args.launches, args.rounds, tmp, raw=True)
+            row("same, pyopencl's kernel(queue, ...) hooked", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
+                "<= 1.10 (GPU) / <= 1.5 (PoCL)")
         if want("e2e_sync"):
             before = stamps.reaper_stats()
             off, on = end_to_end(s, args.launches, args.rounds, tmp, sync_every=50)

@@ -50,8 +50,8 @@ from ..record.callsite import capture as _site
 from ..record.recorder import RECORDER, new_id
 from ..record.allocations import classes as _memory_classes, pool_classes as _pool_classes
 from ..record.failures import sizes as _sizes
-from ..record.regions import (Gate, current_parent, direction, failed_launch, own_on, record_failure, record_hooked,
-                              record_launch, update_region_mode)
+from ..record.regions import (Gate, current_parent, direction, failed_launch, launch_name, own_on, record_failure,
+                              record_hooked, record_launch, update_region_mode)
 from ..timeline.spans import BUILD, FILL, KERNEL, MARKER, STATUS_ERROR, SYNC, TRANSFER
 from ..timeline.tracks import COMPILE_THREAD
 
@@ -147,7 +147,7 @@ def _launch_attrs(global_size: Any, local_size: Any) -> dict[str, Any]:
 
 def _kernel_name(kernel: Any) -> str:
     try:
-        return kernel.function_name
+        return launch_name(kernel)
     except Exception:
         return "kernel"
 

@@ -459,6 +459,13 @@ def _learn(kernel: Any) -> str | None:
     return own
 
 
+def launch_name(kernel: Any) -> str:
+    """A kernel's name for its spans, remembered as ``launch`` remembers it (the driver's answer costs ~1 us)."""
+    known = _KERNELS.get(id(kernel))
+    own = known[1] if known is not None and known[0] is kernel else _learn(kernel)
+    return own if own is not None else _kernel_name(kernel)
+
+
 def forget_kernels() -> None:
     """Drop the kernels ``launch`` remembered (tracing stopped: they may be freed)."""
     _KERNELS.clear()
