@@ -151,7 +151,9 @@ def harvest_note(before: dict | None) -> str:
             f"harvests ({d['harvest_ms']} ms), {d['harvests_declined']} declined")
 
 
-def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0, raw: bool = False) -> tuple[float, float]:
+def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0, raw: bool = False,
+               formats: tuple[str, ...] = ("json", "pftrace")) -> tuple[float, float]:
+    """Median seconds untraced and traced (``start()`` to the files of ``formats`` closed), alternating."""
     off, on = [], []
     for r in range(rounds):
         with GcPauses() as g_off:
@@ -161,10 +163,14 @@ def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0, raw
         RECORDER.clear()
         with GcPauses() as g_on:
             t0 = time.perf_counter()
-            with switched(), cltrace.trace(os.path.join(tmp, f"e{r}.json"), os.path.join(tmp, f"e{r}.pftrace")):
+            with switched():
+                cltrace.start(*(os.path.join(tmp, f"e{r}.{ext}") for ext in formats), quiet=True)
                 s.loop(n, sync_every, raw)
+                t1 = time.perf_counter()
+                cltrace.stop()
             on.append(time.perf_counter() - t0)
-        print(f"  round {r}: {off[-1] * 1e3:.1f} ms untraced (GC: {g_off}), {on[-1] * 1e3:.1f} ms traced (GC: {g_on})")
+        print(f"  round {r}: {off[-1] * 1e3:.1f} ms untraced (GC: {g_off}), {on[-1] * 1e3:.1f} ms traced "
+              f"({'+'.join(formats)}; of it stop() {(on[-1] - (t1 - t0)) * 1e3:.1f} ms; GC: {g_on})")
     return statistics.median(off), statistics.median(on)
 
 
@@ -438,7 +444,7 @@ def main() -> None:
                     help="sys.setswitchinterval while the end-to-end and stall rows trace (default: unchanged)")
     ap.add_argument("--harvest-every", type=int, default=None,
                     help="commands between two harvests of a launching thread (default: the reaper's own)")
-    ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,e2e_raw,e2e_sync,torch,stall,region,launch,memory,pftrace,first")
+    ap.add_argument("--only", default="", help="comma-separated rows to run: capacity,e2e,e2e_formats,e2e_raw,e2e_sync,torch,stall,region,launch,memory,pftrace,first")
     args = ap.parse_args()
     global SWITCH_S
     SWITCH_S = None if args.switch_ms is None else args.switch_ms / 1e3
@@ -491,6 +497,11 @@ def main() -> None:
                 floor = (off + per * d["harvested"] / args.rounds) / off
                 row("floor: the harvests' reads alone", f"{per * 1e9:.0f} ns a command",
                     f"{off / args.launches * 1e9:.0f} ns a launch untraced", floor, "(what the driver costs)")
+        if want("e2e_formats"):  # each format alone, and both, in alternating rounds of their own
+            for formats in (("json",), ("pftrace",), ("json", "pftrace")):
+                off, on = end_to_end(s, args.launches, args.rounds, tmp, formats=formats)
+                row(f"end to end, {' + '.join('.' + f for f in formats)} only" if len(formats) == 1 else
+                    "end to end, both", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off, "(per format)")
         if want("e2e_raw"):
             off, on = end_to_end(s, args.launches, args.rounds, tmp, raw=True)
             row("same, pyopencl's kernel(queue, ...) hooked", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
