@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU figures of the closing notes, in one go, on a machine with NVIDIA GPUs and Python but no
-# pyopencl (the lent H200 hosts): wheels carried in .whl/, the C extensions built there.
+# pyopencl (the lent H200 hosts): wheels carried in .whl/ (pyopencl and its dependencies, and isal: without it
+# the .pftrace compresses with zlib, as no install from PyPI does), the C extensions built there.
 #   bash benchmarks/gpu_figures.sh OUTDIR [steps...]     steps: setup devices pipeline noreaper fallback diag sweep stamps clock multi tune perfetto read
 set -uo pipefail
 out=${1:?OUTDIR}; shift
