@@ -333,7 +333,7 @@ def test_backpressure_is_checked_at_every_exit(impl: str) -> None:
     def many() -> None:
         for i in range(40):
             with cltrace.region("r"):
-                rooms.append(RECORDER._room)
+                rooms.append(RECORDER.room)
 
     rooms: list[int] = []
     recs = recorded(many)

@@ -152,7 +152,7 @@ _RECORD_GLOBALS = {"tls": _tls, "root": _ROOT, "new_id": new_id,
 # With the C push (native path) a record is pushed as ``record_launch`` pushes it: untracked, its event
 # traded for the reaper's ticket, back-pressure checked in C. Otherwise appended here, checked here.
 _PUSH, _ROOM = (("push", "") if regions.native_push is not None else
-                ("append", "if len(pending) >= recorder._room:\n                recorder._drain_backpressure()"))
+                ("append", "if len(pending) >= recorder.room:\n                recorder.make_room()"))
 _FACTORIES: dict[tuple[int, bool], Any] = {}
 
 

@@ -3,7 +3,7 @@
  * It mirrors ``regions._Region`` exactly and shares all of its state with the Python code, so
  * native and Python records interleave: the per-thread stack (``regions._tls.stack``, a list of
  * (span id, path) with the thread key in ``.key``), the id counter (``recorder._ids``), the
- * recorder's deque and its back-pressure check (``len(pending) >= RECORDER._room``).
+ * recorder's deque and its back-pressure check (``len(pending) >= RECORDER.room``).
  *
  *   init(tls, ids, pending, recorder, marker, decorate, status_error, region_cat, per_os_thread)
  *   Region(name, queue=None, attrs=None, cat=region_cat)
@@ -423,7 +423,7 @@ with_tickets(PyObject *rec)
     return out;
 }
 
-/* pending.append(rec); past RECORDER._room, RECORDER._drain_backpressure(). -1 on error. */
+/* pending.append(rec); past RECORDER.room, RECORDER.make_room(). -1 on error. */
 static int
 push_record(PyObject *rec)
 {
@@ -1554,9 +1554,9 @@ cltrace_region_module(void)
     STR(s_last_ev, "last_ev");
     STR(s_int_ptr, "int_ptr");
     STR(s_project, "PROJECT_REGIONS");
-    STR(s_room, "_room");
+    STR(s_room, "room");
     STR(s_tickets_above, "tickets_above");
-    STR(s_drain, "_drain_backpressure");
+    STR(s_drain, "make_room");
     STR(s_name, "__name__");
     STR(s_empty, "");
     STR(s_colon, ": ");

@@ -93,7 +93,12 @@ class Recorder:
     """Process-wide span recorder. Use the module-level ``RECORDER``.
 
     It is the ``TraceContext`` (export/base.py) of the sinks it feeds: ``tracks``, ``tables``, ``start_ns``,
-    ``start_unix_ns``, ``memory``, ``steps``, ``process_names``, ``metadata()`` and ``now_ns()``."""
+    ``start_unix_ns``, ``memory``, ``steps``, ``process_names``, ``metadata()`` and ``now_ns()``.
+
+    The launching threads' side (``regions.py``, ``programs/launcher.py``'s generated launchers and
+    ``_region.c``, which read these by name): append a record to ``pending``; once ``len(pending) >= room``,
+    call ``make_room()``; with the reaper, a record pushed while ``tickets_above`` or more wait carries
+    tickets in place of its events."""
 
     process_names: Mapping[int, str] = MappingProxyType({})  # one process, named after the program
 
@@ -118,7 +123,7 @@ class Recorder:
         self.recorded = 0
         self.start_ns = perf_ns()
         self.start_unix_ns = time.time_ns()
-        self._room = max_pending
+        self.room = max_pending
         self.tickets_above = tickets_above
         self.switch_interval_s = switch.from_env()
         self.memory_budget_mb = budget_from_env() if memory_budget_mb is None else float(memory_budget_mb)
@@ -149,7 +154,7 @@ class Recorder:
             self.overflow = overflow
         if max_pending is not None:
             self.max_pending = max(16, max_pending)
-            self._room = self.max_pending - len(self.resolver.waiting)
+            self.room = self.max_pending - len(self.resolver.waiting)
         if flush_interval_s is not None:
             self.flush_interval_s = flush_interval_s
         if resolve_interval_s is not None:
@@ -177,10 +182,10 @@ class Recorder:
         """Append one raw record. Never resolves; past the cap, waits for the device only."""
         pending = self.pending
         pending.append(rec)
-        if len(pending) >= self._room:
-            self._drain_backpressure()
+        if len(pending) >= self.room:
+            self.make_room()
 
-    def _drain_backpressure(self) -> None:
+    def make_room(self) -> None:
         """Called by the launching thread when the backlog reaches its cap: wake the worker. Never waits:
         records waiting for commands still running are memory, up to ``hard_cap``; past it new records
         are dropped and counted (``lost``, said at ``stop()``)."""
@@ -197,7 +202,7 @@ class Recorder:
             else:
                 if type(rec[R_EV0]) is int:  # its tickets: the reaper may free their slots
                     stamps.done([rec[R_EV0], rec[R_EV1] or 0])
-        self._room = min(len(pending) + max(16, self.max_pending // 16), self.hard_cap)
+        self.room = min(len(pending) + max(16, self.max_pending // 16), self.hard_cap)
 
     @property
     def hard_cap(self) -> int:
@@ -271,7 +276,7 @@ class Recorder:
         # record), where a comprehension's loop was preempted every switch interval by the launchers.
         batch = list(map(collections.deque.popleft, itertools.repeat(pending, n)))
         spans = self.resolver.resolve(batch, block=block, limit=wait_limit)
-        self._room = self.max_pending - len(self.resolver.waiting)
+        self.room = self.max_pending - len(self.resolver.waiting)
         if spans.n:
             self._deliver(spans)
         return spans
@@ -422,7 +427,7 @@ class Recorder:
         self._stop_worker = threading.Event()
         self._next_flush = 0.0
         self._clocks_flushed = 0
-        self._room = self.max_pending
+        self.room = self.max_pending
         self.start_ns = perf_ns()
         self.start_unix_ns = time.time_ns()
         orphans, self.sinks = self.sinks, []

@@ -140,8 +140,8 @@ class _Region:
         else:
             _pending_append((self.cat, self.name, sid, self._parent, self._path, st.key, self._hb, he,
                              q, e0, ev1, self.attrs, STATUS_ERROR, f"{et.__name__}: {ev}", self._site))
-        if len(_pending) >= RECORDER._room:
-            RECORDER._drain_backpressure()
+        if len(_pending) >= RECORDER.room:
+            RECORDER.make_room()
 
     def set(self, key: str, value: Any) -> None:
         """Attach an attribute to this region."""
