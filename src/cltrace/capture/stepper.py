@@ -27,7 +27,7 @@ from .. import _state
 from ..export.base import TraceContext, partial_path, put_in_place
 from ..export.formats import format_for, sink_for, suffix
 from ..record.recorder import RECORDER
-from ..record.steps import OpenStep
+from ..record.step_span import OpenStep
 from ..timeline.arrays import sorted_distinct as distinct
 from ..timeline.batch import SpanBatch, as_batch
 from ..timeline.spans import Span

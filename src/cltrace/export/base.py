@@ -18,7 +18,7 @@ from typing import IO, Any, Callable, Mapping, Protocol, runtime_checkable
 from ..record.files import make_dirs
 from ..record.memory import Ledger
 from ..timeline.batch import SpanBatch, Tables
-from ..timeline.steps import StepTable
+from ..timeline.step_table import StepTable
 from ..timeline.tracks import Track
 
 # Outputs (traces, charts, reports) are for others to read, never to rewrite: created 0644 in 0755

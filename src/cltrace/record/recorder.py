@@ -50,7 +50,7 @@ from ..timeline.raw import R_EV0, R_EV1
 from ..timeline.resolve import Resolver
 from ..timeline.spans import Span
 from ..timeline.stats import Stats
-from ..timeline.steps import StepTable
+from ..timeline.step_table import StepTable
 from ..timeline.tracks import TrackRegistry
 from . import heap, job, switch
 from .memory import Ledger

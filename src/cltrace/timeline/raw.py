@@ -1,7 +1,7 @@
 """The raw record: what the hot path appends for every span, and the one place its layout is named.
 
 A record is a plain 15-tuple (the hot path builds nothing else: a tuple display is the cheapest object
-Python makes), written positionally where it is built (``record/regions.py``, ``record/steps.py``,
+Python makes), written positionally where it is built (``record/regions.py``, ``record/step_span.py``,
 ``record/timing.py``, ``programs/build.py``, ``capture/instrument.py``; in C, ``record/_region.c``) and read by these names
 everywhere else (the recorder, ``stamps``, ``resolve``). The fields, in order:
 

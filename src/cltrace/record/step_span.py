@@ -7,6 +7,10 @@ open beneath it: it is always a root, and every step's children add up under one
 ``cltrace.set_queue``) it also gets a device span, as a region does: projected from the commands the
 thread launched during the step (no command of its own) while regions are projected, else bracketed by
 two markers.
+
+Steps have three parts, one per layer: this span (``record``), the table of traced steps' host intervals that
+decides which step a span belongs to (``timeline/step_table.py``), and a scheduled session's steps and
+cycles (``capture/stepper.py``, ``capture/schedule.py``).
 """
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ moment it was enqueued), whenever the worker resolves it. The table is appended 
 thread that marks steps and read by the resolver's gate, the cycle collector and the OTLP
 mapping, so steps are decided by the spans' own times, not by when they arrive. Only traced
 steps (warm-up and active) are kept: a span that began outside them is "outside any step".
+A step's own span is ``record/step_span.py``'s; the session that marks steps, ``capture/stepper.py``.
 """
 from __future__ import annotations
 
