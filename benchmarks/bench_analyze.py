@@ -32,8 +32,8 @@ import numpy as np
 import pyopencl as cl
 
 import cltrace
-from cltrace.analyze.analysis import analyse_columns
-from cltrace.analyze.model import TraceData
+from cltrace.analyzers.analysis import analyse_columns
+from cltrace.analyzers.model import TraceData
 from cltrace.export.chrome import ChromeTraceSink
 from cltrace.export.perfetto import PerfettoTraceSink
 from cltrace.read import load_columns, scan

@@ -40,12 +40,12 @@ def child_read(what: str, path: str) -> dict[str, Any]:
         spans, meta = load_columns(path)
         n = len(spans)
     elif what == "summary":
-        from cltrace.analyze.summary import summarize
+        from cltrace.analyzers.summary import summarize
 
         stats, meta = summarize(path)
         n = sum(v["host"]["count"] for v in stats.as_dict().values() if v["host"])
     else:
-        from cltrace.analyze.analysis import analyze
+        from cltrace.analyzers.analysis import analyze
 
         a = analyze(path)  # the steady state, as cltrace analyze: "spans read" counts the spans in it
         n, meta = a.spans, {}

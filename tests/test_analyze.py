@@ -15,9 +15,9 @@ import pyopencl as cl
 import pytest
 
 import cltrace
-from cltrace.analyze.analysis import SCHEMA, Analysis
-from cltrace.analyze.kernels import kernel_table
-from cltrace.analyze.model import TraceData
+from cltrace.analyzers.analysis import SCHEMA, Analysis
+from cltrace.analyzers.kernels import kernel_table
+from cltrace.analyzers.model import TraceData
 from cltrace.cli.demo import run_demo
 from cltrace.read import load
 
@@ -152,7 +152,7 @@ CASES = [("rebuilds", "rebuilt-program"), ("rebuilds", "compile-in-timed-region"
 
 
 def test_every_rule_has_a_program_that_fires_it() -> None:
-    from cltrace.analyze.findings import RULES as rules
+    from cltrace.analyzers.findings import RULES as rules
 
     assert len(rules) == len(RULES) == len({r for _, r in CASES}) and {r for _, r in CASES} == set(RULES)
 
@@ -333,7 +333,7 @@ def test_instrument_records_blocking_calls() -> None:
 
 def test_import_cltrace_does_not_load_matplotlib_or_the_analysis() -> None:
     code = ("import sys, cltrace; assert 'matplotlib' not in sys.modules; "
-            "assert 'cltrace.analyze.analysis' not in sys.modules; assert callable(cltrace.analyze); "
+            "assert 'cltrace.analyzers.analysis' not in sys.modules; assert callable(cltrace.analyze); "
             "assert 'analyze' in cltrace.__all__")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -381,7 +381,7 @@ def test_cli_diff_against_itself_and_a_slowed_run(traces: dict[str, Path], tmp_p
 def test_transfer_bandwidth_per_direction_from_device_time() -> None:
     """GB/s = bytes over the copies' device time; the direction from the attribute, else the name;
     a copy of unknown size counts but adds nothing to the bandwidth."""
-    from cltrace.analyze.transfers import transfers
+    from cltrace.analyzers.transfers import transfers
     from cltrace.timeline.spans import Span
 
     def copy(i: int, name: str, nbytes: Any, dev_ns: int, **attrs: Any) -> Span:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import cltrace
-from cltrace.analyze.model import TraceData
+from cltrace.analyzers.model import TraceData
 from cltrace.read import load_columns
 
 FAMILY = '''

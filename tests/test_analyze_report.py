@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import cltrace
-from cltrace.analyze.report import footer, region_rows, render
-from cltrace.analyze.summary import summarize
-from cltrace.analyze.text import Column, fmt_ns, table, unit_for
+from cltrace.analyzers.report import footer, region_rows, render
+from cltrace.analyzers.summary import summarize
+from cltrace.analyzers.text import Column, fmt_ns, table, unit_for
 
 LONG = "a_region_name_long_enough_that_an_old_fixed_width_column_would_have_cut_it_off"
 
@@ -145,7 +145,7 @@ def test_columns_compared_side_by_side_share_one_unit() -> None:
 
 def test_diff_and_summary_tables_name_one_unit_per_compared_pair() -> None:
     """The issue's example: A's total 24.8 ms was shown in us beside B's 1.45 s in ms."""
-    from cltrace.analyze.diff import DiffRow, render_diff
+    from cltrace.analyzers.diff import DiffRow, render_diff
 
     row = DiffRow("kernel", "slow_pad", "device", "call", 10, 10, 24_840_800, 1_452_700_000, 53_199.0, 145_000_000.0,
                   60_000.0, 150_000_000.0, 24_840_800, 1_452_700_000, 1_427_859_200, 1_427_859_200, 272461.7,

@@ -18,10 +18,10 @@ import pyopencl as cl
 import pytest
 
 import cltrace
-from cltrace.analyze.diff import diff
-from cltrace.analyze.intervals import intersect, subtract, union
-from cltrace.analyze.model import TraceData
-from cltrace.analyze.summary import summarize
+from cltrace.analyzers.diff import diff
+from cltrace.analyzers.intervals import intersect, subtract, union
+from cltrace.analyzers.model import TraceData
+from cltrace.analyzers.summary import summarize
 from cltrace.read import load_columns
 
 from conftest import KERNEL_SOURCE

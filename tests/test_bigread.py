@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from cltrace.analyze.summary import add_in_time_order, summarize
+from cltrace.analyzers.summary import add_in_time_order, summarize
 from cltrace.read import load, load_columns
 from cltrace.read.scan import NATIVE
 from cltrace.timeline.batch import SpanBatch, Tables
@@ -42,7 +42,7 @@ def test_chunked_summary_equals_the_whole(tmp_path, suffix):
 def test_summary_of_a_million_spans_stays_in_budget(tmp_path):
     path = str(tmp_path / "big.pftrace")
     n = write_big_trace(1_000_000, path)
-    code = ("import json, resource, sys; from cltrace.analyze.summary import summarize; "
+    code = ("import json, resource, sys; from cltrace.analyzers.summary import summarize; "
             "s, m = summarize(sys.argv[1]); d = s.as_dict(); "
             "print(json.dumps({'spans': m['recorded_spans'], 'kernels': d['step/saxpy']['host']['count'], "
             "'peak_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))")

@@ -14,7 +14,7 @@ import pytest
 import cltrace
 from cltrace import TraceFileError
 from cltrace import read as tracefile
-from cltrace.analyze.summary import summarize
+from cltrace.analyzers.summary import summarize
 from cltrace.export.chrome import ChromeTraceSink
 from cltrace.export.processes import program_name
 from cltrace.record.recorder import RECORDER

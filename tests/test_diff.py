@@ -16,10 +16,10 @@ import pyopencl as cl
 import pytest
 
 import cltrace
-from cltrace.analyze import gate
-from cltrace.analyze.diff import diff, regressions
-from cltrace.analyze.model import TraceData
-from cltrace.analyze.samples import RowSamples
+from cltrace.analyzers import gate
+from cltrace.analyzers.diff import diff, regressions
+from cltrace.analyzers.model import TraceData
+from cltrace.analyzers.samples import RowSamples
 from cltrace.cli.demo import run_demo
 from cltrace.read import load_columns
 

@@ -154,7 +154,7 @@ def test_cltrace_env_with_otlp_variables_warns_and_traces_on(tmp_path: Path) -> 
 
 
 # Where the extras' modules may be imported: each place turns their absence into the one line.
-IMPORTERS = {"export/otlp/transport.py", "analyze/plot.py", "cli/checks.py", "tune/chart.py", "store/connect.py"}
+IMPORTERS = {"export/otlp/transport.py", "analyzers/plot.py", "cli/checks.py", "tune/chart.py", "store/connect.py"}
 
 
 def test_extras_are_imported_only_where_their_absence_is_named() -> None:

@@ -17,7 +17,7 @@ import cltrace
 ROOT = Path(cltrace.__file__).parent
 
 # Lowest first. A module may import its own package and any package of a lower rank.
-LAYERS = ["timeline", "record", "export", "read", "analyze", "merge", "store", "capture", "programs", "tune", "cli"]
+LAYERS = ["timeline", "record", "export", "read", "analyzers", "merge", "store", "capture", "programs", "tune", "cli"]
 BASE = {"cltrace.errors", "cltrace._state", "cltrace._version", "cltrace._native"}  # importable from anywhere
 FACADE = {"cltrace", "cltrace.__main__"}  # the public facade may import anything
 TOP_LEVEL_ALLOWED = {"__init__.py", "__main__.py", "errors.py", "_state.py", "_version.py", "_native.py"}

@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from cltrace.analyze.analysis import analyze
+from cltrace.analyzers.analysis import analyze
 from cltrace.export.protowire import varint
-from cltrace.analyze.summary import summarize
+from cltrace.analyzers.summary import summarize
 from cltrace.read import load, load_columns, scan
 from cltrace.read.inflate import expand
 from cltrace.read.perfetto import iter_packets
@@ -253,7 +253,7 @@ def test_kernel_table_is_split_per_device(two_devices: dict[str, Path], ext: str
 
 
 def test_diff_keeps_kernels_of_two_devices_apart(two_devices: dict[str, Path]) -> None:
-    from cltrace.analyze.diff import diff
+    from cltrace.analyzers.diff import diff
 
     names = sorted(r.name for r in diff(two_devices[".json"], two_devices[".json"]) if r.kind == "kernel")
     assert names == [f"add on {POCL} #0", f"add on {POCL} #1", f"spin on {POCL} #1"]

@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 import cltrace
-from cltrace.analyze.analysis import analyze
-from cltrace.analyze.render import render_analysis
-from cltrace.analyze.report import render
-from cltrace.analyze.summary import summarize
+from cltrace.analyzers.analysis import analyze
+from cltrace.analyzers.render import render_analysis
+from cltrace.analyzers.report import render
+from cltrace.analyzers.summary import summarize
 from cltrace.cli import main
 from cltrace.errors import TraceFileError
 from cltrace.read import load

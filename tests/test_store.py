@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from cltrace.analyze.analysis import analyze
+from cltrace.analyzers.analysis import analyze
 from cltrace.store import Store, StoreError, schema, values
 from cltrace.store.connect import resolve
 

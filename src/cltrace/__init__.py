@@ -17,7 +17,7 @@ from .export import processes as _processes
 from .record.recorder import RECORDER
 from .record.allocations import Buffer, Image, SVMAllocation
 from .record.regions import copy, launch, record_launch, region, timing_region
-from .analyze.report import PerfCounter
+from .analyzers.report import PerfCounter
 from .capture import session as _session
 from .capture.session import enabled, start, stop, trace
 from .capture.schedule import Schedule, schedule
@@ -73,11 +73,11 @@ def __getattr__(name: str) -> object:
 
         return OtlpSink
     if name == "Analysis":
-        from .analyze.analysis import Analysis
+        from .analyzers.analysis import Analysis
 
         return Analysis
     if name == "Window":
-        from .analyze.window import Window
+        from .analyzers.window import Window
 
         return Window
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -89,12 +89,10 @@ def analyze(spans_or_path: Any = None, meta: dict[str, Any] | None = None, by_sh
     spans, or (None) the recorder's spans; ``by="callsite"`` (or ``"shape"``) splits the kernel
     table by the launching line (or launch shape). ``window``: the part of the run analysed, the
     steady state by default; ``None`` the whole run, ``"2:12"`` steps 2 to 12, or a ``cltrace.Window``
-    (steps, a time range, a region). See ``cltrace.analyze.analysis.analyze``.
-
-    (This function takes the name of the ``cltrace.analyze`` package as an attribute of ``cltrace``;
-    ``import cltrace.analyze.<module>`` still reaches the package.)
+    (steps, a time range, a region). See ``cltrace.analyzers.analysis.analyze``; one module a question
+    in ``cltrace.analyzers``.
     """
-    from .analyze.analysis import analyze as _analyze
+    from .analyzers.analysis import analyze as _analyze
 
     return _analyze(spans_or_path, meta=meta, by_shape=by_shape, by=by, window=window)
 

@@ -82,7 +82,7 @@ def _native_parts() -> dict[str, str]:
 def cmd_devices(args: argparse.Namespace) -> int:
     import pyopencl as cl
 
-    from ..analyze.text import plural
+    from ..analyzers.text import plural
     from ..timeline import stamps
     from ..timeline.clock import DeviceClock
     from ..timeline.tracks import device_info
@@ -163,8 +163,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_summary(args: argparse.Namespace) -> int:
-    from ..analyze.report import render
-    from ..analyze.summary import summarize
+    from ..analyzers.report import render
+    from ..analyzers.summary import summarize
 
     stats, meta = summarize(args.file, window_of(args, steady_default=False))
     if args.json:
@@ -183,8 +183,8 @@ def cmd_summary(args: argparse.Namespace) -> int:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
-    from ..analyze.analysis import analyze
-    from ..analyze.render import render_analysis
+    from ..analyzers.analysis import analyze
+    from ..analyzers.render import render_analysis
     from ..errors import CltraceError
 
     if args.store is not None or (args.file is None and os.environ.get("CLTRACE_STORE")):
@@ -205,14 +205,14 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     else:
         print(render_analysis(a, sort=args.sort, top=args.top or None))
     if args.plot:
-        from ..analyze.plot import plot
+        from ..analyzers.plot import plot
 
         print(f"wrote {plot(a, args.plot)}", file=sys.stderr if args.json else sys.stdout)
     return 0
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from ..analyze.diff import DEFAULT_PCT, diff_windows
+    from ..analyzers.diff import DEFAULT_PCT, diff_windows
 
     if args.store is not None:
         from .store import cmd_diff_store
@@ -235,8 +235,8 @@ def _png(value: str) -> str:
 
 def add_analysis_commands(sub: Any) -> None:
     """``cltrace analyze`` and ``cltrace diff``."""
-    from ..analyze.diff import DEFAULT_PCT
-    from ..analyze.kernels import GROUPS, SORT_KEYS
+    from ..analyzers.diff import DEFAULT_PCT
+    from ..analyzers.kernels import GROUPS, SORT_KEYS
     from .store import add_scope_arguments, add_store_argument
 
     a = sub.add_parser("analyze", help="where the time went: utilisation, idle causes, kernels, launches, findings; "
@@ -335,7 +335,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..analyze.report import SORT_KEYS as REPORT_SORT_KEYS
+    from ..analyzers.report import SORT_KEYS as REPORT_SORT_KEYS
 
     p = _Parser(prog="cltrace", description="Where the time of OpenCL programs goes.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to do")

@@ -26,7 +26,7 @@ from ..capture.schedule import Schedule
 from ..programs.compiler import compile as compile_program
 from ..record.queues import default_device, profiling_queue
 from ..record.recorder import RECORDER
-from ..analyze.report import PerfCounter
+from ..analyzers.report import PerfCounter
 
 SOURCE = r"""
 // C[i,j] = sum_k A(i,k) B(k,j); A(i,k) = A[i*sa0 + k*sa1] (strides express transposes)

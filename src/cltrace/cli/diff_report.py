@@ -11,7 +11,7 @@ def print_diff(rows: list[Any], a: str, b: str, pct: float, args: argparse.Names
                windows: tuple[Any, Any] | None = None) -> int:
     """A diff's rows as text or ``--json`` (files or runs in a store alike); 1 where ``--fail-above`` gates
     and a row regressed. ``windows``: the ``window.Selection`` of each file, where a window was applied."""
-    from ..analyze.diff import regressions, render_diff
+    from ..analyzers.diff import regressions, render_diff
 
     bad = regressions(rows) if args.fail_above is not None else []
     if args.json:

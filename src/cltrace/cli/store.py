@@ -68,7 +68,7 @@ def cmd_analyze_store(args: argparse.Namespace) -> int:
 
 
 def cmd_diff_store(args: argparse.Namespace) -> int:
-    from ..analyze.diff import DEFAULT_PCT, compare
+    from ..analyzers.diff import DEFAULT_PCT, compare
     from ..store import Store
     from .diff_report import print_diff
 

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ..analyze.report import format_ns
+from ..analyzers.report import format_ns
 from ..export.base import create_output, partial_path, put_in_place
 from .checks import check_device, check_plot_path, whole_number
 

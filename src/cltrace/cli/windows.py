@@ -1,6 +1,6 @@
 """The window options of ``analyze``, ``summary`` and ``diff``: which part of a run they report on.
 
-One set of options for the three commands (``analyze.window`` defines what each means); ``analyze``
+One set of options for the three commands (``analyzers.window`` defines what each means); ``analyze``
 reports the steady state unless told otherwise, ``summary`` and ``diff`` the whole run.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ OPTIONS = "--steps/--from/--to/--region/--steady/--whole"
 
 
 def _steps(value: str) -> str:
-    from ..analyze.window import parse_steps
+    from ..analyzers.window import parse_steps
 
     try:
         parse_steps(value)
@@ -49,8 +49,8 @@ def add_window_arguments(p: argparse.ArgumentParser, steady_default: bool) -> No
 
 
 def window_of(args: argparse.Namespace, steady_default: bool) -> Any:
-    """The ``analyze.window.Window`` the options ask for; a CltraceError for options that contradict."""
-    from ..analyze.window import STEADY, WHOLE, Window
+    """The ``analyzers.window.Window`` the options ask for; a CltraceError for options that contradict."""
+    from ..analyzers.window import STEADY, WHOLE, Window
 
     explicit = [o for o, v in (("--steps", args.steps), ("--from", args.from_ms), ("--to", args.to_ms),
                                ("--region", args.window_region)) if v is not None]

@@ -36,14 +36,14 @@ class StoreAnalysis:
                 "findings": [f.as_dict() for f in self.findings]}
 
     def run_samples(self) -> Any:
-        """The run as ``cltrace diff``'s gate reads it (``analyze.samples.RunSamples``), so a diff of two
+        """The run as ``cltrace diff``'s gate reads it (``analyzers.samples.RunSamples``), so a diff of two
         runs in a store is judged by the same rules as a diff of two files. The store's tables are totals:
         each row is one sample of the whole run (the gate then judges the time a row adds against the
         run's device time, or its wall time for a region's host time), kernels by device time, regions
         by host time, and the run's device time its kernels'."""
         import numpy as np
 
-        from ..analyze.samples import TOTAL, RowSamples, RunSamples
+        from ..analyzers.samples import TOTAL, RowSamples, RunSamples
 
         def one(count: int, total: int) -> RowSamples:
             return RowSamples(count, total, total, np.array([float(total)]), "run", float(total))

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pyopencl as cl
 
-from ..analyze.report import format_ns
+from ..analyzers.report import format_ns
 from ..record.regions import category_region
 from ..record.timing import _events_of, _span_ns
 from ..timeline.spans import REGION

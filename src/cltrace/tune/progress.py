@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..analyze.report import format_ns
+from ..analyzers.report import format_ns
 from .result import Trial
 
 

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..analyze.report import format_ns
+from ..analyzers.report import format_ns
 from ..export.base import create_output, partial_path, put_in_place
 from .config import Config, fmt_dims
 from .rounds import quantile

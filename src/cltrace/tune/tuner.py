@@ -24,7 +24,7 @@ from ..programs.options import tuned_problem
 from ..record.queues import active_queue, require_profiling
 from ..record.regions import category_region
 from ..timeline.spans import AUTOTUNE
-from ..analyze.report import format_ns
+from ..analyzers.report import format_ns
 from .check import OutputCheck
 from .config import Config, as_dims, fmt_dims
 from .confirm import confirm, decide

@@ -1,16 +1,16 @@
-"""The run's findings with the ranks they hit: the rules of ``cltrace analyze FILE`` (``analyze/findings``)
+"""The run's findings with the ranks they hit: the rules of ``cltrace analyze FILE`` (``analyzers/findings``)
 that the store computes as SQL, judged per rank, each rank as its own file would be.
 
 One definition: each rule's thresholds are imported from its file module, the SQL follows its code
 step by step (named in each function), and ``tests/test_store.py`` holds the rules that fire on each
 rank, and the time at stake, equal to ``cltrace analyze`` of that rank's file. Rules computed here:
 
-- ``blocking-in-loop`` (``analyze/findings/sync``): blocking calls (``sync`` spans and transfers with
+- ``blocking-in-loop`` (``analyzers/findings/sync``): blocking calls (``sync`` spans and transfers with
   ``blocking``) grouped by name and the region they were called from; a group of at least
   ``HOT_CALLS`` whose host time is ``WAIT_RATIO`` times its device time is hot; the rule fires where
   the hot groups' waits (host less device time) reach ``WALL_SHARE`` of the rank's wall time (first
   span, host or device, to the last end).
-- ``small-transfers`` (``analyze/findings/transfers``): at least ``MANY`` transfers under
+- ``small-transfers`` (``analyzers/findings/transfers``): at least ``MANY`` transfers under
   ``SMALL_BYTES`` (a transfer without a byte count is not small), and at least ``SHARE`` of all
   transfers; the time at stake is their host time.
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...analyze.findings import sync, transfers
+from ...analyzers.findings import sync, transfers
 from .common import DEVICE_NS, Scope, rows
 
 
@@ -49,7 +49,7 @@ class RunFinding:
 
 
 def _wall(where: str) -> str:
-    """Per rank, its wall time as ``analyze.model.TraceData`` counts it."""
+    """Per rank, its wall time as ``analyzers.model.TraceData`` counts it."""
     return (f"SELECT Run, Rank, max(greatest(End, DevEnd)) - min(if(OnDevice, least(Begin, DevStart), Begin)) AS wall "
             f"FROM {{derived}} WHERE {where} GROUP BY Run, Rank")
 

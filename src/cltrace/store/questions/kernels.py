@@ -1,6 +1,6 @@
 """The kernel table in the store, and each kernel's pace across ranks.
 
-Per kernel name and device, as ``analyze.kernels.kernel_table`` defines them on a file: launches,
+Per kernel name and device, as ``analyzers.kernels.kernel_table`` defines them on a file: launches,
 total device time, the first launch's time, and the steady-state mean (launches after the first; the
 only one when there is one); tests hold the two equal on the same trace. Across ranks: each rank's
 mean launch time, their min / median / max, the slowest rank and the spread (max / min - 1).

@@ -1,5 +1,5 @@
 """Region totals in the store: per region path, calls, total and mean host time, across ranks, as
-``analyze.regions`` defines them on a file (host time)."""
+``analyzers.regions`` defines them on a file (host time)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

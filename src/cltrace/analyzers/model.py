@@ -67,7 +67,7 @@ class TraceData:
         self.window: tuple[np.ndarray, np.ndarray] | None = None
 
     def set_window(self, starts: np.ndarray, ends: np.ndarray, origin: int) -> None:
-        """Analyse only these disjoint sorted intervals (``analyze.window``); ``origin``: the whole
+        """Analyse only these disjoint sorted intervals (``analyzers.window``); ``origin``: the whole
         trace's first span."""
         self.window = (starts, ends)
         self.t0, self.t1 = int(starts[0]), int(ends[-1])

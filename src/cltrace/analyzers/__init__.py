@@ -1,4 +1,4 @@
-"""Analyze: where the time went, from spans in memory or read from a file.
+"""The analyzers: where the time went, from spans in memory or read from a file.
 
 One module per question, after Holistic Trace Analysis: ``model`` (the trace as columns),
 ``window`` (the part of the run every question is about, applied first: steps, a time range, a

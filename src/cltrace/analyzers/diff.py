@@ -57,7 +57,7 @@ class DiffRow:
 
 
 def _columns(side: Side, window: Window) -> tuple[TraceData, Selection]:
-    """One side's columns, of the window only (``analyze.window``), and what the window is there."""
+    """One side's columns, of the window only (``analyzers.window``), and what the window is there."""
     if isinstance(side, TraceData):
         td = side
     else:

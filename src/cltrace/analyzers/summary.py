@@ -47,7 +47,7 @@ def add_in_time_order(stats: Stats, b: SpanBatch, chunk: int = CHUNK) -> None:
 
 
 def summarize(path: str | os.PathLike[str], window: Any = None) -> tuple[Stats, dict[str, Any]]:
-    """The region tree of a trace file, of the whole run or of a ``window`` (``analyze.window``: a
+    """The region tree of a trace file, of the whole run or of a ``window`` (``analyzers.window``: a
     Window, ``"steady"``, ``"2:12"``); a window other than the whole run is the metadata's ``window``."""
     spans, meta = load_columns(path)
     w = as_window(window)

@@ -47,7 +47,7 @@ class Analysis:
     regions: list[dict[str, Any]]  # the region tree rows (report.region_rows)
     timeline: dict[str, Any]  # per queue busy fraction in equal slices of the wall interval
     clocks: list[dict[str, Any]] = field(default_factory=list)  # per device: name and clock mapping
-    memory: dict[str, Any] = field(default_factory=dict)  # live device bytes per context (analyze.memory)
+    memory: dict[str, Any] = field(default_factory=dict)  # live device bytes per context (analyzers.memory)
     transfers: list[dict[str, Any]] = field(default_factory=list)  # bandwidth per device and direction
     processes: list[dict[str, Any]] = field(default_factory=list)  # per process of a merged trace
     schema: str = SCHEMA
@@ -107,7 +107,7 @@ def analyze(spans_or_path: str | os.PathLike[str] | Iterable[Span] | SpanBatch |
     """Analyse a trace file (``.json``/``.pftrace``), spans (a list of ``Span`` or a ``SpanBatch``),
     or (None) the recorder's spans.
 
-    ``window`` is the part of the run every answer is about (``analyze.window``): the steady state
+    ``window`` is the part of the run every answer is about (``analyzers.window``): the steady state
     by default (the steps after the first, else from the first kernel launch; builds left out),
     ``None`` or ``"whole"`` the whole run, ``"2:12"`` steps 2 to 12, or a ``Window`` (steps, a time
     range, a region). ``by`` groups the kernel table by name and also ``"shape"`` (launch shape;
