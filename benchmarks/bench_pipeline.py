@@ -8,6 +8,9 @@ Rows (each against its baseline or target; ratios printed as a table):
   end to end     a launch-bound loop of tiny kernels: ``cltrace.trace(a.json, a.pftrace)`` around it
                  (start -> loop -> files closed) against the same loop untraced (+ queue.finish),
                  rounds alternating, median of rounds
+  e2e_formats    the same, each format alone and both (``stop()``'s share printed for each round)
+  e2e_raw        the same loop through pyopencl's own ``kernel(queue, ...)``, recorded by the hooks: what
+                 an unmodified program under ``cltrace run`` pays
   same, finish   the same loop with a ``finish`` after every 50 launches (a program that waits for
   every 50       each step, as a training loop reading its loss)
   torch          (where PyTorch with CUDA is installed) the same loop shape in CUDA, ``x.add_(y)`` on
