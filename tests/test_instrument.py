@@ -158,6 +158,26 @@ def test_launches_of_one_shape_share_one_attrs_dict_and_a_plain_queue_changes_it
     assert [s.attrs["cltrace.device_time"] for s in spans if s.source == "host"] == [
         "unavailable: queue without PROFILING_ENABLE"] * 3
 
+
+def test_a_profiled_queue_is_asked_once_and_forgotten_at_stop(cl_ctx: Any, queue: Any, plain_queue: Any,
+                                                              instrumented: None) -> None:
+    """pyopencl asks the driver for a queue's properties at each launch (~0.4 us): the hooks remember the
+    queues that profile while tracing (never one that does not: its spans stay host-only), and let them go."""
+    from cltrace.capture import instrument
+
+    prg = cl.Program(cl_ctx, TWICE).build()
+    buf = cl.Buffer(cl_ctx, cl.mem_flags.READ_WRITE, 4 * N)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with cltrace.trace():
+            for q in (queue, plain_queue, queue):
+                prg.twice(q, (N,), None, buf)
+            assert list(instrument._PROFILED_QUEUES.values()) == [queue]
+            plain_queue.finish()
+            queue.finish()
+    assert not instrument._PROFILED_QUEUES
+    assert [s.source for s in RECORDER.spans() if s.cat == "kernel"] == ["device", "host", "device"]
+
 def test_tracing_off_records_nothing(cl_ctx: Any, instrumented: None) -> None:
     q = cl.CommandQueue(cl_ctx)
     prg = cl.Program(cl_ctx, TWICE).build()

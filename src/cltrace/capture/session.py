@@ -297,6 +297,7 @@ def _stop(failed: bool) -> None:
     _uninstall_sigterm()
     switch.restore()
     regions.forget_kernels()
+    _instrument.forget_queues()
     heap.give_back()  # what the session freed (waiting records, step columns, file buffers) back to the OS
     if wrote:
         print(f"cltrace: wrote {', '.join(shown(p) for p in wrote)}", file=sys.stderr, flush=True)
