@@ -1,9 +1,10 @@
 """Golden outputs: two traces of ``cltrace demo``, kept in ``tests/golden/`` (``cltrace demo`` rewrites
-``traces/``), merged into Chrome JSON give exactly the bytes kept beside them (gzipped), on the native
-path and on the fallback (``CLTRACE_NATIVE=0``; CI runs both).
+``traces/``), merged into Chrome JSON and into .pftrace give exactly the bytes kept beside them (gzipped), on
+the native path and on the fallback (``CLTRACE_NATIVE=0``; CI runs both). A .pftrace is compared with its
+compressed packets expanded (``read.inflate``): isal and zlib pack the same packets into different bytes.
 
-What they hold: the readers of both formats, the merge (tracks, names, clock alignment) and the Chrome
-writer, byte for byte. A refactor that changes any of it fails here with the first line that differs; a
+What they hold: the readers of both formats, the merge (tracks, names, clock alignment) and both writers,
+byte for byte. A refactor that changes any of it fails here with the first line that differs; a
 change of output that is meant regenerates them (``python tests/test_golden.py``) in the same commit, so
 the diff of the goldens shows what changed.
 """
@@ -18,21 +19,34 @@ from pathlib import Path
 import pytest
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-CASES = {"demo-json-merged.json.gz": "demo.json.gz", "demo-pftrace-merged.json.gz": "demo.pftrace"}  # golden <- input
+CASES = {  # golden <- input
+    "demo-json-merged.json.gz": "demo.json.gz", "demo-pftrace-merged.json.gz": "demo.pftrace",
+    "demo-json-merged.pftrace.gz": "demo.json.gz", "demo-pftrace-merged.pftrace.gz": "demo.pftrace",
+}
 
 
-def merged(source: str, work: Path) -> bytes:
+def merged(source: str, work: Path, out: str) -> bytes:
     """``cltrace merge`` of the input ``source`` (unpacked into ``work``, where it runs: the merge records the
-    path it was given), the merged file's bytes."""
+    path it was given) into ``out``: its bytes, a .pftrace's compressed packets expanded."""
+    from cltrace.read.inflate import expand
+
     name = source.removesuffix(".gz")
     data = (GOLDEN / source).read_bytes()
     (work / name).write_bytes(gzip.decompress(data) if source.endswith(".gz") else data)
-    subprocess.run([sys.executable, "-m", "cltrace", "merge", name, "-o", "merged.json"], check=True,
+    subprocess.run([sys.executable, "-m", "cltrace", "merge", name, "-o", out], check=True,
                    capture_output=True, timeout=300, cwd=work)
-    return (work / "merged.json").read_bytes()
+    got = (work / out).read_bytes()
+    return expand(got).data if out.endswith(".pftrace") else got
+
+
+def output_of(golden: str) -> str:
+    return "merged" + Path(golden.removesuffix(".gz")).suffix
 
 
 def first_difference(got: bytes, want: bytes) -> str:
+    if b"\n" not in want[:4096]:  # packets: the first differing byte
+        at = next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), min(len(got), len(want)))
+        return f"byte {at} of {len(got)} against {len(want)}: got {got[at:at + 32]!r}, want {want[at:at + 32]!r}"
     for i, (g, w) in enumerate(zip(got.splitlines(), want.splitlines()), 1):
         if g != w:
             return f"line {i}:\n  got  {g[:300]!r}\n  want {w[:300]!r}"
@@ -41,7 +55,7 @@ def first_difference(got: bytes, want: bytes) -> str:
 
 @pytest.mark.parametrize("golden", sorted(CASES))
 def test_a_demo_trace_merges_into_its_golden_bytes(golden: str, tmp_path: Path) -> None:
-    got = merged(CASES[golden], tmp_path)
+    got = merged(CASES[golden], tmp_path, output_of(golden))
     want = gzip.decompress((GOLDEN / golden).read_bytes())
     assert got == want, f"{golden}: {first_difference(got, want)} (meant? python tests/test_golden.py)"
 
@@ -52,7 +66,7 @@ if __name__ == "__main__":  # regenerate the goldens from the code as it is
     for name, source in sorted(CASES.items()):
         work = Path(tempfile.mkdtemp())
         try:
-            data = merged(source, work)
+            data = merged(source, work, output_of(name))
         finally:
             shutil.rmtree(work)
         (GOLDEN / name).write_bytes(gzip.compress(data, 9, mtime=0))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Mapping, Protocol, runtime_checkable
+from typing import IO, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
 from ..record.files import make_dirs
 from ..record.memory import Ledger
@@ -58,6 +58,9 @@ class TraceContext(Protocol):
         """The trace's present, on perf_counter_ns: the time of samples written now (memory, drop counts).
         A live run's is the clock's; a replayed trace's is its end."""
 
+    # Optional: ``replay`` (True on ``FixedTrace``): the spans are not this process's own run, so this host's
+    # clocks now say nothing about them (a .pftrace then relates BOOTTIME to its timestamps by a fixed relation).
+
 
 @dataclass
 class FixedTrace:
@@ -73,6 +76,8 @@ class FixedTrace:
     memory: Ledger | None = None
     steps: StepTable = field(default_factory=StepTable)
     process_names: Mapping[int, str] = field(default_factory=dict)
+
+    replay: ClassVar[bool] = True  # not this process's run (see ``TraceContext``)
 
     def metadata(self) -> dict[str, Any]:
         return dict(self.meta)

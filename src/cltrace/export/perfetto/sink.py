@@ -85,7 +85,12 @@ class PerfettoTraceSink:
         if self.compress:
             self._packer = Packer(self._fh, packed, self._count)
         boot = getattr(time, "CLOCK_BOOTTIME", None)
-        if boot is not None:  # lets the trace line up with system traces (BOOTTIME)
+        if getattr(ctx, "replay", False):
+            # A merge's spans: this host's BOOTTIME now says nothing of their times, nor does any one host's for
+            # several. Trace processor needs the two related all the same, so a fixed relation (equal), which
+            # keeps a merged file the same bytes for the same inputs.
+            clocks = [(MONOTONIC, ctx.start_ns, False), (BOOTTIME, ctx.start_ns, False)]
+        elif boot is not None:  # lets the trace line up with system traces (BOOTTIME)
             m0 = time.monotonic_ns()
             b = time.clock_gettime_ns(boot)
             m1 = time.monotonic_ns()
