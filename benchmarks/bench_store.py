@@ -21,80 +21,21 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
-import numpy as np
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from big_trace import write_big_trace  # noqa: E402  the traces the tests read
 
-PER_STEP = 12  # the step region, ten kernels, a finish
 LOAD_TARGET_S = 120.0
 ANALYZE_TARGET_S = 10.0
 
 
 def synthesise(n: int, rank: int, slow: bool, out: str) -> int:
-    """Write one rank's trace of about ``n`` spans to ``out`` (.pftrace); returns the span count."""
-    import pyopencl as cl
-
-    import cltrace
-    from cltrace.export.perfetto import PerfettoTraceSink
-    from cltrace.record.recorder import Recorder
-    from cltrace.timeline.batch import SpanBatch
-
-    queue = cltrace.profiling_queue(cl.Context([cltrace.default_device()]))
-    rec = Recorder()
-    ident = threading.get_ident()
-    th, dt = rec.tracks.host_thread(ident), rec.tracks.device_queue(queue, ident)
-    t = rec.tables
-    steps = max(n // PER_STEP, 1)
-    rng = np.random.default_rng(rank)
-    k = 10
-    kdur = rng.integers(20_000, 40_000, (steps, k)) * (3 if slow else 2) // 2  # device ns of each kernel
-    step_len = kdur.sum(1) + 30_000
-    s0 = rec.start_ns + 1_000_000 + np.r_[0, np.cumsum(step_len)[:-1]]  # each step's host begin
-    ids = np.arange(steps * PER_STEP, dtype=np.int64).reshape(steps, PER_STEP) + 1
-    parent = np.repeat(ids[:, :1], PER_STEP, 1)
-    parent[:, 0] = 0
-    hb = np.empty((steps, PER_STEP), np.int64)
-    he = np.empty_like(hb)
-    ds = np.zeros_like(hb)
-    de = np.zeros_like(hb)
-    kstart = s0[:, None] + 10_000 + np.c_[np.zeros(steps, np.int64), np.cumsum(kdur, 1)[:, :-1]]
-    hb[:, 1:1 + k] = s0[:, None] + 1_000 + np.arange(k) * 800
-    he[:, 1:1 + k] = hb[:, 1:1 + k] + 600
-    ds[:, 1:1 + k] = kstart
-    de[:, 1:1 + k] = kstart + kdur
-    hb[:, 1 + k] = s0 + 9_000
-    he[:, 1 + k] = s0 + step_len - 5_000  # finish: waits for the last kernel
-    hb[:, 0], he[:, 0] = s0, s0 + step_len - 4_000
-    ds[:, 0], de[:, 0] = s0 + 10_000, de[:, k]
-    track = np.zeros((steps, PER_STEP), np.int64)
-    track[:, :1 + k] = dt
-    cat = np.zeros((steps, PER_STEP), np.int16)
-    cat[:, 0], cat[:, 1:1 + k], cat[:, 1 + k] = t.cats.id("region"), t.cats.id("kernel"), t.cats.id("sync")
-    name = np.zeros((steps, PER_STEP), np.int32)
-    name[:, 0], name[:, 1:1 + k], name[:, 1 + k] = t.names.id("step"), t.names.id("saxpy"), t.names.id("finish")
-    path = np.zeros((steps, PER_STEP), np.int32)
-    path[:, 0] = t.paths.id(("step",))
-    path[:, 1:1 + k] = t.paths.id(("step", "saxpy"))
-    path[:, 1 + k] = t.paths.id(("step", "finish"))
-    shape, blocking = {"global_size": [65536], "local_size": [64]}, {"blocking": True}
-    attrs = ([None] + [shape] * k + [blocking]) * steps
-    cols = {"id": ids, "parent": parent, "name": name, "cat": cat, "thread": np.full_like(ids, th),
-            "host_begin": hb, "host_end": he, "track": track, "dev_queued": ds - 3_000 * (track != 0),
-            "dev_submit": ds - 1_000 * (track != 0), "dev_start": ds, "dev_end": de,
-            "raw_start": ds + 1_234 * (track != 0), "raw_end": de + 1_234 * (track != 0), "path": path}
-    batch = SpanBatch(t, {c: v.reshape(-1) for c, v in cols.items()}, attrs)
+    """Write one rank's trace of about ``n`` spans to ``out`` (.pftrace), its rank and run id in the metadata as
+    a launcher's environment gives them; returns the span count."""
     os.environ.update(RANK=str(rank), CLTRACE_RUN_ID="bench")
-    sink = PerfettoTraceSink(out)
-    sink.start(rec)
-    for lo in range(0, batch.n, 65_536):
-        sink.write(batch.take(slice(lo, lo + 65_536)))
-    meta = rec.metadata()
-    meta["recorded_spans"] = batch.n
-    sink.flush(meta)
-    sink.close(meta)
-    return batch.n
+    return write_big_trace(n, out, seed=rank, slow=slow)
 
 
 def child_load(store: str, files: list[str], jobs: int) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Steps of a ``step`` region holding ten ``saxpy`` kernels on an in-order queue and a ``finish`` are made as
 columns, 65 536 spans a write, and handed to ``PerfettoTraceSink`` / ``ChromeTraceSink`` as a traced run
-hands them its batches (benchmarks/bench_bigread.py writes its traces with it, as bench_otlp uses tests/otlp_collector.py).
+hands them its batches (benchmarks/bench_bigread.py and bench_store.py write their traces with it, as bench_otlp uses tests/otlp_collector.py).
 Run as a script, it writes the files named: ``python tests/big_trace.py N OUT.pftrace [OUT.json]``.
 """
 from __future__ import annotations
@@ -15,8 +15,9 @@ import numpy as np
 PER_STEP = 12
 
 
-def write_big_trace(n: int, *paths: str, seed: int = 0) -> int:
-    """Write about ``n`` spans to each path (by suffix); returns the span count."""
+def write_big_trace(n: int, *paths: str, seed: int = 0, slow: bool = False) -> int:
+    """Write about ``n`` spans to each path (by suffix); returns the span count. ``slow``: kernels 1.5 times as
+    long (a straggler rank, benchmarks/bench_store.py)."""
     import pyopencl as cl
 
     import cltrace
@@ -40,7 +41,7 @@ def write_big_trace(n: int, *paths: str, seed: int = 0) -> int:
     written = 0
     for first in range(0, total, 65_536 // PER_STEP):
         steps = min(65_536 // PER_STEP, total - first)
-        kdur = rng.integers(20_000, 40_000, (steps, k))
+        kdur = rng.integers(20_000, 40_000, (steps, k)) * (3 if slow else 2) // 2  # device ns of each kernel
         step_len = kdur.sum(1) + 30_000
         s0 = t_next + np.r_[0, np.cumsum(step_len)[:-1]]
         t_next = int(s0[-1] + step_len[-1])
