@@ -15,6 +15,7 @@ variant and lists the calls that blocked (the evidence of where the host waits).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -128,45 +129,106 @@ class Mlp:
             with region("optimizer", rq):
                 optimizer()
 
-    def loop(self, steps: int, mode: str) -> None:
+    def loop(self, steps: int, mode: str) -> float:
+        """Run the steps, then ``finish``; the seconds the host took to enqueue them (before the finish)."""
         step, one = cltrace.step, self.step
+        t0 = time.perf_counter()
         for _ in range(steps):
             step()
             one(mode)
+        host = time.perf_counter() - t0
         self.q.finish()
+        return host
 
 
-def untraced(m: Mlp, steps: int, mode: str) -> float:
+def untraced(m: Mlp, steps: int, mode: str) -> tuple[float, float, float]:
+    """(seconds in all, of which enqueueing, of which ``stop()``: 0)."""
     t0 = time.perf_counter()
-    m.loop(steps, mode)
-    return time.perf_counter() - t0
+    host = m.loop(steps, mode)
+    return time.perf_counter() - t0, host, 0.0
 
 
-def traced(m: Mlp, steps: int, mode: str, tmp: str) -> float:
-    """Seconds from ``start()`` to both files closed."""
+def traced(m: Mlp, steps: int, mode: str, tmp: str) -> tuple[float, float, float]:
+    """(seconds from ``start()`` to both files closed, of which enqueueing, of which ``stop()``)."""
     RECORDER.clear()
     cltrace.configure(regions=_REGIONS.get(mode, "auto"))
     paths = [os.path.join(tmp, f"overlap.{ext}") for ext in ("json", "pftrace")]
     t0 = time.perf_counter()
     cltrace.start(*paths, quiet=True)
-    m.loop(steps, mode)
+    host = m.loop(steps, mode)
+    t1 = time.perf_counter()
     cltrace.stop()
-    return time.perf_counter() - t0
+    t2 = time.perf_counter()
+    return t2 - t0, host, t2 - t1
 
 
-def ratio_row(m: Mlp, steps: int, mode: str, rounds: int, tmp: str) -> tuple[float, float, float, float]:
-    """(untraced ms a step, median ratio, lowest, highest) over alternating untraced/traced pairs."""
-    bases, ratios = [], []
+class Row:
+    """One cell's alternating pairs: the median ratio and where the time went (medians, ms a step)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.base: list[tuple[float, float, float]] = []
+        self.trace: list[tuple[float, float, float]] = []
+
+    def ratios(self) -> list[float]:
+        return [t[0] / b[0] for t, b in zip(self.trace, self.base)]
+
+    def ms(self, runs: list[tuple[float, float, float]], i: int) -> float:
+        return statistics.median(r[i] for r in runs) / self.steps * 1e3
+
+    def cells(self) -> str:
+        """untraced ms/step | ratio (range) | host enqueue ms/step untraced -> traced | stop() ms/step."""
+        r = self.ratios()
+        return (f"{self.ms(self.base, 0):.3f} | {statistics.median(r):.3f} ({min(r):.3f}-{max(r):.3f}) | "
+                f"{self.ms(self.base, 1):.3f} -> {self.ms(self.trace, 1):.3f} | {self.ms(self.trace, 2):.3f}")
+
+
+def ratio_row(m: Mlp, steps: int, mode: str, rounds: int, tmp: str) -> Row:
+    """Alternating untraced/traced pairs of one cell."""
+    row = Row(steps)
     for r in range(rounds):
         if r % 2 == 0:
-            b = untraced(m, steps, mode)
-            t = traced(m, steps, mode, tmp)
+            row.base.append(untraced(m, steps, mode))
+            row.trace.append(traced(m, steps, mode, tmp))
         else:
-            t = traced(m, steps, mode, tmp)
-            b = untraced(m, steps, mode)
-        bases.append(b)
-        ratios.append(t / b)
-    return statistics.median(bases) / steps * 1e3, statistics.median(ratios), min(ratios), max(ratios)
+            row.trace.append(traced(m, steps, mode, tmp))
+            row.base.append(untraced(m, steps, mode))
+    return row
+
+
+def apply_variant(spec: str) -> Callable[[], None]:
+    """Apply ``k=v,...`` (``RECORDER.configure`` keywords; ``recorder.NAME=v`` sets a module constant);
+    returns what puts the old values back."""
+    from cltrace.record import recorder as rec_mod
+    undo: list[Callable[[], None]] = []
+    for kv in filter(None, spec.split(",")):
+        k, v = kv.split("=")
+        val = float(v) if "." in v or "e" in v else int(v)
+        if k.startswith("recorder."):
+            name = k.split(".", 1)[1]
+            was = getattr(rec_mod, name)
+            setattr(rec_mod, name, type(was)(val))
+            undo.append(lambda name=name, was=was: setattr(rec_mod, name, was))
+        else:
+            was = getattr(RECORDER, k)
+            RECORDER.configure(**{k: val})
+            undo.append(lambda k=k, was=was: RECORDER.configure(**{k: was}))
+    return lambda: [u() for u in reversed(undo)] and None
+
+
+def variant_rows(m: Mlp, steps: int, mode: str, rounds: int, tmp: str, variants: list[str]) -> list[str]:
+    """Each variant's traced runs against untraced ones, all interleaved in one process (order rotating a round)."""
+    rows = {v: Row(steps) for v in variants}
+    for r in range(rounds):
+        k = r % len(variants)
+        for v in variants[k:] + variants[:k]:
+            rows[v].base.append(untraced(m, steps, mode))
+            undo = apply_variant(v)
+            try:
+                rows[v].trace.append(traced(m, steps, mode, tmp))
+            finally:
+                undo()
+    return [f"| {m.n} | {steps} | {mode} {v or 'default'} | {rows[v].cells()} |" for v in variants]
 
 
 def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool = True) -> list[str]:
@@ -203,6 +265,29 @@ def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool =
                 return timed("region exit", self.r.__exit__)(*exc)
         return TimedRegion
 
+    # what else ran while a call was slow: the worker's steps and flushes, and the garbage collector
+    busy: dict[str, list[tuple[int, int]]] = {"worker": [], "gc": []}
+
+    def spans_of(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **kw: Any) -> Any:
+            t = perf()
+            try:
+                return fn(*a, **kw)
+            finally:
+                busy[name].append((t, perf()))
+        return call
+
+    gc_t: list[int] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_t.append(perf())
+        elif gc_t:
+            busy["gc"].append((gc_t.pop(), perf()))
+
+    RECORDER._step = spans_of("worker", RECORDER._step)  # type: ignore[method-assign]
+    RECORDER._flush_sinks = spans_of("worker", RECORDER._flush_sinks)  # type: ignore[method-assign]
+    gc.callbacks.append(on_gc)
     cltrace.region = timed_region(cltrace.region)  # type: ignore[assignment]
     cltrace.timing_region = timed_region(cltrace.timing_region)  # type: ignore[assignment]
     cltrace.step = timed("step()", cltrace.step)  # type: ignore[assignment]
@@ -218,6 +303,8 @@ def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool =
             cltrace.stop()
     finally:
         m.gemm, m.relu, m.sgd, cltrace.region, cltrace.timing_region, cltrace.step = saved  # type: ignore[assignment]
+        del RECORDER._step, RECORDER._flush_sinks
+        gc.callbacks.remove(on_gc)
     total = perf() - t0
     after = stamps.reaper_stats() or {}
     out = [f"  probe {m.n} {mode} x{steps} {'traced' if trace else 'untraced'}: {total / 1e6:.1f} ms; reaper " + ", ".join(
@@ -231,9 +318,20 @@ def probe(m: Mlp, steps: int, mode: str, tmp: str, slow_us: float, trace: bool =
                        f"{s[int(len(s) * 0.99)] / 1e3:8.1f} us  max {s[-1] / 1e3:8.1f} us  "
                        f"over {slow_us:.0f} us: {sum(1 for d in ds if d > slow_us * 1e3)} calls, {over / 1e6:.1f} ms")
     slow.sort()
+    if slow:
+        out.append("    the slow calls overlapped (count, ms): " + "; ".join(
+            f"{name} {sum(1 for t, _, d in slow if _overlaps(t, t + d, busy[name]))}, "
+            f"{sum(d for t, _, d in slow if _overlaps(t, t + d, busy[name])) / 1e6:.1f}"
+            for name in busy) + f"; neither {sum(1 for t, _, d in slow if not any(_overlaps(t, t + d, b) for b in busy.values()))}"
+            f" (worker steps {len(busy['worker'])}, {sum(e - b for b, e in busy['worker']) / 1e6:.1f} ms; "
+            f"collections {len(busy['gc'])}, {sum(e - b for b, e in busy['gc']) / 1e6:.1f} ms)")
     for t, kind, d in slow[:12]:
         out.append(f"    at {(t - t0) / 1e6:8.2f} ms  {kind:13s} {d / 1e3:9.1f} us")
     return out
+
+
+def _overlaps(b: int, e: int, spans: list[tuple[int, int]]) -> bool:
+    return any(sb < e and se > b for sb, se in spans)
 
 
 def torch_rows(sizes: list[int], steps_list: list[int], rounds: int, tmp: str) -> list[str]:
@@ -296,6 +394,8 @@ def main() -> None:
     ap.add_argument("--probe", action="store_true", help="also time each call of one traced run a variant")
     ap.add_argument("--slow-us", type=float, default=200.0, help="a call slower than this blocked (--probe)")
     ap.add_argument("--torch", action="store_true", help="PyTorch's profiler on the same shapes (CUDA)")
+    ap.add_argument("--variants", default="", help="';'-separated settings compared interleaved, e.g. "
+                    "';resolve_interval_s=0.5;recorder.YIELD=1' (empty: the defaults)")
     ap.add_argument("--config", default="", help="RECORDER.configure keywords, e.g. max_pending=1000000")
     ap.add_argument("--reaper", default="", help="reaper settings, e.g. harvest_every=0,stale_ns=100000000000")
     args = ap.parse_args()
@@ -315,7 +415,8 @@ def main() -> None:
     queue = cltrace.profiling_queue()
     print(f"device: {queue.device.name.strip()} ({queue.device.platform.name.strip()}); "
           f"span pipeline: {stamps.PATH}", flush=True)
-    lines = ["| size | steps | regions | untraced ms/step | traced / untraced (range) |", "|---|---|---|---|---|"]
+    lines = ["| size | steps | regions | untraced ms/step | traced / untraced (range) | host enqueue ms/step, "
+             "untraced -> traced | stop() ms/step |", "|---|---|---|---|---|---|---|"]
     probes: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
@@ -323,8 +424,13 @@ def main() -> None:
             m.loop(20, "none")  # first launches, JIT
             for steps in steps_list:
                 for mode in modes:
-                    ms, med, lo, hi = ratio_row(m, steps, mode, args.rounds, tmp)
-                    line = f"| {n} | {steps} | {mode} | {ms:.3f} | {med:.3f} ({lo:.3f}-{hi:.3f}) |"
+                    if args.variants:
+                        got = variant_rows(m, steps, mode, args.rounds, tmp, args.variants.split(";"))
+                        lines += got
+                        print("\n".join(got), flush=True)
+                        continue
+                    row = ratio_row(m, steps, mode, args.rounds, tmp)
+                    line = f"| {n} | {steps} | {mode} | {row.cells()} |"
                     lines.append(line)
                     print(line, flush=True)
                     if args.probe:

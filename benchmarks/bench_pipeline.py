@@ -8,7 +8,7 @@ Rows (each against its baseline or target; ratios printed as a table):
   end to end     a launch-bound loop of tiny kernels: ``cltrace.trace(a.json, a.pftrace)`` around it
                  (start -> loop -> files closed) against the same loop untraced (+ queue.finish),
                  rounds alternating, median of rounds
-  e2e_formats    the same, each format alone and both (``stop()``'s share printed for each round)
+  e2e_formats    the same, each format alone and both, interleaved a round (``stop()``'s share printed for each)
   e2e_raw        the same loop through pyopencl's own ``kernel(queue, ...)``, recorded by the hooks: what
                  an unmodified program under ``cltrace run`` pays
   same, finish   the same loop with a ``finish`` after every 50 launches (a program that waits for
@@ -154,6 +154,14 @@ def harvest_note(before: dict | None) -> str:
             f"harvests ({d['harvest_ms']} ms), {d['harvests_declined']} declined")
 
 
+def output(stem: str, kind: str) -> Any:
+    """A path of that extension, or for ``pftrace-plain`` a .pftrace sink that writes its packets uncompressed."""
+    if kind == "pftrace-plain":
+        from cltrace.export.perfetto.sink import PerfettoTraceSink
+        return PerfettoTraceSink(stem + ".plain.pftrace", compress=False)
+    return f"{stem}.{kind}"
+
+
 def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0, raw: bool = False,
                formats: tuple[str, ...] = ("json", "pftrace")) -> tuple[float, float]:
     """Median seconds untraced and traced (``start()`` to the files of ``formats`` closed), alternating."""
@@ -167,7 +175,7 @@ def end_to_end(s: Setup, n: int, rounds: int, tmp: str, sync_every: int = 0, raw
         with GcPauses() as g_on:
             t0 = time.perf_counter()
             with switched():
-                cltrace.start(*(os.path.join(tmp, f"e{r}.{ext}") for ext in formats), quiet=True)
+                cltrace.start(*(output(os.path.join(tmp, f"e{r}"), ext) for ext in formats), quiet=True)
                 s.loop(n, sync_every, raw)
                 t1 = time.perf_counter()
                 cltrace.stop()
@@ -500,11 +508,19 @@ def main() -> None:
                 floor = (off + per * d["harvested"] / args.rounds) / off
                 row("floor: the harvests' reads alone", f"{per * 1e9:.0f} ns a command",
                     f"{off / args.launches * 1e9:.0f} ns a launch untraced", floor, "(what the driver costs)")
-        if want("e2e_formats"):  # each format alone, and both, in alternating rounds of their own
-            for formats in (("json",), ("pftrace",), ("json", "pftrace")):
-                off, on = end_to_end(s, args.launches, args.rounds, tmp, formats=formats)
+        if want("e2e_formats"):  # each format alone, and both: one pair of each a round, order rotating
+            kinds: list[tuple[str, ...]] = [("json",), ("pftrace",), ("pftrace-plain",), ("json", "pftrace")]
+            got: dict[tuple[str, ...], list[tuple[float, float]]] = {f: [] for f in kinds}
+            for r in range(args.rounds):
+                for formats in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+                    got[formats].append(end_to_end(s, args.launches, 1, tmp, formats=formats))
+            for formats in kinds:
+                pairs = got[formats]
+                off = statistics.median(p[0] for p in pairs)
+                on = statistics.median(p[1] for p in pairs)
                 row(f"end to end, {' + '.join('.' + f for f in formats)} only" if len(formats) == 1 else
-                    "end to end, both", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off, "(per format)")
+                    "end to end, both", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms",
+                    statistics.median(b / a for a, b in pairs), "(per format: median of the pairs' ratios)")
         if want("e2e_raw"):
             off, on = end_to_end(s, args.launches, args.rounds, tmp, raw=True)
             row("same, pyopencl's kernel(queue, ...) hooked", f"{on * 1e3:.1f} ms", f"{off * 1e3:.1f} ms", on / off,
