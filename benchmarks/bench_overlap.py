@@ -204,7 +204,18 @@ def apply_variant(spec: str) -> Callable[[], None]:
     for kv in filter(None, spec.split(",")):
         k, v = kv.split("=")
         val = float(v) if "." in v or "e" in v else int(v)
-        if k.startswith("recorder."):
+        if k == "inline":  # the launching thread resolves what waits itself, in step(), every ``val`` steps
+            real, count = cltrace.step, [0]
+
+            def step(*a: Any, every: int = int(val), real: Any = real, **kw: Any) -> Any:
+                count[0] += 1
+                if count[0] % every == 0 and RECORDER.pending:
+                    with RECORDER._lock:
+                        RECORDER._step(block=False)
+                return real(*a, **kw)
+            cltrace.step = step  # type: ignore[assignment]
+            undo.append(lambda real=real: setattr(cltrace, "step", real))
+        elif k.startswith("recorder."):
             name = k.split(".", 1)[1]
             was = getattr(rec_mod, name)
             setattr(rec_mod, name, type(was)(val))

@@ -241,3 +241,37 @@ def test_launcher_held_from_before_the_first_launch(cl_ctx: Any, queue: Any, buf
     second(a, b, profile=p)
     queue.finish()
     assert p.compile_ns == 0 and p.kernel_ns > 0
+
+
+def test_traced_launches_bind_changing_arguments_every_time_and_skip_only_repeats(
+        cl_ctx: Any, queue: Any, tmp_path: Any) -> None:
+    """A traced kernel launched on other buffers each time (a training step's GEMM) binds every launch
+    and, after enough misses, stops remembering arguments it never sees again; one whose arguments repeat
+    skips the rebinding, before and after such a phase. The device's results prove the binding."""
+    mf = cl.mem_flags
+    outs = [cl.Buffer(cl_ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.zeros(N, np.float32)) for _ in range(3)]
+    ones = cl.Buffer(cl_ctx, mf.READ_WRITE | mf.COPY_HOST_PTR, hostbuf=np.ones(N, np.float32))
+    knl = cltrace.compile(SOURCE, context=cl_ctx).add
+    binds = []
+    real = knl._set
+    knl._set = lambda k, *a: (binds.append(a), real(k, *a))[1]
+    cltrace.start(str(tmp_path / "t.json"), quiet=True)
+    try:
+        for _ in range(3):
+            knl(queue, (N,), None, outs[0], ones)
+        assert len(binds) == 1  # repeats skip the binding
+        for i in range(60):  # changing arguments: each launch binds, whatever is remembered
+            knl(queue, (N,), None, outs[i % 3], ones)
+        assert len(binds) == 60  # (the first is a repeat of outs[0])
+        assert knl._last is None  # gave up remembering them
+        for _ in range(70):  # the same arguments again: remembered at the next 64th bind at the latest
+            knl(queue, (N,), None, outs[1], ones)
+        assert 60 + 2 <= len(binds) <= 60 + 64
+        assert knl._last is not None
+    finally:
+        cltrace.stop()
+    got = [np.empty(N, np.float32) for _ in outs]
+    for o, h in zip(outs, got):
+        cl.enqueue_copy(queue, h, o)
+    queue.finish()
+    assert [h[0] for h in got] == [3 + 20, 20 + 70, 20]
