@@ -169,6 +169,23 @@ def test_chunks_give_the_same_rows(tmp_path: Path, job: list[str]) -> None:
     assert got[0] == got[1] and len(got[0]) > 7
 
 
+def test_embedded_loads_share_the_cores_and_give_the_same_rows(tmp_path: Path, job: list[str], monkeypatch: Any) -> None:
+    """Embedded, each file's inserts get the machine's cores over the files loading at once; the rows are
+    the same whatever the share."""
+    from cltrace.store import store as store_mod
+    seen: list[Any] = []
+    real = store_mod.load_file
+    monkeypatch.setattr(store_mod, "load_file", lambda *a, **kw: (seen.append(a[8] if len(a) > 8 else kw.get("threads")), real(*a, **kw))[1])
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    got = []
+    for i, jobs in enumerate((1, 2)):
+        with Store(tmp_path / f"s{i}") as s:
+            s.load(job[:2], jobs=jobs)
+            got.append(sorted(map(repr, s.query("SELECT * FROM {spans}"))))
+    assert seen == [4, 4, 2, 2]
+    assert got[0] == got[1] and len(got[0]) > 2
+
+
 def test_json_and_pftrace_load_alike(tmp_path: Path, job: list[str]) -> None:
     # rank 0 wrote both formats from one recording: the same spans, times, attributes and events
     def rows(path: str) -> list[tuple]:

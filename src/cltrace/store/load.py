@@ -79,7 +79,11 @@ def _literal(resource: dict[str, str]) -> str:
     return f"CAST(map({pairs}), 'Map(LowCardinality(String), String)')"
 
 
-def _insert_sql(db: str, table: str, stage: str, sets: str, resource: dict[str, str]) -> str:
+def _threads(threads: int | None) -> str:
+    return "" if threads is None else f", max_threads = {int(threads)}"
+
+
+def _insert_sql(db: str, table: str, stage: str, sets: str, resource: dict[str, str], threads: int | None = None) -> str:
     hex16 = "leftPad(lower(hex({})), 16, '0')"
     events_attrs = "arrayResize(CAST([], 'Array(Map(LowCardinality(String), String))'), if(s.Dev, 4, 0))"
     select = [
@@ -97,10 +101,10 @@ def _insert_sql(db: str, table: str, stage: str, sets: str, resource: dict[str, 
     cols = ", ".join(f"`{c}`" for c in schema.insert_columns())
     return (f'INSERT INTO "{db}"."{table}" ({cols}) SELECT {", ".join(select)} '
             f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN "{db}"."{sets}" AS t ON s.Set = t.Set '
-            f"SETTINGS materialize_skip_indexes_on_insert = 0")
+            f"SETTINGS materialize_skip_indexes_on_insert = 0{_threads(threads)}")
 
 
-def _derive_sql(db: str, stage: str, sets: str) -> str:
+def _derive_sql(db: str, stage: str, sets: str, threads: int | None = None) -> str:
     """The loaded rows' ``cltrace_spans`` rows: ``derived.PER_SET`` evaluated once per set (the sets table's
     columns named as otel_traces's), the per-row columns from the values the rows were built from."""
     named = (f'(SELECT Set, TraceId, Name AS SpanName, Attrs AS SpanAttributes, Resource AS ResourceAttributes, '
@@ -110,7 +114,8 @@ def _derive_sql(db: str, stage: str, sets: str) -> str:
             "DevStart": "s.St", "DevEnd": "s.En"}
     cols = [f"t.{c}" for c, _, _ in derived.PER_SET] + [rows[c] for c, _, _ in derived.PER_ROW]
     return (f'INSERT INTO "{db}"."{derived.TABLE}" ({", ".join(derived.NAMES)}) SELECT {", ".join(cols)} '
-            f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN ({derived.per_set(named)}) AS t ON s.Set = t.Set')
+            f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN ({derived.per_set(named)}) AS t ON s.Set = t.Set'
+            + (f" SETTINGS {_threads(threads)[2:]}" if threads is not None else ""))
 
 
 def _create(client: Any, db: str, name: str, cols: tuple) -> None:
@@ -120,8 +125,9 @@ def _create(client: Any, db: str, name: str, cols: tuple) -> None:
 
 def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = schema.TABLE,
               service_name: str | None = None, run_id: str | None = None, rank: str | int | None = None,
-              chunk_rows: int = CHUNK_ROWS) -> LoadResult:
-    """Load one ``.json``/``.pftrace`` file (see the module docstring). Raises TraceFileError for a
+              chunk_rows: int = CHUNK_ROWS, threads: int | None = None) -> LoadResult:
+    """Load one ``.json``/``.pftrace`` file (see the module docstring). ``threads``: the engine's
+    threads for each of its inserts (None: the engine's default). Raises TraceFileError for a
     file cltrace cannot read."""
     t0 = time.perf_counter()
     if not os.path.isfile(path):
@@ -166,8 +172,8 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
                        [resource.get("service.name", "")] * k, [resource] * k, [rows.SCOPE_NAME] * k,
                        [str(meta.get("cltrace.version") or "")] * k],
                       column_names=[c for c, _ in _SET_COLS], column_oriented=True)
-        insert = _insert_sql(db, table, stage, set_table, resource)
-        derive = _derive_sql(db, stage, set_table)
+        insert = _insert_sql(db, table, stage, set_table, resource, threads)
+        derive = _derive_sql(db, stage, set_table, threads)
         names = [c for c, _ in _STAGE_COLS]
         root = {"Ts": np.array([start], np.int64), "Dur": np.array([max(stop - start, 0)], np.uint64),
                 "Sid": np.array([sid], np.uint64), "Pid": np.zeros(1, np.uint64), "HasParent": np.zeros(1, np.uint8),
