@@ -16,6 +16,7 @@ from cltrace.programs import tunedb
 from cltrace.programs.compiler import ProgramCache, default_cache, default_queue, device_key
 from cltrace.errors import CltraceError
 from cltrace.record.recorder import RECORDER
+from cltrace.record.recorder import RECORDER
 from cltrace.timeline.tracks import COMPILE
 
 SOURCE = """
@@ -228,6 +229,24 @@ def test_bad_tuned_config_is_ignored(cl_ctx: Any) -> None:
     tunedb.store(tunedb.source_hash(SOURCE), (), dev_key, {"defines": {"X": 1}, "local_size": "wide"})
     prg = cltrace.compile(SOURCE, context=cl_ctx)
     assert prg.tuned is None and prg.options == ()
+
+
+def test_pyopencl_form_while_tracing(cl_ctx: Any, queue: Any, tmp_path: Any) -> None:
+    """``knl(queue, gs, ls, *args)`` traced: sizes as tuples or lists (not kept), ``wait_for`` and ``profile``
+    passed on, each launch one span on the device."""
+    prg = cltrace.compile(SOURCE, context=cl_ctx)
+    a, b = buffers(cl_ctx, queue, np.zeros(N, np.float32), np.ones(N, np.float32))
+    cltrace.start(str(tmp_path / "t.json"), quiet=True)
+    try:
+        ev = prg.add(queue, (N,), None, a, b)
+        ev = prg.add(queue, [N], None, a, b, wait_for=[ev])
+        p = cltrace.LaunchProfile()
+        prg.add(queue, [N], [64], a, b, wait_for=[ev], profile=p).wait()
+        assert p.kernel_ns > 0
+    finally:
+        cltrace.stop()
+    assert np.all(read(queue, a) == 3)
+    assert sum(1 for s in RECORDER.spans() if s.name == "add" and s.dev_start is not None) == 3
 
 
 def test_kernel_launch_forms(cl_ctx: Any, queue: Any) -> None:

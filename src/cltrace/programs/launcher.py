@@ -282,7 +282,13 @@ class Kernel(dict):
                 return self._enq(self._fast, queue, global_size, local_size, *args, wait_for=wait_for)
             except cl.Error as exc:
                 raise failed_launch(exc, self.name, global_size, local_size, None, self._fast, queue) from None
-        return self._get((global_size, local_size, queue))(*args, profile=profile, wait_for=wait_for)
+        try:
+            launch = self[global_size, local_size, queue]  # the C lookup, no frame of ours (``_get``'s)
+        except TypeError:  # unhashable sizes (lists): a launcher that is not kept
+            launch = self._bind((global_size, local_size, queue))
+        if profile is None and wait_for is None:
+            return launch(*args)
+        return launch(*args, profile=profile, wait_for=wait_for)
 
     def _bind(self, key: Any) -> Any:
         if not isinstance(key, tuple) or len(key) not in (2, 3):
