@@ -80,7 +80,8 @@ def _literal(resource: dict[str, str]) -> str:
 
 
 def _threads(threads: int | None) -> str:
-    return "" if threads is None else f", max_threads = {int(threads)}"
+    """The setting that gives an insert ``threads`` of the engine's threads ("" for its default)."""
+    return "" if threads is None else f"max_threads = {int(threads)}"
 
 
 def _insert_sql(db: str, table: str, stage: str, sets: str, resource: dict[str, str], threads: int | None = None) -> str:
@@ -101,7 +102,7 @@ def _insert_sql(db: str, table: str, stage: str, sets: str, resource: dict[str, 
     cols = ", ".join(f"`{c}`" for c in schema.insert_columns())
     return (f'INSERT INTO "{db}"."{table}" ({cols}) SELECT {", ".join(select)} '
             f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN "{db}"."{sets}" AS t ON s.Set = t.Set '
-            f"SETTINGS materialize_skip_indexes_on_insert = 0{_threads(threads)}")
+            f"SETTINGS {', '.join(filter(None, ('materialize_skip_indexes_on_insert = 0', _threads(threads))))}")
 
 
 def _derive_sql(db: str, stage: str, sets: str, threads: int | None = None) -> str:
@@ -115,7 +116,7 @@ def _derive_sql(db: str, stage: str, sets: str, threads: int | None = None) -> s
     cols = [f"t.{c}" for c, _, _ in derived.PER_SET] + [rows[c] for c, _, _ in derived.PER_ROW]
     return (f'INSERT INTO "{db}"."{derived.TABLE}" ({", ".join(derived.NAMES)}) SELECT {", ".join(cols)} '
             f'FROM "{db}"."{stage}" AS s ANY LEFT JOIN ({derived.per_set(named)}) AS t ON s.Set = t.Set'
-            + (f" SETTINGS {_threads(threads)[2:]}" if threads is not None else ""))
+            + (f" SETTINGS {_threads(threads)}" if threads is not None else ""))
 
 
 def _create(client: Any, db: str, name: str, cols: tuple) -> None:
