@@ -45,6 +45,16 @@ POCL_PLATFORM = ("next(p for p in cl.get_platforms() "
                  "if 'Portable' in p.name and verdict(p.get_devices()[0]).compiles)")
 
 
+def trace_processor_shell() -> str | None:
+    """Perfetto's trace processor: ``CLTRACE_TRACE_PROCESSOR``, else ``../shared/tools/trace_processor_shell``
+    beside the repository where it exists (the engine ui.perfetto.dev runs); None where neither does."""
+    named = os.environ.get("CLTRACE_TRACE_PROCESSOR")
+    shell = named or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "tools",
+                                  "trace_processor_shell")
+    return os.path.realpath(shell) if os.path.isfile(shell) and os.access(shell, os.X_OK) else None
+
+
+
 def pocl_platform() -> Any:
     """The PoCL platform ``POCL_PLATFORM`` chooses, in this process."""
     from cltrace.record.probe import verdict

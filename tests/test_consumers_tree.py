@@ -2,8 +2,9 @@
 
 Read as Perfetto's trace processor reads them: Chrome JSON processes and threads by pid/tid
 and their ``process_name``/``thread_name`` metadata; Perfetto track descriptors by their
-process/thread descriptors and parent uuids. Where a trace_processor binary is available
-(``CLTRACE_TRACE_PROCESSOR``), both files are also loaded into it and its tables compared.
+process/thread descriptors and parent uuids. Where Perfetto's trace processor is available
+(``CLTRACE_TRACE_PROCESSOR``, or ``../shared/tools/trace_processor_shell`` beside the repository), both files
+are also loaded into it: its tables give the same tree, and it reports no import error or data loss.
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from cltrace.read.perfetto import iter_packets
+
+from conftest import trace_processor_shell  # noqa: E402  (tests/ is on sys.path under pytest)
 
 Tree = dict[tuple[int, str], set[str]]  # (pid, process name) -> names of its slice-bearing tracks
 
@@ -121,6 +124,7 @@ def trace_processor_tree(path: str, shell: str) -> Tree:
             left join thread_track tt on tt.id = tr.id left join thread t on t.utid = tt.utid
             left join process_track pt on pt.id = tr.id
             join process p on p.upid = coalesce(t.upid, pt.upid)
+            where s.name != 'cltrace.metadata'  -- the run's metadata instant, on the process track: no user's work
             group by 1, 2, 3""")
         tree: Tree = {}
         for r in rows:
@@ -128,10 +132,28 @@ def trace_processor_tree(path: str, shell: str) -> Tree:
         return tree
 
 
+def _shell() -> str:
+    shell = trace_processor_shell()
+    if shell is None:
+        pytest.skip("no trace processor: set CLTRACE_TRACE_PROCESSOR to a trace_processor_shell binary, or put one "
+                    "at ../shared/tools/ (the descriptor check above runs everywhere)")
+    return shell
+
+
 def test_trace_processor_shows_the_same_tree(run_files: tuple[str, str, str]) -> None:
-    shell = os.environ.get("CLTRACE_TRACE_PROCESSOR")
-    if not shell or not os.access(shell, os.X_OK):
-        pytest.skip("set CLTRACE_TRACE_PROCESSOR to a trace_processor_shell binary (none is bundled; "
-                    "the descriptor check above runs everywhere)")
+    shell = _shell()
     js, pf, _ = run_files
     assert trace_processor_tree(js, shell) == trace_processor_tree(pf, shell) == json_tree(js)
+
+
+def test_trace_processor_imports_both_without_error_or_loss(run_files: tuple[str, str, str]) -> None:
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    shell = _shell()
+    for path in run_files[:2]:
+        with TraceProcessor(trace=path, config=TraceProcessorConfig(bin_path=shell)) as tp:
+            bad = [(r.name, r.idx, r.value) for r in tp.query(
+                "select name, idx, value from stats where severity in ('error', 'data_loss') and value > 0")]
+            slices = next(iter(tp.query("select count(*) as n from slice"))).n
+        assert bad == [], f"{os.path.basename(path)}: {bad}"
+        assert slices >= 6, path  # regions, kernels and copies of both threads, compile

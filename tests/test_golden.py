@@ -60,6 +60,27 @@ def test_a_demo_trace_merges_into_its_golden_bytes(golden: str, tmp_path: Path) 
     assert got == want, f"{golden}: {first_difference(got, want)} (meant? python tests/test_golden.py)"
 
 
+@pytest.mark.parametrize("golden", sorted(CASES))
+def test_perfettos_trace_processor_imports_each_golden_without_error_or_loss(golden: str, tmp_path: Path) -> None:
+    """The bytes held as right are also what Perfetto's engine (the UI's) reads cleanly: no stat of severity
+    error or data_loss, and the demo's slices all there."""
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    from conftest import trace_processor_shell
+
+    shell = trace_processor_shell()
+    if shell is None:
+        pytest.skip("no trace processor: set CLTRACE_TRACE_PROCESSOR, or put one at ../shared/tools/")
+    path = tmp_path / golden.removesuffix(".gz")
+    path.write_bytes(gzip.decompress((GOLDEN / golden).read_bytes()))
+    with TraceProcessor(trace=str(path), config=TraceProcessorConfig(bin_path=shell)) as tp:
+        bad = [(r.name, r.idx, r.value) for r in tp.query(
+            "select name, idx, value from stats where severity in ('error', 'data_loss') and value > 0")]
+        slices = next(iter(tp.query("select count(*) as n from slice"))).n
+    assert bad == [], f"{golden}: {bad}"
+    assert slices > 1000, golden
+
+
 if __name__ == "__main__":  # regenerate the goldens from the code as it is
     import tempfile
 
