@@ -203,8 +203,14 @@ def test_findings_carry_their_evidence(analyses: dict[str, Analysis]) -> None:
     assert st["evidence"]["small"] == 120 and st["instances"][0]["bytes"] == 1024
     ir = analyses["idle_steps"].finding("idle-regions")
     assert ir["evidence"]["regions"][0]["path"] == "step" and ir["evidence"]["regions"][0]["runs"] == 4
+
+
+@pytest.mark.timing
+def test_the_launch_bound_finding_carries_its_evidence(analyses: dict[str, Analysis]) -> None:
+    """A verdict on real durations (PoCL's kernels against the host's enqueues, on two shared cores): the
+    timing step runs it (CI failed it once in the fallback suite, 3.5 us enqueues against 15 us kernels)."""
     lb = analyses["launch_bound"].finding("launch-bound")
-    assert lb["evidence"]["launch_bound"] >= 150
+    assert lb is not None and lb["evidence"]["launch_bound"] >= 150
 
 
 def test_busy_and_idle_split_add_up_to_the_wall_interval(analyses: dict[str, Analysis]) -> None:
@@ -257,11 +263,20 @@ def test_kernel_table_counts_totals_and_first_launch_apart(traces: dict[str, Pat
 
 def test_launch_statistics_and_queue_depth(analyses: dict[str, Analysis]) -> None:
     la = analyses["launch_bound"].launches
-    assert la["count"] == 300 and la["launch_bound_pct"] >= 50
+    assert la["count"] == 300 and 0 <= la["launch_bound_pct"] <= 100
     row = la["kernels"][0]
-    assert row["name"] == "add1" and row["enqueue_mean_ns"] > row["device_mean_ns"]
+    assert row["name"] == "add1" and row["enqueue_mean_ns"] > 0 and row["device_mean_ns"] > 0
     depth = next(iter(la["queue_depth"].values()))
     assert depth["max"] >= 1 and len(depth["max_per_bin"]) == 400 and max(depth["max_per_bin"]) == depth["max"]
+
+
+@pytest.mark.timing
+def test_a_launch_bound_loop_is_said_to_be(analyses: dict[str, Analysis]) -> None:
+    """Tiny kernels launched back to back: most launches take longer to enqueue than to run (a verdict on
+    real durations: the timing step runs it)."""
+    la = analyses["launch_bound"].launches
+    row = la["kernels"][0]
+    assert la["launch_bound_pct"] >= 50 and row["enqueue_mean_ns"] > row["device_mean_ns"], row
 
 
 def test_json_round_trips_with_a_stable_schema(analyses: dict[str, Analysis]) -> None:
