@@ -50,8 +50,8 @@ from ..record.callsite import capture as _site
 from ..record.recorder import RECORDER, new_id
 from ..record.allocations import classes as _memory_classes, pool_classes as _pool_classes
 from ..record.failures import sizes as _sizes
-from ..record.regions import (Gate, current_parent, direction, failed_launch, launch_name, own_on, record_failure,
-                              record_hooked, record_launch, update_region_mode)
+from ..record.regions import (Gate, current_parent, direction, failed_launch, launch_name, own_on, shape_attrs,
+                              record_failure, record_hooked, record_launch, update_region_mode)
 from ..timeline.spans import BUILD, FILL, KERNEL, MARKER, STATUS_ERROR, SYNC, TRANSFER
 from ..timeline.tracks import COMPILE_THREAD
 
@@ -144,22 +144,7 @@ def enqueue_nd_range_kernel(queue: Any, kernel: Any, global_size: Any, local_siz
     return ev
 
 
-_ATTRS: dict[Any, dict[str, Any]] = {}
-
-
-def _launch_attrs(global_size: Any, local_size: Any) -> dict[str, Any]:
-    """One attrs dict per launch shape, shared: a sink encodes it once, not once a launch (a dict a launch
-    cost the Chrome sink ~9 us of the worker's time a span, with the GIL, on a 2-core Xeon)."""
-    try:
-        return _ATTRS[(global_size, local_size)]
-    except KeyError:
-        pass
-    except TypeError:  # sizes given as lists or arrays
-        return {"global_size": _sizes(global_size), "local_size": _sizes(local_size)}
-    attrs = {"global_size": _sizes(global_size), "local_size": _sizes(local_size)}
-    if len(_ATTRS) < 4096:
-        _ATTRS[(global_size, local_size)] = attrs
-    return attrs
+_launch_attrs, _ = shape_attrs(_sizes)  # shared per launch shape, as ``launch``'s; sizes as lists, pyopencl's form
 
 
 def _kernel_name(kernel: Any) -> str:
