@@ -62,9 +62,47 @@ col_bytes(col *c)
     return b;
 }
 
-/* ---- interner: (key, byte slice) -> dense id, slices kept as (offset, length) ----------------------- */
+/* ---- a growable byte arena ---------------------------------------------------------------------- */
+typedef struct {
+    uint8_t *v;
+    Py_ssize_t n, cap;
+} arena;
+
+/* Append p[:n]; its offset in the arena, -1 on no memory. */
+static Py_ssize_t
+arena_put(arena *a, const uint8_t *p, Py_ssize_t n)
+{
+    if (a->n + n > a->cap) {
+        Py_ssize_t cap = a->cap ? a->cap : 4096;
+        while (cap < a->n + n)
+            cap *= 2;
+        uint8_t *v = PyMem_RawRealloc(a->v, (size_t)cap);
+        if (!v)
+            return -1;
+        a->v = v;
+        a->cap = cap;
+    }
+    if (n)
+        memcpy(a->v + a->n, p, (size_t)n);
+    a->n += n;
+    return a->n - n;
+}
+
+static void
+arena_free(arena *a)
+{
+    PyMem_RawFree(a->v);
+    a->v = NULL;
+    a->n = a->cap = 0;
+}
+
+/* ---- interner: (key, byte slice) -> dense id ---------------------------------------------------------
+ * Slices are kept as (offset, length): into ``base`` where the whole input is one buffer (Chrome JSON), or
+ * into the interner's own copy of each distinct slice (``base`` NULL: the .pftrace scanner, whose input
+ * comes a window at a time and is gone after each). */
 typedef struct {
     const uint8_t *base;
+    arena own;
     col off, len, key;
     Py_ssize_t *slot; /* id + 1, 0 empty */
     Py_ssize_t mask;
@@ -79,6 +117,12 @@ hash_bytes(const uint8_t *p, Py_ssize_t n, int64_t key)
         h *= 1099511628211ULL;
     }
     return h ^ (h >> 29);
+}
+
+static const uint8_t *
+text_of(interner *t, Py_ssize_t id)
+{
+    return (t->base ? t->base : t->own.v) + t->off.v[id];
 }
 
 static int
@@ -97,6 +141,7 @@ intern_free(interner *t)
     col_free(&t->off);
     col_free(&t->len);
     col_free(&t->key);
+    arena_free(&t->own);
     PyMem_RawFree(t->slot);
     t->slot = NULL;
 }
@@ -109,7 +154,7 @@ intern_grow(interner *t)
     if (!slot)
         return -1;
     for (Py_ssize_t id = 0; id < t->off.n; id++) {
-        uint64_t h = hash_bytes(t->base + t->off.v[id], t->len.v[id], t->key.v[id]);
+        uint64_t h = hash_bytes(text_of(t, id), t->len.v[id], t->key.v[id]);
         Py_ssize_t i = (Py_ssize_t)(h & (uint64_t)(size - 1));
         while (slot[i])
             i = (i + 1) & (size - 1);
@@ -121,21 +166,21 @@ intern_grow(interner *t)
     return 0;
 }
 
-/* The id of the slice base[off:off+n] under ``key``, a new one where it was not seen; -1 on no memory. */
+/* The id of the slice p[:n] under ``key``, a new one where it was not seen; -1 on no memory. */
 static int64_t
-intern(interner *t, Py_ssize_t off, Py_ssize_t n, int64_t key)
+intern(interner *t, const uint8_t *p, Py_ssize_t n, int64_t key)
 {
-    const uint8_t *p = t->base + off;
     uint64_t h = hash_bytes(p, n, key);
     Py_ssize_t i = (Py_ssize_t)(h & (uint64_t)t->mask);
     while (t->slot[i]) {
         Py_ssize_t id = t->slot[i] - 1;
-        if (t->len.v[id] == n && t->key.v[id] == key && memcmp(t->base + t->off.v[id], p, (size_t)n) == 0)
+        if (t->len.v[id] == n && t->key.v[id] == key && memcmp(text_of(t, id), p, (size_t)n) == 0)
             return id;
         i = (i + 1) & t->mask;
     }
     Py_ssize_t id = t->off.n;
-    if (put(&t->off, off) || put(&t->len, n) || put(&t->key, key))
+    Py_ssize_t off = t->base ? p - t->base : arena_put(&t->own, p, n);
+    if (off < 0 || put(&t->off, off) || put(&t->len, n) || put(&t->key, key))
         return -1;
     t->slot[i] = id + 1;
     if (2 * t->off.n > t->mask && intern_grow(t))
@@ -143,10 +188,25 @@ intern(interner *t, Py_ssize_t off, Py_ssize_t n, int64_t key)
     return id;
 }
 
+/* (offsets, lengths, keys) of the distinct slices; the interner is emptied (one result holds them). */
 static PyObject *
 intern_table(interner *t)
 {
     return Py_BuildValue("(NNN)", col_bytes(&t->off), col_bytes(&t->len), col_bytes(&t->key));
+}
+
+/* (offsets, lengths, keys, the bytes they index) of an interner with its own copies; the interner is kept. */
+static PyObject *
+col_copy(col *c)
+{
+    return PyBytes_FromStringAndSize((const char *)c->v, c->n * (Py_ssize_t)sizeof(int64_t));
+}
+
+static PyObject *
+owned_table(interner *t)
+{
+    return Py_BuildValue("(NNNN)", col_copy(&t->off), col_copy(&t->len), col_copy(&t->key),
+                         PyBytes_FromStringAndSize((const char *)t->own.v, t->own.n));
 }
 
 /* ==== Chrome JSON ==================================================================================== */
@@ -268,11 +328,11 @@ x_line(chrome_out *o, const uint8_t *base, cur c, int64_t line, int *err)
     v[X_LINE] = line;
     if (!LIT(&c, "{\"ph\":\"X\",\"cat\":\"") || !plain_text(&c, &off, &n, base))
         return 0;
-    if ((v[X_CAT] = intern(&o->cats, off, n, 0)) < 0)
+    if ((v[X_CAT] = intern(&o->cats, base + off, n, 0)) < 0)
         goto nomem;
     if (!LIT(&c, ",\"name\":") || !string_token(&c, &off, &n, base))
         return 0;
-    if ((v[X_NAME] = intern(&o->names, off, n, 0)) < 0)
+    if ((v[X_NAME] = intern(&o->names, base + off, n, 0)) < 0)
         goto nomem;
     int64_t pid;
     if (!LIT(&c, ",\"pid\":") || !integer(&c, &pid) || !LIT(&c, ",\"tid\":") || !integer(&c, &v[X_TID]) ||
@@ -299,7 +359,7 @@ x_line(chrome_out *o, const uint8_t *base, cur c, int64_t line, int *err)
         v[X_EXTRA] = -1;
     else if (*c.p != ',')
         return 0;
-    else if ((v[X_EXTRA] = intern(&o->extras, c.p - base, rest, 0)) < 0)
+    else if ((v[X_EXTRA] = intern(&o->extras, c.p, rest, 0)) < 0)
         goto nomem;
     for (int k = 0; k < X_NCOLS; k++)
         if (put(&o->x[k], v[k]))
@@ -599,9 +659,11 @@ typedef struct {
     col c[C_NCOLS];
     col ent_seq, ent_gen, ent_table, ent_iid, ent_off, ent_len;
     col py_off, py_len, py_index;
+    arena ent_text; /* the entries' texts, copied: (ent_off, ent_len) index it */
     interner extras;
     interner sites; /* distinct SourceLocation messages (interned entries and inline ones) */
-    const uint8_t *base;
+    int64_t index;  /* packets scanned so far, over every window */
+    int first_snapshot, broken;
 } pf;
 
 static seqstate *
@@ -675,7 +737,7 @@ interned(pf *o, seqstate *st, const uint8_t *s, Py_ssize_t n)
             return FOREIGN;
         int t = f.num == ID_SVALUES ? T_SVALUES : (int)f.num - 1;
         if (t == ID_SITES - 1) { /* the whole SourceLocation: Python reads each distinct one */
-            int64_t site = intern(&o->sites, f.s - o->base, f.n, 0);
+            int64_t site = intern(&o->sites, f.s, f.n, 0);
             if (site < 0)
                 return NOMEM;
             int rc = set_iid(&st->iid[t], iid, site);
@@ -686,8 +748,9 @@ interned(pf *o, seqstate *st, const uint8_t *s, Py_ssize_t n)
         if ((t == ID_DNAMES - 1 || t == T_SVALUES) && get_iid(&st->iid[t], iid) >= 0)
             return FOREIGN; /* an annotation name or string value redefined: the extras would read ambiguously */
         int64_t ent = o->ent_seq.n;
-        if (put(&o->ent_seq, (int64_t)st->id) || put(&o->ent_gen, st->gen) || put(&o->ent_table, t) ||
-            put(&o->ent_iid, (int64_t)iid) || put(&o->ent_off, name - o->base) || put(&o->ent_len, nlen))
+        Py_ssize_t text = arena_put(&o->ent_text, name, nlen);
+        if (text < 0 || put(&o->ent_seq, (int64_t)st->id) || put(&o->ent_gen, st->gen) || put(&o->ent_table, t) ||
+            put(&o->ent_iid, (int64_t)iid) || put(&o->ent_off, text) || put(&o->ent_len, nlen))
             return NOMEM;
         int rc = set_iid(&st->iid[t], iid, ent);
         if (rc)
@@ -1053,7 +1116,7 @@ track_event(pf *o, seqstate *st, int64_t index, uint64_t ts_raw, int has_clock, 
     v[P_HAS_RAWE] = has_std[3];
     v[P_RAWE] = has_std[3] ? std_val[3] : 0;
     if (x0) {
-        int64_t id = intern(&o->extras, x0 - o->base, x1 - x0, (int64_t)((st->id << 20) ^ (uint64_t)st->gen));
+        int64_t id = intern(&o->extras, x0, x1 - x0, (int64_t)((st->id << 20) ^ (uint64_t)st->gen));
         if (id < 0)
             return NOMEM;
         v[P_EXTRA] = id;
@@ -1063,7 +1126,7 @@ track_event(pf *o, seqstate *st, int64_t index, uint64_t ts_raw, int has_clock, 
     if (site_kind == 1)
         v[P_SITE] = get_iid(&st->iid[ID_SITES - 1], site_iid); /* -1: not interned, no site */
     else if (site_kind == 2) {
-        v[P_SITE] = intern(&o->sites, site_s - o->base, site_n, 0);
+        v[P_SITE] = intern(&o->sites, site_s, site_n, 0);
         if (v[P_SITE] < 0)
             return NOMEM;
     }
@@ -1176,25 +1239,59 @@ packet(pf *o, int64_t index, const uint8_t *s, Py_ssize_t n, int *first_snapshot
     return OK;
 }
 
-static PyObject *
-pftrace(PyObject *self, PyObject *args)
+static void
+pf_free(pf *o)
 {
-    Py_buffer b;
-    if (!PyArg_ParseTuple(args, "y*:pftrace", &b))
-        return NULL;
-    pf o;
-    memset(&o, 0, sizeof(o));
-    o.base = b.buf;
-    PyObject *res = NULL;
-    if (intern_init(&o.extras, o.base) || intern_init(&o.sites, o.base)) {
-        intern_free(&o.extras);
-        intern_free(&o.sites);
-        PyBuffer_Release(&b);
-        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < o->nseqs; i++) {
+        for (int t = 0; t < N_TABLES; t++)
+            col_free(&o->seqs[i].iid[t]);
+        col_free(&o->seqs[i].dn_code);
     }
-    const uint8_t *base = b.buf, *end = base + b.len, *p = base;
-    int outcome = OK, first_snapshot = 0;
-    int64_t index = 0, last_end = 0;
+    PyMem_RawFree(o->seqs);
+    for (int k = 0; k < P_NCOLS; k++)
+        col_free(&o->p[k]);
+    for (int k = 0; k < C_NCOLS; k++)
+        col_free(&o->c[k]);
+    col_free(&o->ent_seq);
+    col_free(&o->ent_gen);
+    col_free(&o->ent_table);
+    col_free(&o->ent_iid);
+    col_free(&o->ent_off);
+    col_free(&o->ent_len);
+    arena_free(&o->ent_text);
+    col_free(&o->py_off);
+    col_free(&o->py_len);
+    col_free(&o->py_index);
+    intern_free(&o->extras);
+    intern_free(&o->sites);
+    PyMem_RawFree(o);
+}
+
+static pf *
+pf_new(void)
+{
+    pf *o = PyMem_RawCalloc(1, sizeof(pf));
+    if (!o)
+        return NULL;
+    if (intern_init(&o->extras, NULL) || intern_init(&o->sites, NULL)) {
+        pf_free(o);
+        return NULL;
+    }
+    return o;
+}
+
+/* The complete packets of ``data`` (the file's next bytes) through the sequences' state: the dict of the
+ * module docstring for them (rows, counters and packets left to Python: this window's; entries, extras,
+ * sites: all so far, their texts copied), "end" the bytes of ``data`` those packets fill; None where the
+ * file leaves cltrace's layout (the state is then spent). */
+static PyObject *
+pf_scan(pf *o, Py_buffer *b)
+{
+    if (o->broken)
+        Py_RETURN_NONE;
+    const uint8_t *base = b->buf, *end = base + b->len, *p = base;
+    int outcome = OK;
+    int64_t last_end = 0;
     Py_BEGIN_ALLOW_THREADS
     while (p < end) {
         if (*p != 0x0a) {
@@ -1213,11 +1310,11 @@ pftrace(PyObject *self, PyObject *args)
             break;
         }
         if (size > (uint64_t)(end - hb.p))
-            break; /* cut off inside the last packet */
+            break; /* cut off inside the last packet (or the next window holds the rest) */
         const uint8_t *s = hb.p;
-        int rc = packet(&o, index, s, (Py_ssize_t)size, &first_snapshot);
+        int rc = packet(o, o->index, s, (Py_ssize_t)size, &o->first_snapshot);
         if (rc == -1) {
-            if (put(&o.py_off, s - base) || put(&o.py_len, (int64_t)size) || put(&o.py_index, index))
+            if (put(&o->py_off, s - base) || put(&o->py_len, (int64_t)size) || put(&o->py_index, o->index))
                 rc = NOMEM;
             else
                 rc = OK;
@@ -1228,52 +1325,76 @@ pftrace(PyObject *self, PyObject *args)
         }
         p = s + size;
         last_end = p - base;
-        index++;
+        o->index++;
     }
     Py_END_ALLOW_THREADS
-    if (outcome == NOMEM) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    if (outcome == FOREIGN) {
-        res = Py_None;
-        Py_INCREF(res);
-        goto done;
+    if (outcome != OK) {
+        o->broken = 1;
+        if (outcome == NOMEM)
+            return PyErr_NoMemory();
+        Py_RETURN_NONE;
     }
     PyObject *cols = PyTuple_New(P_NCOLS);
     if (!cols)
-        goto done;
+        return NULL;
     for (int k = 0; k < P_NCOLS; k++)
-        PyTuple_SET_ITEM(cols, k, col_bytes(&o.p[k]));
-    res = Py_BuildValue("{sNs(NNNN)s(NNNNNN)sNsNs(NNN)sLsLsi}", "rows", cols, "counters", col_bytes(&o.c[C_INDEX]),
-                        col_bytes(&o.c[C_UUID]), col_bytes(&o.c[C_TS]), col_bytes(&o.c[C_VALUE]), "entries",
-                        col_bytes(&o.ent_seq), col_bytes(&o.ent_gen), col_bytes(&o.ent_table), col_bytes(&o.ent_iid),
-                        col_bytes(&o.ent_off), col_bytes(&o.ent_len), "extras", intern_table(&o.extras), "sites",
-                        intern_table(&o.sites), "python", col_bytes(&o.py_off), col_bytes(&o.py_len),
-                        col_bytes(&o.py_index), "packets", (long long)index, "end",
-                        (long long)last_end, "first_snapshot", first_snapshot);
-done:
-    for (Py_ssize_t i = 0; i < o.nseqs; i++) {
-        for (int t = 0; t < N_TABLES; t++)
-            col_free(&o.seqs[i].iid[t]);
-        col_free(&o.seqs[i].dn_code);
-    }
-    PyMem_RawFree(o.seqs);
-    for (int k = 0; k < P_NCOLS; k++)
-        col_free(&o.p[k]);
-    for (int k = 0; k < C_NCOLS; k++)
-        col_free(&o.c[k]);
-    col_free(&o.ent_seq);
-    col_free(&o.ent_gen);
-    col_free(&o.ent_table);
-    col_free(&o.ent_iid);
-    col_free(&o.ent_off);
-    col_free(&o.ent_len);
-    col_free(&o.py_off);
-    col_free(&o.py_len);
-    col_free(&o.py_index);
-    intern_free(&o.extras);
-    intern_free(&o.sites);
+        PyTuple_SET_ITEM(cols, k, col_bytes(&o->p[k]));
+    return Py_BuildValue("{sNs(NNNN)s(NNNNNNN)sNsNs(NNN)sLsLsi}", "rows", cols, "counters",
+                         col_bytes(&o->c[C_INDEX]), col_bytes(&o->c[C_UUID]), col_bytes(&o->c[C_TS]),
+                         col_bytes(&o->c[C_VALUE]), "entries", col_copy(&o->ent_seq), col_copy(&o->ent_gen),
+                         col_copy(&o->ent_table), col_copy(&o->ent_iid), col_copy(&o->ent_off),
+                         col_copy(&o->ent_len), PyBytes_FromStringAndSize((const char *)o->ent_text.v, o->ent_text.n),
+                         "extras", owned_table(&o->extras), "sites", owned_table(&o->sites), "python",
+                         col_bytes(&o->py_off), col_bytes(&o->py_len), col_bytes(&o->py_index), "packets",
+                         (long long)o->index, "end", (long long)last_end, "first_snapshot", o->first_snapshot);
+}
+
+static PyObject *
+pftrace(PyObject *self, PyObject *args)
+{
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:pftrace", &b))
+        return NULL;
+    pf *o = pf_new();
+    PyObject *res = o ? pf_scan(o, &b) : PyErr_NoMemory();
+    if (o)
+        pf_free(o);
+    PyBuffer_Release(&b);
+    return res;
+}
+
+#define PF_CAPSULE "cltrace.scan.pftrace_state"
+
+static void
+pf_capsule_free(PyObject *cap)
+{
+    pf *o = PyCapsule_GetPointer(cap, PF_CAPSULE);
+    if (o)
+        pf_free(o);
+}
+
+static PyObject *
+pftrace_open(PyObject *self, PyObject *noargs)
+{
+    pf *o = pf_new();
+    if (!o)
+        return PyErr_NoMemory();
+    PyObject *cap = PyCapsule_New(o, PF_CAPSULE, pf_capsule_free);
+    if (!cap)
+        pf_free(o);
+    return cap;
+}
+
+/* A scan's state is used by one thread at a time: the caller (``read/windows.py``) feeds it in order. */
+static PyObject *
+pftrace_feed(PyObject *self, PyObject *args)
+{
+    PyObject *cap;
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "Oy*:pftrace_feed", &cap, &b))
+        return NULL;
+    pf *o = PyCapsule_GetPointer(cap, PF_CAPSULE);
+    PyObject *res = o ? pf_scan(o, &b) : NULL;
     PyBuffer_Release(&b);
     return res;
 }
@@ -1319,6 +1440,8 @@ compressed(PyObject *self, PyObject *args)
 static PyMethodDef methods[] = {
     {"chrome", chrome, METH_VARARGS, "Columns of a cltrace Chrome JSON trace, or None (not its layout)."},
     {"pftrace", pftrace, METH_VARARGS, "Columns of a cltrace .pftrace, or None (not its layout)."},
+    {"pftrace_open", pftrace_open, METH_NOARGS, "A scan of a .pftrace fed a window at a time (pftrace_feed)."},
+    {"pftrace_feed", pftrace_feed, METH_VARARGS, "The next window's columns, as pftrace gives them, or None."},
     {"compressed", compressed, METH_VARARGS, "Offsets of the packets that hold compressed packets."},
     {"field_numbers", field_numbers, METH_NOARGS, "The protobuf field numbers this scanner reads."},
     {NULL, NULL, 0, NULL},

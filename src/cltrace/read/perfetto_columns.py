@@ -156,8 +156,9 @@ def _names(data: bytes, got: dict[str, Any], tables: Tables) -> tuple[np.ndarray
     """Name and category ids (in ``tables``) of the interned entries, by entry (the last category id is the
     "?" of a slice without one), and the debug annotation names and string values per (sequence,
     generation) (the scanner's tables 2 and 4)."""
-    seq, gen, table, iid, off, ln = (np.frombuffer(b, np.int64).tolist() for b in got["entries"])
-    texts = [_str(data[o:o + n]) for o, n in zip(off, ln)]
+    *cols, text = got["entries"]
+    seq, gen, table, iid, off, ln = (np.frombuffer(b, np.int64).tolist() for b in cols)
+    texts = [_str(text[o:o + n]) for o, n in zip(off, ln)]
     names = np.array([tables.names.id(x) if t == 1 else -1 for x, t in zip(texts, table)] or [0], np.int32)
     cats = np.array([tables.cats.id(x) if t == 0 else -1 for x, t in zip(texts, table)] + [tables.cats.id("?")],
                     np.int16)
@@ -177,8 +178,9 @@ def _sites(data: bytes, got: dict[str, Any], site: np.ndarray, extra: np.ndarray
     has = np.flatnonzero(site >= 0)
     if not len(has):
         return out
-    off, ln, _ = (np.frombuffer(b, np.int64).tolist() for b in got["sites"])
-    locs = [_site(pb.SourceLocation.FromString(data[o:o + n])) for o, n in zip(off, ln)]
+    *cols, text = got["sites"]
+    off, ln, _ = (np.frombuffer(b, np.int64).tolist() for b in cols)
+    locs = [_site(pb.SourceLocation.FromString(text[o:o + n])) for o, n in zip(off, ln)]
     m = len(stacks) + 1  # distinct (location, annotation run) pairs: the run's -1 (none) as 0
     pairs, inverse = np.unique(site[has] * m + extra[has] + 1, return_inverse=True)
     ids = []
@@ -200,7 +202,8 @@ def _track_event(raw: bytes) -> Any:
 def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interned
             ) -> tuple[list[Any], list[bool], list[str | None], list[Any]] | None:
     """Per distinct run of other annotations: attributes (None: none), failed, error text, call stack."""
-    off, ln, key = (np.frombuffer(b, np.int64).tolist() for b in got["extras"])
+    *cols, text = got["extras"]
+    off, ln, key = (np.frombuffer(b, np.int64).tolist() for b in cols)
     attrs: list[Any] = []
     failed: list[bool] = []
     errors: list[str | None] = []
@@ -208,7 +211,7 @@ def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interne
     for o, n, k in zip(off, ln, key):
         names = dnames.get((k >> 20, k & 0xFFFFF), {})
         values = strings.get((k >> 20, k & 0xFFFFF), {})
-        te = _track_event(data[o:o + n])
+        te = _track_event(text[o:o + n])
         ann: dict[str, Any] = {}
         for a in te.debug_annotations:
             name = _str(a.name) if a.HasField("name") else names.get(a.name_iid, f"#{a.name_iid}")
