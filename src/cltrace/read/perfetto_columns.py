@@ -152,7 +152,7 @@ def load_pftrace_columns(path: str, scanner: Any) -> tuple[SpanBatch, dict[str, 
 Interned = dict[tuple[int, int], dict[int, str]]  # (sequence, generation) -> iid -> text
 
 
-def _names(data: bytes, got: dict[str, Any], tables: Tables) -> tuple[np.ndarray, np.ndarray, Interned, Interned]:
+def _names(got: dict[str, Any], tables: Tables) -> tuple[np.ndarray, np.ndarray, Interned, Interned]:
     """Name and category ids (in ``tables``) of the interned entries, by entry (the last category id is the
     "?" of a slice without one), and the debug annotation names and string values per (sequence,
     generation) (the scanner's tables 2 and 4)."""
@@ -170,17 +170,21 @@ def _names(data: bytes, got: dict[str, Any], tables: Tables) -> tuple[np.ndarray
     return names, cats, dnames, strings
 
 
-def _sites(data: bytes, got: dict[str, Any], site: np.ndarray, extra: np.ndarray, stacks: list[Any],
-           tables: Tables) -> np.ndarray:
+def _site_locations(sites: tuple[bytes, ...], start: int = 0) -> list[Any]:
+    """The scanner's distinct source locations from the ``start``-th on, as call sites."""
+    *cols, text = sites
+    off, ln, _ = (np.frombuffer(b, np.int64)[start:].tolist() for b in cols)
+    return [_site(pb.SourceLocation.FromString(text[o:o + n])) for o, n in zip(off, ln)]
+
+
+def _sites(got: dict[str, Any], site: np.ndarray, extra: np.ndarray, stacks: list[Any], tables: Tables) -> np.ndarray:
     """Each span's call site id in ``tables`` (-1: none): its source location, with the callers of its
     "code.stacktrace" annotation where it has one."""
     out = np.full(len(site), -1, np.int32)
     has = np.flatnonzero(site >= 0)
     if not len(has):
         return out
-    *cols, text = got["sites"]
-    off, ln, _ = (np.frombuffer(b, np.int64).tolist() for b in cols)
-    locs = [_site(pb.SourceLocation.FromString(text[o:o + n])) for o, n in zip(off, ln)]
+    locs = _site_locations(got["sites"])
     m = len(stacks) + 1  # distinct (location, annotation run) pairs: the run's -1 (none) as 0
     pairs, inverse = np.unique(site[has] * m + extra[has] + 1, return_inverse=True)
     ids = []
@@ -199,7 +203,26 @@ def _track_event(raw: bytes) -> Any:
     return pb.TracePacket.FromString(_TRACK_EVENT_TAG + uv(len(raw)) + raw).track_event
 
 
-def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interned
+def _extras_of_run(raw: bytes, names: dict[int, str], values: dict[int, str]
+                   ) -> tuple[Any, bool, str | None, Any] | None:
+    """One run of other annotations (a TrackEvent's fields): attributes (None: none), failed, error text,
+    call stack; None where the general reader must judge it."""
+    te = _track_event(raw)
+    ann: dict[str, Any] = {}
+    for a in te.debug_annotations:
+        name = _str(a.name) if a.HasField("name") else names.get(a.name_iid, f"#{a.name_iid}")
+        ann.setdefault(name, _annotation_value(a, values))
+    if _STANDARD.intersection(ann):
+        return None
+    bad = ann.get(A_STATUS) == STATUS_ERROR
+    error = ann.get(A_ERROR) if bad else None
+    if not checks.plain(ann):
+        return None  # the general reader, which knows each span's category, says whether it matters
+    return (checks.attrs({k2: v for k2, v in ann.items() if k2 not in _RESERVED}, "annotations") or None, bad,
+            None if error is None else checks.text(error, "error"), ann.get(sites.STACK))
+
+
+def _extras(got: dict[str, Any], dnames: Interned, strings: Interned
             ) -> tuple[list[Any], list[bool], list[str | None], list[Any]] | None:
     """Per distinct run of other annotations: attributes (None: none), failed, error text, call stack."""
     *cols, text = got["extras"]
@@ -209,23 +232,14 @@ def _extras(data: bytes, got: dict[str, Any], dnames: Interned, strings: Interne
     errors: list[str | None] = []
     stacks: list[Any] = []
     for o, n, k in zip(off, ln, key):
-        names = dnames.get((k >> 20, k & 0xFFFFF), {})
-        values = strings.get((k >> 20, k & 0xFFFFF), {})
-        te = _track_event(text[o:o + n])
-        ann: dict[str, Any] = {}
-        for a in te.debug_annotations:
-            name = _str(a.name) if a.HasField("name") else names.get(a.name_iid, f"#{a.name_iid}")
-            ann.setdefault(name, _annotation_value(a, values))
-        if _STANDARD.intersection(ann):
+        run = _extras_of_run(text[o:o + n], dnames.get((k >> 20, k & 0xFFFFF), {}),
+                             strings.get((k >> 20, k & 0xFFFFF), {}))
+        if run is None:
             return None
-        bad = ann.get(A_STATUS) == STATUS_ERROR
-        error = ann.get(A_ERROR) if bad else None
-        if not checks.plain(ann):
-            return None  # the general reader, which knows each span's category, says whether it matters
-        attrs.append(checks.attrs({k2: v for k2, v in ann.items() if k2 not in _RESERVED}, "annotations") or None)
-        failed.append(bad)
-        errors.append(None if error is None else checks.text(error, "error"))
-        stacks.append(ann.get(sites.STACK))
+        attrs.append(run[0])
+        failed.append(run[1])
+        errors.append(run[2])
+        stacks.append(run[3])
     return attrs, failed, errors, stacks
 
 
@@ -269,8 +283,8 @@ def _build(data: bytes, got: dict[str, Any], expanded: Expanded) -> tuple[SpanBa
     for o, n, index in zip(*(np.frombuffer(b, np.int64).tolist() for b in got["python"])):
         rest.packet(pb.TracePacket.FromString(data[o:o + n]), index)
     tables = Tables()
-    name_ids, cat_ids, dnames, strings = _names(data, got, tables)
-    ext = _extras(data, got, dnames, strings)
+    name_ids, cat_ids, dnames, strings = _names(got, tables)
+    ext = _extras(got, dnames, strings)
     if ext is None:
         return None
     ex_attrs, ex_failed, ex_errors, ex_stacks = ext
@@ -320,7 +334,7 @@ def _build(data: bytes, got: dict[str, Any], expanded: Expanded) -> tuple[SpanBa
         "cat": cats, "thread": r["uuid"][hrows], "host_begin": hb, "host_end": he,
         "track": np.where(on, r["uuid"][d], 0), "dev_queued": ds, "dev_submit": ds, "dev_start": ds, "dev_end": de,
         "raw_start": raws, "raw_end": rawe, "status": failed.astype(np.int8),
-        "site": _sites(data, got, r["site"][hrows], extra, ex_stacks, tables),
+        "site": _sites(got, r["site"][hrows], extra, ex_stacks, tables),
     }
     paths = path_ids(cols["id"], cols["parent"], names, tables, cats)
     if paths is None:

@@ -1,0 +1,398 @@
+"""A cltrace ``.pftrace`` of any size read a window at a time, in memory bounded by the window.
+
+The whole-file reader (``perfetto_columns``) holds the file, its expanded packets and every row at once:
+about 1 KB a span at its peak. Here the file is read ``window_bytes`` at a time (cut after its last whole
+packet; compressed packets expanded within the window, each window under ``inflate``'s budget) and fed to
+the native scanner, whose sequence state (clocks, defaults, interned names) carries from one window to the
+next (``_scan.pftrace_open``/``pftrace_feed``). Two passes:
+
+1. the metadata, track descriptors and counters (the packets left to Python), and the spans that may be
+   parents (every category but the leaves': kernels, transfers, markers, fills), whose region paths are then
+   built as the whole-file reader builds them (``tree.path_ids``): a parent is written after its children,
+   so a child's path is only known once the whole file has been seen;
+2. the spans, window by window: a slice's BEGIN and END, and a launch's host and device slices, are written
+   by the same write of the sink, so each window's rows are paired and joined together with the rows the
+   window before left unmatched; a span goes out once its host BEGIN is a window behind the newest rows.
+
+What each batch holds is what ``load_pftrace_columns`` gives for the same spans (``tests/test_windows.py``
+holds them equal), except their order: each batch is sorted by (host begin, id), not the whole file.
+A leaf's parent is looked up among the spans that may be parents. Where the file leaves cltrace's layout
+(``pftrace_feed`` says None), or its spans' parent links loop, ``WindowedTrace.open`` gives None and the
+whole-file readers take the file, as they do today.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from ..errors import TraceFileError
+from ..export.perfetto.wire import BEGIN
+from ..timeline.batch import SpanBatch, Tables
+from ..timeline.spans import FILL, KERNEL, MARKER, STEP, TRANSFER
+from . import checks
+from .inflate import expand
+from .perfetto import tracks_meta
+from .perfetto_columns import (_LIMIT, _Rest, _counters, _names, _pairs, _rows_of, _extras_of_run, _site_locations,
+                               with_callers)
+from .scan import C_COLS, P_COLS
+from .tree import path_ids
+
+WINDOW_BYTES = 16 << 20  # of the file a window: ~4x that expanded, ~0.4M packets, ~60 MB of rows
+LEAF_CATS = (KERNEL, TRANSFER, MARKER, FILL)  # never a parent (export/perfetto/order.py relies on it too)
+_ROW_COLS = tuple(c for c in P_COLS if c not in ("seq", "gen"))
+
+
+@dataclass
+class _Window:
+    got: dict[str, Any]
+    data: bytes  # the window's packets, expanded: the Python packets' offsets index it
+    last: bool
+
+
+class WindowedTrace:
+    """A ``.pftrace`` read in windows: ``meta`` (as the whole-file reader gives it) once open, then
+    ``batches()`` the spans, a ``SpanBatch`` at a time, sharing ``tables``."""
+
+    def __init__(self, path: str, scanner: Any, window_bytes: int, tables: Tables) -> None:
+        self.path = path
+        self.scanner = scanner
+        self.window_bytes = window_bytes
+        self.tables = tables
+        self.meta: dict[str, Any] = {}
+        self.spans = 0
+        self._parent_ids = np.zeros(0, np.int64)  # spans that may be parents, sorted by id
+        self._parent_paths = np.zeros(0, np.int64)
+        self._runs = _Runs()
+        self._has_device = SidSet()
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], scanner: Any = "default", window_bytes: int = WINDOW_BYTES,
+             tables: Tables | None = None) -> "WindowedTrace | None":
+        """The file's first pass done (metadata, parents' paths); None where it is not in cltrace's layout
+        (the whole-file readers then read it and say what is wrong)."""
+        if scanner == "default":
+            from .scan import NATIVE as scanner
+        if scanner is None:
+            return None
+        t = cls(os.fspath(path), scanner, window_bytes, tables or Tables())
+        return t if t._first_pass() else None
+
+    # -- reading the file a window at a time -----------------------------------------------------------
+    def _windows(self) -> Iterator[_Window]:
+        state = self.scanner.pftrace_open()
+        with open(self.path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            carry, at, want, first = b"", 0, self.window_bytes, True
+            skipped: dict[str, Any] | None = None
+            while True:
+                chunk = fh.read(want)
+                last = fh.tell() >= size or not chunk
+                buf = carry + chunk if carry else chunk
+                exp = expand(buf)
+                if exp.skipped and skipped is None:
+                    skipped = dict(exp.skipped, first_at=exp.skipped["first_at"] + at)
+                got = self.scanner.pftrace_feed(state, exp.data)
+                if got is None:
+                    raise _Foreign
+                if first and (not got["packets"] or not got["first_snapshot"]):
+                    raise _Foreign
+                first = False
+                used = exp.file_offset(int(got["end"]))
+                got["file_end"] = at + used
+                got["skipped"] = skipped
+                yield _Window(got, exp.data, last)
+                if last:
+                    return
+                carry = buf[used:]
+                at += used
+                want = self.window_bytes if used else 2 * want  # a packet longer than the window: a longer one
+
+    # -- pass 1 -------------------------------------------------------------------------------------------
+    def _first_pass(self) -> bool:
+        rest = _Rest()
+        counters: list[list[np.ndarray]] = [[] for _ in C_COLS]
+        ids, parents, names, cats = [], [], [], []
+        tables = self.tables
+        leaf = [tables.cats.id(c) for c in LEAF_CATS]
+        try:
+            for w in self._windows():
+                got = w.got
+                for o, n, index in zip(*(np.frombuffer(b, np.int64).tolist() for b in got["python"])):
+                    rest.packet(pb.TracePacket.FromString(w.data[o:o + n]), index)
+                for k, b in enumerate(got["counters"]):
+                    counters[k].append(np.frombuffer(b, np.int64))
+                name_ids, cat_ids, _, _ = _names(got, tables)
+                r = {c: np.frombuffer(b, np.int64) for c, b in zip(P_COLS, got["rows"])}
+                may = (r["type"] == BEGIN) & (r["sid_kind"] != 0) & (r["dev"] == 0)
+                cat = cat_ids[r["cat"][may]].astype(np.int64)
+                keep = ~np.isin(cat, leaf)
+                self._has_device.add(r["sid"][(r["type"] == BEGIN) & (r["sid_kind"] != 0) & (r["dev"] != 0)])
+                ids.append(r["sid"][may][keep])
+                parents.append(np.where(r["has_parent"][may] != 0, r["parent"][may], 0)[keep])
+                names.append(name_ids[r["name"][may][keep]].astype(np.int64))
+                cats.append(cat[keep])
+                if w.last:
+                    self._end = got
+        except _Foreign:
+            return False
+        except (TraceFileError, ValueError):
+            return False
+        sid = np.concatenate(ids)
+        if len(np.unique(sid)) != len(sid) or ((sid >= _LIMIT) | (sid <= -_LIMIT)).any():
+            return False
+        cat = np.concatenate(cats)
+        paths = path_ids(sid, np.concatenate(parents), np.concatenate(names), tables,
+                         np.where(cat < 0, tables.cats.id("?"), cat))
+        if paths is None:
+            return False
+        order = np.argsort(sid)
+        self._parent_ids, self._parent_paths = sid[order], paths[order].astype(np.int64)
+        self._rest = rest
+        self._counters = {"counters": tuple(np.concatenate(c).tobytes() for c in counters)}
+        return True
+
+    def _finish_meta(self) -> None:
+        rest, got = self._rest, self._end
+        meta = rest.meta
+        dropped, memory = _counters(self._counters, rest)
+        meta["dropped_spans"] = max(dropped, meta.get("dropped_spans", 0))
+        if memory:
+            meta["memory_samples"] = memory
+        meta.setdefault("recorded_spans", self.spans)
+        meta.setdefault("tracks", tracks_meta(rest.track_names, rest.pids))
+        size = os.path.getsize(self.path)
+        if got["file_end"] < size or not rest.closed:
+            checks.cut_off(meta, int(got["file_end"]), size, int(got["packets"]), 0, "packets")
+        if got.get("skipped"):
+            meta["inflate_skipped"] = got["skipped"]
+        self.meta = meta
+
+    def metadata(self) -> dict[str, Any]:
+        """The file's metadata, as the whole-file reader gives it (``recorded_spans`` counted once
+        ``batches()`` has run, where the file does not record it)."""
+        if not self.meta:
+            self._finish_meta()
+        return self.meta
+
+    # -- pass 2 -------------------------------------------------------------------------------------------
+    def batches(self) -> Iterator[SpanBatch]:
+        """The file's spans, a batch per window. Raises TraceFileError where the second pass finds what
+        the first did not (the file changed in between)."""
+        pending: dict[str, np.ndarray] | None = None
+        older = 0  # the first packet of the window before the newest: spans that began before it go out
+        try:
+            for w in self._windows():
+                got = w.got
+                name_ids, cat_ids, dnames, strings = _names(got, self.tables)
+                self._runs.update(got, dnames, strings)
+                new = {c: np.frombuffer(b, np.int64) for c, b in zip(P_COLS, got.pop("rows")) if c in _ROW_COLS}
+                rows = new if pending is None else {c: np.concatenate((pending[c], new[c])) for c in _ROW_COLS}
+                batch, pending = self._round(rows, None if w.last else older, got, name_ids, cat_ids)
+                older = int(new["index"][0]) if len(new["index"]) else older
+                if batch is not None and batch.n:
+                    self.spans += batch.n
+                    yield batch
+        except _Foreign:
+            raise TraceFileError("the file changed while it was read (its second pass left cltrace's layout)") from None
+        self._finish_meta()
+
+    def _round(self, r: dict[str, np.ndarray], before: int | None, got: dict[str, Any], name_ids: np.ndarray,
+               cat_ids: np.ndarray) -> tuple[SpanBatch | None, dict[str, np.ndarray]]:
+        """The spans complete among the rows ``r`` (paired; joined to their device slice where the file has
+        one) whose host BEGIN is before packet ``before`` (all: None), and the rows left for the next round.
+        A span waits a window more than its rows need: a write of the sink cut by a window's end is whole
+        before its spans go out, and events the sink held back for a parent arrive with it."""
+        n_rows = len(r["index"])
+        begin = r["type"] == BEGIN
+        all_b, all_e = _pairs(r["uuid"], r["ts"], r["index"], begin)
+        old = r["index"][all_b] < before if before is not None else np.ones(len(all_b), bool)
+        span = r["sid_kind"][all_b] != 0
+        used = np.zeros(n_rows, bool)
+        used[all_b[old & ~span]] = used[all_e[old & ~span]] = True  # slices that are not spans: read, not kept
+        sb, se, sold = all_b[span], all_e[span], old[span]
+        is_dev = r["dev"][sb] != 0
+        hb_rows, he_rows = sb[~is_dev & sold], se[~is_dev & sold]
+        db_rows, de_rows = sb[is_dev], se[is_dev]
+        hsid, dsid = r["sid"][hb_rows], r["sid"][db_rows]
+        for col in (hsid, dsid, r["parent"][hb_rows], r["raw_start"][db_rows], r["raw_end"][db_rows]):
+            if ((col >= _LIMIT) | (col <= -_LIMIT)).any():
+                raise _Foreign
+        if _repeats(hsid) or _repeats(dsid) or (r["uuid"][hb_rows] < 0).any() or (r["uuid"][db_rows] <= 0).any():
+            raise _Foreign
+        dorder = np.argsort(dsid)
+        ds_sorted = dsid[dorder]
+        at = np.minimum(np.searchsorted(ds_sorted, hsid), max(len(dsid) - 1, 0))
+        on = (ds_sorted[at] == hsid) if len(dsid) else np.zeros(len(hsid), bool)
+        if before is not None:  # a span whose device slice is still to come waits for it
+            ready = on | ~self._has_device.contains(hsid)
+            hb_rows, he_rows, hsid, on, at = hb_rows[ready], he_rows[ready], hsid[ready], on[ready], at[ready]
+        if len(dsid):
+            d, dend = db_rows[dorder[at]], de_rows[dorder[at]]
+        else:
+            d = dend = np.zeros(len(hsid), np.int64)
+        used[hb_rows] = used[he_rows] = True
+        used[d[on]] = used[dend[on]] = True
+        pending = {c: v[~used] for c, v in r.items()} if before is not None else {}
+        if not len(hb_rows):
+            return None, pending
+
+        hb, he = r["ts"][hb_rows], r["ts"][he_rows]
+        ds, de = np.where(on, r["ts"][d], 0), np.where(on, r["ts"][dend], 0)
+        raws = np.where(on, r["raw_start"][d], 0)
+        rawe = np.where(on, np.where(r["has_raw_end"][d] != 0, r["raw_end"][d], raws + (de - ds)), 0)
+        final = np.lexsort((hsid, hb))
+        hb_rows, hsid, hb, he, on, ds, de, raws, rawe, d = (a[final] for a in
+                                                           (hb_rows, hsid, hb, he, on, ds, de, raws, rawe, d))
+        names = name_ids[r["name"][hb_rows]]
+        cats = cat_ids[r["cat"][hb_rows]]
+        parent = np.where(r["has_parent"][hb_rows] != 0, r["parent"][hb_rows], 0)
+        extra = r["extra"][hb_rows]
+        failed, errors, attrs, stacks = self._runs.rows(extra)
+        cols = {
+            "id": hsid, "parent": parent, "name": names, "cat": cats, "thread": r["uuid"][hb_rows],
+            "host_begin": hb, "host_end": he, "track": np.where(on, r["uuid"][d], 0), "dev_queued": ds,
+            "dev_submit": ds, "dev_start": ds, "dev_end": de, "raw_start": raws, "raw_end": rawe,
+            "status": failed.astype(np.int8),
+            "site": self._sites(got, r["site"][hb_rows], extra, stacks),
+            "path": self._paths(hsid, parent, names, cats),
+        }
+        return SpanBatch(self.tables, cols, attrs, errors), pending
+
+    def _paths(self, sid: np.ndarray, parent: np.ndarray, names: np.ndarray, cats: np.ndarray) -> np.ndarray:
+        """Region paths: a parent's from the first pass; a leaf's, its parent's path and its own name."""
+        tables, pid, ppath = self.tables, self._parent_ids, self._parent_paths
+        out = np.full(len(sid), -1, np.int64)
+        if len(pid):
+            at = np.minimum(np.searchsorted(pid, sid), len(pid) - 1)
+            mine = pid[at] == sid
+            out[mine] = ppath[at[mine]]
+            at = np.minimum(np.searchsorted(pid, parent), len(pid) - 1)
+            up = np.where(pid[at] == parent, ppath[at], -1)
+        else:
+            mine = np.zeros(len(sid), bool)
+            up = np.full(len(sid), -1, np.int64)
+        rows = np.flatnonzero(~mine)
+        if len(rows):
+            step = tables.cats.ids.get(STEP)
+            own = names[rows].astype(np.int64)
+            if step is not None:
+                own = np.where(cats[rows] == step, tables.names.id(STEP), own)
+            nn = len(tables.names.values) + 1
+            key = (up[rows] + 1) * nn + own
+            uniq, inv = np.unique(key, return_inverse=True)
+            values = tables.paths.values
+            made = np.array([tables.paths.id((values[k // nn - 1] if k >= nn else ()) + (tables.names.values[k % nn],))
+                             for k in uniq.tolist()], np.int64)
+            out[rows] = made[inv.ravel()]
+        return out.astype(np.int32)
+
+    def _sites(self, got: dict[str, Any], site: np.ndarray, extra: np.ndarray, stacks: list[Any]) -> np.ndarray:
+        out = np.full(len(site), -1, np.int32)
+        has = np.flatnonzero(site >= 0)
+        if not len(has):
+            return out
+        locs = self._runs.locations(got)
+        m = len(stacks) + 1
+        pairs, inverse = np.unique(site[has] * m + extra[has] + 1, return_inverse=True)
+        ids = [self.tables.sites.id(with_callers(locs[loc], stacks[run - 1] if run else None))
+               for loc, run in zip((pairs // m).tolist(), (pairs % m).tolist())]
+        out[has] = np.array(ids, np.int32)[inverse]
+        return out
+
+
+class _Runs:
+    """The distinct runs of other annotations (and source locations) seen so far, each parsed once."""
+
+    def __init__(self) -> None:
+        self.attrs: list[Any] = []
+        self.failed: list[bool] = []
+        self.errors: list[str | None] = []
+        self.stacks: list[Any] = []
+        self._locs: list[Any] = []
+
+    def update(self, got: dict[str, Any], dnames: Any, strings: Any) -> None:
+        *cols, text = got["extras"]
+        off, ln, key = (np.frombuffer(b, np.int64).tolist() for b in cols)
+        for o, n, k in zip(off[len(self.attrs):], ln[len(self.attrs):], key[len(self.attrs):]):
+            run = _extras_of_run(text[o:o + n], dnames.get((k >> 20, k & 0xFFFFF), {}),
+                                 strings.get((k >> 20, k & 0xFFFFF), {}))
+            if run is None:
+                raise _Foreign
+            a, f, e, s = run
+            self.attrs.append(a)
+            self.failed.append(f)
+            self.errors.append(e)
+            self.stacks.append(s)
+
+    def locations(self, got: dict[str, Any]) -> list[Any]:
+        self._locs += _site_locations(got["sites"], len(self._locs))
+        return self._locs
+
+    def rows(self, extra: np.ndarray) -> tuple[np.ndarray, dict[int, str], list[Any], list[Any]]:
+        n = len(extra)
+        failed = np.zeros(n, bool)
+        errors: dict[int, str] = {}
+        if not self.attrs:
+            return failed, errors, [None] * n, self.stacks
+        has = extra >= 0
+        failed[has] = np.array(self.failed, bool)[extra[has]]
+        with_error = [k for k, e in enumerate(self.errors) if e is not None]
+        errors = {i: self.errors[k] for i, k in zip(*(a.tolist() for a in _rows_of(extra, with_error)))}
+        table = np.empty(len(self.attrs) + 1, object)
+        table[:-1] = self.attrs
+        table[-1] = None
+        return failed, errors, table[extra].tolist(), self.stacks
+
+
+class SidSet:
+    """Span ids, as a bitmap where they are dense (cltrace numbers spans from 1: an eighth of a byte a span),
+    else as sorted arrays."""
+
+    _SPARSE = 1 << 36  # ids past this go in arrays: a bitmap that far is 8 GiB
+
+    def __init__(self) -> None:
+        self._bits = np.zeros(0, np.uint8)
+        self._sorted = np.zeros(0, np.int64)
+        self._parts: list[np.ndarray] = []
+
+    def add(self, ids: np.ndarray) -> None:
+        if not len(ids):
+            return
+        dense = (ids >= 0) & (ids < self._SPARSE)
+        if not dense.all():
+            self._parts.append(np.unique(ids[~dense]))
+            ids = ids[dense]
+            if not len(ids):
+                return
+        need = int(ids.max()) // 8 + 1
+        if need > len(self._bits):
+            grown = np.zeros(max(need, 2 * len(self._bits)), np.uint8)
+            grown[:len(self._bits)] = self._bits
+            self._bits = grown
+        np.bitwise_or.at(self._bits, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
+
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        if self._parts:
+            self._sorted = np.unique(np.concatenate([self._sorted, *self._parts]))
+            self._parts = []
+        dense = (ids >= 0) & (ids < 8 * len(self._bits))
+        out = np.zeros(len(ids), bool)
+        i = ids[dense]
+        out[dense] = (self._bits[i >> 3] >> (i & 7)) & 1 != 0
+        if len(self._sorted):
+            at = np.minimum(np.searchsorted(self._sorted, ids), len(self._sorted) - 1)
+            out |= self._sorted[at] == ids
+        return out
+
+
+class _Foreign(Exception):
+    """The file leaves cltrace's layout."""
+
+
+def _repeats(v: np.ndarray) -> bool:
+    s = np.sort(v)
+    return bool((s[1:] == s[:-1]).any())
