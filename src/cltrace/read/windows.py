@@ -118,6 +118,8 @@ class WindowedTrace:
         ids, parents, names, cats = [], [], [], []
         tables = self.tables
         leaf = [tables.cats.id(c) for c in LEAF_CATS]
+        pending: dict[str, np.ndarray] | None = None
+        older = 0
         try:
             for w in self._windows():
                 got = w.got
@@ -126,15 +128,22 @@ class WindowedTrace:
                 for k, b in enumerate(got["counters"]):
                     counters[k].append(np.frombuffer(b, np.int64))
                 name_ids, cat_ids, _, _ = _names(got, tables)
-                r = {c: np.frombuffer(b, np.int64) for c, b in zip(P_COLS, got["rows"])}
-                may = (r["type"] == BEGIN) & (r["sid_kind"] != 0) & (r["dev"] == 0)
+                new = {c: np.frombuffer(b, np.int64) for c, b in zip(P_COLS, got["rows"]) if c in _ROW_COLS}
+                self._has_device.add(new["sid"][(new["type"] == BEGIN) & (new["sid_kind"] != 0) & (new["dev"] != 0)])
+                r = new if pending is None else {c: np.concatenate((pending[c], new[c])) for c in _ROW_COLS}
+                all_b, all_e, old = _settle(r, None if w.last else older)
+                b = all_b[old]
+                may = b[(r["sid_kind"][b] != 0) & (r["dev"][b] == 0)]  # spans' host slices, paired
                 cat = cat_ids[r["cat"][may]].astype(np.int64)
-                keep = ~np.isin(cat, leaf)
-                self._has_device.add(r["sid"][(r["type"] == BEGIN) & (r["sid_kind"] != 0) & (r["dev"] != 0)])
-                ids.append(r["sid"][may][keep])
-                parents.append(np.where(r["has_parent"][may] != 0, r["parent"][may], 0)[keep])
-                names.append(name_ids[r["name"][may][keep]].astype(np.int64))
-                cats.append(cat[keep])
+                may, cat = may[~np.isin(cat, leaf)], cat[~np.isin(cat, leaf)]
+                ids.append(r["sid"][may])
+                parents.append(np.where(r["has_parent"][may] != 0, r["parent"][may], 0))
+                names.append(name_ids[r["name"][may]].astype(np.int64))
+                cats.append(cat)
+                used = np.zeros(len(r["index"]), bool)
+                used[b] = used[all_e[old]] = True
+                pending = {c: v[~used] for c, v in r.items()}
+                older = int(new["index"][0]) if len(new["index"]) else older
                 if w.last:
                     self._end = got
         except _Foreign:
@@ -157,7 +166,7 @@ class WindowedTrace:
 
     def _finish_meta(self) -> None:
         rest, got = self._rest, self._end
-        meta = rest.meta
+        meta = dict(rest.meta)
         dropped, memory = _counters(self._counters, rest)
         meta["dropped_spans"] = max(dropped, meta.get("dropped_spans", 0))
         if memory:
@@ -174,8 +183,7 @@ class WindowedTrace:
     def metadata(self) -> dict[str, Any]:
         """The file's metadata, as the whole-file reader gives it (``recorded_spans`` counted once
         ``batches()`` has run, where the file does not record it)."""
-        if not self.meta:
-            self._finish_meta()
+        self._finish_meta()
         return self.meta
 
     # -- pass 2 -------------------------------------------------------------------------------------------
@@ -207,9 +215,7 @@ class WindowedTrace:
         A span waits a window more than its rows need: a write of the sink cut by a window's end is whole
         before its spans go out, and events the sink held back for a parent arrive with it."""
         n_rows = len(r["index"])
-        begin = r["type"] == BEGIN
-        all_b, all_e = _pairs(r["uuid"], r["ts"], r["index"], begin)
-        old = r["index"][all_b] < before if before is not None else np.ones(len(all_b), bool)
+        all_b, all_e, old = _settle(r, before)
         span = r["sid_kind"][all_b] != 0
         used = np.zeros(n_rows, bool)
         used[all_b[old & ~span]] = used[all_e[old & ~span]] = True  # slices that are not spans: read, not kept
@@ -302,6 +308,16 @@ class WindowedTrace:
                for loc, run in zip((pairs // m).tolist(), (pairs % m).tolist())]
         out[has] = np.array(ids, np.int32)[inverse]
         return out
+
+
+def _settle(r: dict[str, np.ndarray], before: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The slices among rows ``r``: (BEGIN row, END row) of each, and which of them may go out now (their
+    BEGIN before packet ``before``; all where None). Pairs are read a window after their rows arrive: a
+    write of the sink cut by a window's end is then whole, and events the sink held back for a parent have
+    come with it, so the pairs are those the whole file gives."""
+    all_b, all_e = _pairs(r["uuid"], r["ts"], r["index"], r["type"] == BEGIN)
+    old = r["index"][all_b] < before if before is not None else np.ones(len(all_b), bool)
+    return all_b, all_e, old
 
 
 class _Runs:

@@ -17,7 +17,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -124,12 +124,18 @@ def _create(client: Any, db: str, name: str, cols: tuple) -> None:
     client.command(f'CREATE TABLE "{db}"."{name}" ({", ".join(f"{c} {t}" for c, t in cols)}) ENGINE = Memory')
 
 
+WINDOWED_FROM = 64 << 20  # a .pftrace this large loads window by window (read/windows.py): whole, it needs ~1 KB a span
+
+
 def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = schema.TABLE,
               service_name: str | None = None, run_id: str | None = None, rank: str | int | None = None,
-              chunk_rows: int = CHUNK_ROWS, threads: int | None = None) -> LoadResult:
+              chunk_rows: int = CHUNK_ROWS, threads: int | None = None,
+              windowed_from: int = WINDOWED_FROM) -> LoadResult:
     """Load one ``.json``/``.pftrace`` file (see the module docstring). ``threads``: the engine's
-    threads for each of its inserts (None: the engine's default). Raises TraceFileError for a
-    file cltrace cannot read."""
+    threads for each of its inserts (None: the engine's default). A ``.pftrace`` of ``windowed_from``
+    bytes or more is read a window at a time (memory bounded by the window, whatever the file's size);
+    a smaller one, or one outside cltrace's layout, whole. Raises TraceFileError for a file cltrace
+    cannot read."""
     t0 = time.perf_counter()
     if not os.path.isfile(path):
         raise TraceFileError(f"{'is a directory' if os.path.isdir(path) else 'no such file'}: {path}")
@@ -140,10 +146,7 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
                         parameters={"h": digest}).result_rows[0][0]
     if done:
         return LoadResult(path, 0, time.perf_counter() - t0, True, trace_hex, digest)
-    spans, meta = load_columns(path)
-    batch = as_batch(spans, Tables())
-    if detect(path) == "json":
-        absolute(batch, int(meta.get("start_ns") or 0))
+    batches, meta, final_meta = _read(path, windowed_from)
     left = client.query(f'SELECT count() FROM "{db}"."{table}_trace_id_ts" WHERE TraceId = {{t:String}}',
                         parameters={"t": trace_hex}).result_rows[0][0]  # the exporter's lookup table: by key
     if left:  # a load cut short before it was recorded: clear its rows and load afresh
@@ -156,52 +159,115 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
         extra["cltrace.rank"] = str(rank)
     resource = rows.resource(meta, service_name, extra)
     mapper = Mapper(rows.FileRun(meta), trace, salt)
-    sets = rows.attribute_sets(batch, mapper) if batch.n else rows.Sets(np.zeros(0, np.int64), [], [], [], [])
     tag = f"{os.getpid()}_{digest[:12]}"
-    stage, set_table = f"cltrace_stage_{tag}", f"cltrace_sets_{tag}"
-    _create(client, db, stage, _STAGE_COLS)
-    _create(client, db, set_table, _SET_COLS)
+    w = _Writer(client, db, table, tag, resource, trace_hex, meta, mapper, threads)
     try:
-        root_set = len(sets.names)
-        begin = int(meta.get("start_ns") or (batch.host_begin.min() if batch.n else 0))
-        end = max(int(batch.host_end.max()), int(batch.dev_end.max())) if batch.n else begin
-        name, sid, _pid, start, stop, attrs, _ev, code, msg = mapper.root(begin, end, meta, {"dropped": 0, "failed": 0})
-        k = root_set + 1
-        client.insert(f'"{db}"."{set_table}"',
-                      [list(range(k)), sets.names + [name], sets.attrs + [values.attributes(attrs)],
-                       sets.codes + [values.STATUS_CODES[code]], sets.messages + [msg or ""], [trace_hex] * k,
-                       [resource.get("service.name", "")] * k, [resource] * k, [rows.SCOPE_NAME] * k,
-                       [str(meta.get("cltrace.version") or "")] * k],
-                      column_names=[c for c, _ in _SET_COLS], column_oriented=True)
-        insert = _insert_sql(db, table, stage, set_table, resource, threads)
-        derive = _derive_sql(db, stage, set_table, threads)
-        names = [c for c, _ in _STAGE_COLS]
-        root = {"Ts": np.array([start], np.int64), "Dur": np.array([max(stop - start, 0)], np.uint64),
-                "Sid": np.array([sid], np.uint64), "Pid": np.zeros(1, np.uint64), "HasParent": np.zeros(1, np.uint8),
-                "HostDur": np.zeros(1, np.int64), "Dev": np.zeros(1, np.uint8), "DevDur": np.zeros(1, np.int64),
-                "Q": np.zeros(1, np.int64), "Su": np.zeros(1, np.int64), "St": np.zeros(1, np.int64),
-                "En": np.zeros(1, np.int64), "Set": np.array([root_set], np.uint32), "PerRow": np.zeros(1, np.uint8)}
-        chunks = _chunks(root, batch, mapper, sets, chunk_rows)
-        for cols in chunks:
-            client.command(f'TRUNCATE TABLE "{db}"."{stage}"')
-            client.insert(f'"{db}"."{stage}"', [cols[c] for c in names], column_names=names, column_oriented=True)
-            client.command(insert)
-            client.command(derive)
+        for batch in batches:
+            w.add(batch, chunk_rows)
+        spans = w.close(final_meta())
         client.insert(f'"{db}"."{schema.LOADS}"',
-                      [[digest], [os.path.abspath(path)], [trace_hex], [batch.n + 1],
+                      [[digest], [os.path.abspath(path)], [trace_hex], [spans],
                        [resource.get("cltrace.run.id", "")], [resource.get("cltrace.rank", "")]],
                       column_names=["FileHash", "Path", "TraceId", "Spans", "RunId", "Rank"], column_oriented=True)
     finally:
-        client.command(f'DROP TABLE IF EXISTS "{db}"."{stage}"')
-        client.command(f'DROP TABLE IF EXISTS "{db}"."{set_table}"')
-    return LoadResult(path, batch.n + 1, time.perf_counter() - t0, False, trace_hex, digest)
+        w.drop()
+    return LoadResult(path, spans, time.perf_counter() - t0, False, trace_hex, digest)
 
 
-def _chunks(root: dict[str, np.ndarray], batch: SpanBatch, mapper: Mapper, sets: rows.Sets, chunk_rows: int) -> Any:
-    """The root row, then the file's rows ``chunk_rows`` at a time, each built when it is asked for."""
-    yield root
-    for lo in range(0, batch.n, chunk_rows):
-        cols = rows.columns(batch, mapper, slice(lo, lo + chunk_rows))
-        cols["Set"] = sets.row_set[lo:lo + chunk_rows].astype(np.uint32)
-        cols["PerRow"] = np.ones(len(cols["Ts"]), np.uint8)
-        yield cols
+def _read(path: str, windowed_from: int) -> tuple[Iterable[SpanBatch], dict[str, Any], Callable[[], dict[str, Any]]]:
+    """The file's spans as batches, its metadata before them (the windowed reader's first pass reads it),
+    and its metadata once they have been read (the spans counted where the file does not say)."""
+    kind = detect(path)
+    if kind == "pftrace" and os.path.getsize(path) >= windowed_from:
+        from ..read.windows import WindowedTrace
+
+        wt = WindowedTrace.open(path)
+        if wt is not None:
+            return wt.batches(), wt.metadata(), wt.metadata
+    spans, meta = load_columns(path)
+    batch = as_batch(spans, Tables())
+    if kind == "json":
+        absolute(batch, int(meta.get("start_ns") or 0))
+    return [batch], meta, lambda: meta
+
+
+class _Writer:
+    """A file's rows into the store: a staging table and a table of the attribute sets seen so far, each
+    batch's new sets added before its rows; the ``cltrace.run`` root row last, once the spans' extent is known."""
+
+    def __init__(self, client: Any, db: str, table: str, tag: str, resource: dict[str, str], trace_hex: str,
+                 meta: dict[str, Any], mapper: Mapper, threads: int | None) -> None:
+        self.client, self.db, self.resource, self.trace_hex, self.mapper = client, db, resource, trace_hex, mapper
+        self.version = str(meta.get("cltrace.version") or "")
+        self.stage, self.set_table = f"cltrace_stage_{tag}", f"cltrace_sets_{tag}"
+        _create(client, db, self.stage, _STAGE_COLS)
+        _create(client, db, self.set_table, _SET_COLS)
+        self.insert = _insert_sql(db, table, self.stage, self.set_table, resource, threads)
+        self.derive = _derive_sql(db, self.stage, self.set_table, threads)
+        self.sets: dict[tuple[Any, ...], int] = {}
+        self.spans = 0
+        self.lo: int | None = None
+        self.hi: int | None = None
+
+    def _new_sets(self, names: list[str], attrs: list[dict[str, str]], codes: list[str], messages: list[str]) -> None:
+        k = len(names)
+        first = len(self.sets) - k
+        self.client.insert(f'"{self.db}"."{self.set_table}"',
+                           [list(range(first, first + k)), names, attrs, codes, messages, [self.trace_hex] * k,
+                            [self.resource.get("service.name", "")] * k, [self.resource] * k,
+                            [rows.SCOPE_NAME] * k, [self.version] * k],
+                           column_names=[c for c, _ in _SET_COLS], column_oriented=True)
+
+    def _rows(self, cols: dict[str, np.ndarray]) -> None:
+        names = [c for c, _ in _STAGE_COLS]
+        self.client.command(f'TRUNCATE TABLE "{self.db}"."{self.stage}"')
+        self.client.insert(f'"{self.db}"."{self.stage}"', [cols[c] for c in names], column_names=names,
+                           column_oriented=True)
+        self.client.command(self.insert)
+        self.client.command(self.derive)
+
+    def add(self, batch: SpanBatch, chunk_rows: int) -> None:
+        if not batch.n:
+            return
+        local = rows.attribute_sets(batch, self.mapper)
+        new: tuple[list[Any], ...] = ([], [], [], [])
+        ids = []
+        for name, attrs, code, msg in zip(local.names, local.attrs, local.codes, local.messages):
+            key = (name, tuple(sorted(attrs.items())), code, msg)
+            got = self.sets.get(key)
+            if got is None:
+                got = self.sets[key] = len(self.sets)
+                for part, v in zip(new, (name, attrs, code, msg)):
+                    part.append(v)
+            ids.append(got)
+        if new[0]:
+            self._new_sets(*new)
+        row_set = np.array(ids, np.uint32)[local.row_set]
+        for lo in range(0, batch.n, chunk_rows):
+            cols = rows.columns(batch, self.mapper, slice(lo, lo + chunk_rows))
+            cols["Set"] = row_set[lo:lo + chunk_rows]
+            cols["PerRow"] = np.ones(len(cols["Ts"]), np.uint8)
+            self._rows(cols)
+        lo, hi = int(batch.host_begin.min()), max(int(batch.host_end.max()), int(batch.dev_end.max()))
+        self.lo = lo if self.lo is None else min(self.lo, lo)
+        self.hi = hi if self.hi is None else max(self.hi, hi)
+        self.spans += batch.n
+
+    def close(self, meta: dict[str, Any]) -> int:
+        """The root row; the rows written, the root included."""
+        begin = int(meta.get("start_ns") or (self.lo if self.lo is not None else 0))
+        end = self.hi if self.hi is not None else begin
+        name, sid, _pid, start, stop, attrs, _ev, code, msg = self.mapper.root(begin, end, meta, {"dropped": 0,
+                                                                                                  "failed": 0})
+        self.sets[("the root",)] = root_set = len(self.sets)  # a key no set has (theirs are 4-tuples)
+        self._new_sets([name], [values.attributes(attrs)], [values.STATUS_CODES[code]], [msg or ""])
+        zero = {c: np.zeros(1, np.int64) for c in ("HostDur", "DevDur", "Q", "Su", "St", "En")}
+        self._rows({"Ts": np.array([start], np.int64), "Dur": np.array([max(stop - start, 0)], np.uint64),
+                    "Sid": np.array([sid], np.uint64), "Pid": np.zeros(1, np.uint64), "HasParent": np.zeros(1, np.uint8),
+                    "Dev": np.zeros(1, np.uint8), "Set": np.array([root_set], np.uint32),
+                    "PerRow": np.zeros(1, np.uint8), **zero})
+        return self.spans + 1
+
+    def drop(self) -> None:
+        for t in (self.stage, self.set_table):
+            self.client.command(f'DROP TABLE IF EXISTS "{self.db}"."{t}"')
