@@ -1,8 +1,9 @@
 """A cltrace ``.pftrace`` of any size read a window at a time, in memory bounded by the window.
 
 The whole-file reader (``perfetto_columns``) holds the file, its expanded packets and every row at once:
-about 1 KB a span at its peak. Here the file is read ``window_bytes`` at a time (cut after its last whole
-packet; compressed packets expanded within the window, each window under ``inflate``'s budget) and fed to
+about 1 KB a span at its peak. Here the file is read a window at a time (cut after its last whole packet;
+compressed packets expanded within the window, each under ``inflate``'s budget; about ``window_bytes``
+expanded, the next window's share of the file judged from the last one's) and fed to
 the native scanner, whose sequence state (clocks, defaults, interned names) carries from one window to the
 next (``_scan.pftrace_open``/``pftrace_feed``). Two passes:
 
@@ -41,9 +42,22 @@ from .perfetto_columns import (_LIMIT, _Rest, _counters, _names, _pairs, _rows_o
 from .scan import C_COLS, P_COLS
 from .tree import path_ids
 
-WINDOW_BYTES = 16 << 20  # of the file a window: ~4x that expanded, ~0.4M packets, ~60 MB of rows
+WINDOW_BYTES = 4 << 20  # a window's packets, expanded: ~0.2M packets, ~25 MB of the scanner's rows (6x: 16 int64 a packet)
 LEAF_CATS = (KERNEL, TRANSFER, MARKER, FILL)  # never a parent (export/perfetto/order.py relies on it too)
 _ROW_COLS = tuple(c for c in P_COLS if c not in ("seq", "gen"))
+# the rows kept between windows, narrowed: flags and table indexes fit int8 and int32 (77 B a row, not 128)
+_NARROW = {"type": np.int8, "sid_kind": np.int8, "has_parent": np.int8, "dev": np.int8, "has_raw_end": np.int8,
+           "name": np.int32, "cat": np.int32, "extra": np.int32, "site": np.int32}
+
+
+def _rows(got: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The window's slice rows, taken out of ``got``, narrowed."""
+    out = {}
+    for c, b in zip(P_COLS, got.pop("rows")):
+        if c in _ROW_COLS:
+            v = np.frombuffer(b, np.int64)
+            out[c] = v.astype(_NARROW[c]) if c in _NARROW else v
+    return out
 
 
 @dataclass
@@ -86,7 +100,7 @@ class WindowedTrace:
         state = self.scanner.pftrace_open()
         with open(self.path, "rb") as fh:
             size = os.fstat(fh.fileno()).st_size
-            carry, at, want, first = b"", 0, self.window_bytes, True
+            carry, at, want, first = b"", 0, self.window_bytes // 8, True
             skipped: dict[str, Any] | None = None
             while True:
                 chunk = fh.read(want)
@@ -109,7 +123,10 @@ class WindowedTrace:
                     return
                 carry = buf[used:]
                 at += used
-                want = self.window_bytes if used else 2 * want  # a packet longer than the window: a longer one
+                if not used:  # a packet longer than the window: a longer one
+                    want *= 2
+                else:  # the next window expands to about window_bytes, as this one's packets did
+                    want = max(self.window_bytes // 64, min(self.window_bytes, int(self.window_bytes * used / max(len(exp.data), 1))))
 
     # -- pass 1 -------------------------------------------------------------------------------------------
     def _first_pass(self) -> bool:
@@ -128,7 +145,7 @@ class WindowedTrace:
                 for k, b in enumerate(got["counters"]):
                     counters[k].append(np.frombuffer(b, np.int64))
                 name_ids, cat_ids, _, _ = _names(got, tables)
-                new = {c: np.frombuffer(b, np.int64) for c, b in zip(P_COLS, got["rows"]) if c in _ROW_COLS}
+                new = _rows(got)
                 self._has_device.add(new["sid"][(new["type"] == BEGIN) & (new["sid_kind"] != 0) & (new["dev"] != 0)])
                 r = new if pending is None else {c: np.concatenate((pending[c], new[c])) for c in _ROW_COLS}
                 all_b, all_e, old = _settle(r, None if w.last else older)
@@ -197,7 +214,7 @@ class WindowedTrace:
                 got = w.got
                 name_ids, cat_ids, dnames, strings = _names(got, self.tables)
                 self._runs.update(got, dnames, strings)
-                new = {c: np.frombuffer(b, np.int64) for c, b in zip(P_COLS, got.pop("rows")) if c in _ROW_COLS}
+                new = _rows(got)
                 rows = new if pending is None else {c: np.concatenate((pending[c], new[c])) for c in _ROW_COLS}
                 batch, pending = self._round(rows, None if w.last else older, got, name_ids, cat_ids)
                 older = int(new["index"][0]) if len(new["index"]) else older
