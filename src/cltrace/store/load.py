@@ -130,10 +130,10 @@ WINDOWED_FROM = 64 << 20  # a .pftrace this large loads window by window (read/w
 def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = schema.TABLE,
               service_name: str | None = None, run_id: str | None = None, rank: str | int | None = None,
               chunk_rows: int = CHUNK_ROWS, threads: int | None = None,
-              windowed_from: int = WINDOWED_FROM) -> LoadResult:
+              windowed_from: int | None = None) -> LoadResult:
     """Load one ``.json``/``.pftrace`` file (see the module docstring). ``threads``: the engine's
     threads for each of its inserts (None: the engine's default). A ``.pftrace`` of ``windowed_from``
-    bytes or more is read a window at a time (memory bounded by the window, whatever the file's size);
+    bytes or more (None: ``WINDOWED_FROM``) is read a window at a time (memory bounded by the window, whatever the file's size);
     a smaller one, or one outside cltrace's layout, whole. Raises TraceFileError for a file cltrace
     cannot read."""
     t0 = time.perf_counter()
@@ -146,7 +146,7 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
                         parameters={"h": digest}).result_rows[0][0]
     if done:
         return LoadResult(path, 0, time.perf_counter() - t0, True, trace_hex, digest)
-    batches, meta, final_meta = _read(path, windowed_from)
+    batches, meta, final_meta = _read(path, WINDOWED_FROM if windowed_from is None else windowed_from)
     left = client.query(f'SELECT count() FROM "{db}"."{table}_trace_id_ts" WHERE TraceId = {{t:String}}',
                         parameters={"t": trace_hex}).result_rows[0][0]  # the exporter's lookup table: by key
     if left:  # a load cut short before it was recorded: clear its rows and load afresh
