@@ -8,6 +8,7 @@ import sys
 from typing import Any, Sequence
 
 from .checks import check_device, check_plot_path, percent, port, whole_number
+from .large import add_size_arguments, analyze_via_store, diff_via_store, summary_via_store, via_store
 from .windows import add_window_arguments, no_window_on_store, window_of
 
 FORMATS = ("json", "pftrace")
@@ -166,6 +167,9 @@ def cmd_summary(args: argparse.Namespace) -> int:
     from ..analyzers.report import render
     from ..analyzers.summary import summarize
 
+    why = via_store(args, [args.file])
+    if why:
+        return summary_via_store(args, why)
     stats, meta = summarize(args.file, window_of(args, steady_default=False))
     if args.json:
         print(json.dumps({"regions": stats.as_dict(), "meta": meta}, indent=2, default=str))
@@ -196,6 +200,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return cmd_analyze_store(args)
     if args.file is None:
         raise CltraceError("analyze needs a trace FILE, or --store STORE (or CLTRACE_STORE) for a store")
+    why = via_store(args, [args.file])
+    if why:
+        return analyze_via_store(args, why)
     if args.plot:
         check_plot_path(args.plot)  # before the analysis, not after its report
 
@@ -220,6 +227,9 @@ def cmd_diff(args: argparse.Namespace) -> int:
         no_window_on_store(args)
         return cmd_diff_store(args)
 
+    why = via_store(args, [args.a, args.b])
+    if why:
+        return diff_via_store(args, why)
     from .diff_report import print_diff
 
     pct = DEFAULT_PCT if args.fail_above is None else args.fail_above
@@ -252,6 +262,7 @@ def add_analysis_commands(sub: Any) -> None:
     a.add_argument("--by", choices=GROUPS, default=None,
                    help="group kernels by name and also launch shape or call site (the user's launching line)")
     add_window_arguments(a, steady_default=True)
+    add_size_arguments(a)
     a.set_defaults(fn=cmd_analyze)
 
     d = sub.add_parser("diff", help="compare two traces (or two runs in a store) per region and kernel; "
@@ -266,6 +277,7 @@ def add_analysis_commands(sub: Any) -> None:
     d.add_argument("--top", type=whole_number(0), default=20, metavar="N", help="rows to list (default 20; 0: all)")
     d.add_argument("--json", action="store_true", help="print the rows as JSON")
     add_window_arguments(d, steady_default=False)
+    add_size_arguments(d)
     d.set_defaults(fn=cmd_diff)
 
 
@@ -372,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", type=whole_number(0), default=0, metavar="N",
                    help="only the N regions and commands largest by --sort, with the regions around them "
                         "(default 0: all)")
+    add_size_arguments(s)
     s.set_defaults(fn=cmd_summary)
 
     add_analysis_commands(sub)

@@ -68,11 +68,18 @@ def cmd_analyze_store(args: argparse.Namespace) -> int:
 
 
 def cmd_diff_store(args: argparse.Namespace) -> int:
-    from ..analyzers.diff import DEFAULT_PCT, compare
     from ..store import Store
-    from .diff_report import print_diff
 
     with Store(args.store, create=False) as store:
-        ra, rb = (store.totals(r).run_samples() for r in (args.a, args.b))
+        return diff_runs(store, args.a, args.b, f"run {args.a}", f"run {args.b}", args)
+
+
+def diff_runs(store: Any, run_a: str, run_b: str, label_a: str, label_b: str, args: argparse.Namespace) -> int:
+    """``cltrace diff`` of two runs of ``store``: their kernel and region totals through the files' gate
+    (``analyzers.diff.compare``), printed under the labels; the exit status of the gate."""
+    from ..analyzers.diff import DEFAULT_PCT, compare
+    from .diff_report import print_diff
+
+    ra, rb = (store.totals(r).run_samples() for r in (run_a, run_b))
     pct = DEFAULT_PCT if args.fail_above is None else args.fail_above
-    return print_diff(compare(ra, rb, pct), f"run {args.a}", f"run {args.b}", pct, args)
+    return print_diff(compare(ra, rb, pct), label_a, label_b, pct, args)

@@ -89,11 +89,11 @@ def _ranks(f: RunFinding) -> str:
     return ",".join(out) + f" ({len(names)})"
 
 
-def render(a: StoreAnalysis, top: int = 10) -> str:
-    """The analysis as text tables."""
+def render(a: StoreAnalysis, top: int = 10, title: str | None = None) -> str:
+    """The analysis as text tables; ``title`` heads them (default: the store and scope)."""
     out = []
     sc = ", ".join(f"{k} {v}" for k, v in vars(a.scope).items() if v is not None) or "every run"
-    out.append(f"cltrace analyze --store ({sc}): {len(a.ranks)} rank(s)")
+    out.append(f"{title or f'cltrace analyze --store ({sc})'}: {len(a.ranks)} rank(s)")
     out.append("")
     out.append("ranks                      wall ms   busy %    idle ms  kernels ms  transfers ms   waits ms   spans")
     for r in a.ranks:
@@ -125,16 +125,24 @@ def render(a: StoreAnalysis, top: int = 10) -> str:
                        f"{worst.run or '-'}: {_ms(worst.cost_ns)} ms, {worst.detail}")
     else:
         out.append("findings: none of the rules the store computes fired on any rank")
-    out.append("")
-    out.append("kernels                         launches   total ms    mean us  p99 us  ranks  rank means us "
-               "(min/median/max)  slowest  spread")
-    for k in a.kernels:
+    return "\n".join(out + [""] + kernel_lines(a.kernels) + [""] + region_lines(a.regions))
+
+
+def kernel_lines(kernels: list[KernelPace]) -> list[str]:
+    """The kernel table: launches, device time, steady-state mean, p99 and the pace across ranks."""
+    out = ["kernels                         launches   total ms    mean us  p99 us  ranks  rank means us "
+           "(min/median/max)  slowest  spread"]
+    for k in kernels:
         out.append(f"  {k.name[:30]:<30} {k.count:>8} {_ms(k.total_ns):>10} {k.mean_ns / 1e3:>10.1f} {k.p99_ns / 1e3:>7.1f} "
                    f"{k.ranks:>6}  {k.rank_mean_min_ns / 1e3:.1f}/{k.rank_mean_median_ns / 1e3:.1f}/"
                    f"{k.rank_mean_max_ns / 1e3:.1f}  {k.slowest_rank:>7}  {k.spread_pct:.1f}%")
-    out.append("")
-    out.append("regions                         calls   total ms    mean ms  ranks  slowest rank")
-    for r in a.regions:
+    return out
+
+
+def region_lines(regions: list[RegionRow]) -> list[str]:
+    """The region table: calls and host time per region path, and the rank with the most of it."""
+    out = ["regions                         calls   total ms    mean ms  ranks  slowest rank"]
+    for r in regions:
         out.append(f"  {r.path[:30]:<30} {r.count:>6} {_ms(r.total_ns):>10} {_ms(r.mean_ns):>10} {r.ranks:>6}  "
                    f"{r.slowest_rank}")
-    return "\n".join(out)
+    return out
