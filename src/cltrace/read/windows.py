@@ -81,7 +81,8 @@ class WindowedTrace:
         self._parent_ids = np.zeros(0, np.int64)  # spans that may be parents, sorted by id
         self._parent_paths = np.zeros(0, np.int64)
         self._runs = _Runs()
-        self._has_device = SidSet()
+        self._has_device = SidSet()  # spans with a device slice somewhere in the file
+        self._is_parent = SidSet()  # spans some span names as its parent
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], scanner: Any = "default", window_bytes: int = WINDOW_BYTES,
@@ -146,16 +147,19 @@ class WindowedTrace:
                     counters[k].append(np.frombuffer(b, np.int64))
                 name_ids, cat_ids, _, _ = _names(got, tables)
                 new = _rows(got)
-                self._has_device.add(new["sid"][(new["type"] == BEGIN) & (new["sid_kind"] != 0) & (new["dev"] != 0)])
+                begins = (new["type"] == BEGIN) & (new["sid_kind"] != 0)
+                self._has_device.add(new["sid"][begins & (new["dev"] != 0)])
+                self._is_parent.add(new["parent"][begins & (new["has_parent"] != 0)])
                 r = new if pending is None else {c: np.concatenate((pending[c], new[c])) for c in _ROW_COLS}
                 all_b, all_e, old = _settle(r, None if w.last else older)
                 b = all_b[old]
                 may = b[(r["sid_kind"][b] != 0) & (r["dev"][b] == 0)]  # spans' host slices, paired
-                cat = cat_ids[r["cat"][may]].astype(np.int64)
-                may, cat = may[~np.isin(cat, leaf)], cat[~np.isin(cat, leaf)]
+                cat = cat_ids[r["cat"][may]]
+                branch = ~np.isin(cat, leaf)
+                may, cat = may[branch], cat[branch]
                 ids.append(r["sid"][may])
                 parents.append(np.where(r["has_parent"][may] != 0, r["parent"][may], 0))
-                names.append(name_ids[r["name"][may]].astype(np.int64))
+                names.append(name_ids[r["name"][may]])
                 cats.append(cat)
                 used = np.zeros(len(r["index"]), bool)
                 used[b] = used[all_e[old]] = True
@@ -168,15 +172,20 @@ class WindowedTrace:
         except (TraceFileError, ValueError):
             return False
         sid = np.concatenate(ids)
+        del ids
+        # spans of a category that may have children and do: paths are made for those only (a leaf's comes
+        # from its parent's); which ones are known only now, a parent may be written before its children
+        keep = self._is_parent.contains(sid)
+        sid = sid[keep]
         if len(np.unique(sid)) != len(sid) or ((sid >= _LIMIT) | (sid <= -_LIMIT)).any():
             return False
-        cat = np.concatenate(cats)
-        paths = path_ids(sid, np.concatenate(parents), np.concatenate(names), tables,
-                         np.where(cat < 0, tables.cats.id("?"), cat))
+        parent, name, cat = (np.concatenate(part)[keep] for part in (parents, names, cats))
+        del parents, names, cats, keep
+        paths = path_ids(sid, parent, name.astype(np.int64), tables, cat)
         if paths is None:
             return False
         order = np.argsort(sid)
-        self._parent_ids, self._parent_paths = sid[order], paths[order].astype(np.int64)
+        self._parent_ids, self._parent_paths = sid[order], paths[order].astype(np.int32)
         self._rest = rest
         self._counters = {"counters": tuple(np.concatenate(c).tobytes() for c in counters)}
         return True
