@@ -1,4 +1,9 @@
-"""Reading one large trace file: peak RSS and seconds of ``load_columns``, ``summary`` and ``analyze``.
+"""Reading one large trace file: peak RSS and seconds of each way to read it.
+
+Rows: ``load_columns`` (the whole file into columns), ``windows`` (``read/windows.py``: the spans of a
+``.pftrace`` a window at a time, each batch dropped once counted), ``summary`` and ``analyze`` in memory,
+and ``summary-store`` / ``analyze-store`` (``cltrace summary|analyze FILE --via-store``: the file loaded into
+a temporary embedded store, window by window for a ``.pftrace``, and the questions asked there).
 
 A trace of N spans is synthesised as columns (``tests/big_trace.py``: a ``step`` region per step holding ten
 ``saxpy`` kernel launches on an in-order queue and a ``finish``) and written with the real sinks (``.pftrace``
@@ -8,7 +13,8 @@ Targets (issue 29): summary/analyze of a 45M-span ``.pftrace`` completes with pe
 peak RSS reading a trace <= 100 B a span; analyze of a 1M-span file no slower than before (3.3-6.5 s).
 
     python benchmarks/bench_bigread.py [--spans 1000000,5000000] [--formats pftrace,json]
-                                       [--what load_columns,summary,analyze] [--dir DIR] [--keep] [--cap-mb MB]
+                                       [--what load_columns,windows,summary,analyze,summary-store,analyze-store]
+                                       [--dir DIR] [--keep] [--cap-mb MB]
 """
 from __future__ import annotations
 
@@ -39,6 +45,28 @@ def child_read(what: str, path: str) -> dict[str, Any]:
 
         spans, meta = load_columns(path)
         n = len(spans)
+    elif what == "windows":
+        from cltrace.read.windows import WindowedTrace
+
+        wt = WindowedTrace.open(path)
+        if wt is None:
+            raise SystemExit("the windowed reader refused the file")
+        n = sum(b.n for b in wt.batches())
+        meta = wt.metadata()
+    elif what.endswith("-store"):
+        import contextlib
+        import io
+        import re
+
+        from cltrace.cli import main as cli
+
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            rc = cli([what[:-len("-store")], path, "--via-store"])
+        if rc:
+            raise SystemExit(err.getvalue().strip()[-300:])
+        m = re.search(r"\(([\d,]+) spans\)", err.getvalue())
+        n, meta = int(m.group(1).replace(",", "")) if m else 0, {}
     elif what == "summary":
         from cltrace.analyzers.summary import summarize
 
@@ -70,7 +98,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spans", default="1000000,5000000", help="comma-separated span counts")
     ap.add_argument("--formats", default="pftrace,json")
-    ap.add_argument("--what", default="load_columns,summary,analyze")
+    ap.add_argument("--what", default="load_columns,windows,summary,analyze,summary-store,analyze-store")
     ap.add_argument("--dir", help="where the traces go (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the traces (reused by a later run)")
     ap.add_argument("--cap-mb", type=int, default=12_000, help="address space limit of each reading (0: none)")
@@ -105,7 +133,7 @@ def main() -> int:
                     print(f"| {n} | {fmt} | {mb:.0f} | {what} | - | - | - | - | failed: {r['error']} |")
                     continue
                 target = f"<= {TARGET_B_PER_SPAN} B a span"
-                if n >= 40_000_000 and what != "load_columns":
+                if n >= 40_000_000 and what not in ("load_columns", "windows"):
                     target += f"; <= {TARGET_45M_MB} MB"
                 if what == "analyze" and n == 1_000_000:
                     target += "; no slower (3.3-6.5 s before)"

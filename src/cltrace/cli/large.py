@@ -24,8 +24,11 @@ from ..errors import CltraceError
 
 ENV = "CLTRACE_LARGE_FILE_MB"
 MB = 1 << 20
-# Reading a file whole costs roughly 1 KB a span, ~5-10x the file's bytes: 512 MB of file is ~3-5 GB of memory.
-DEFAULT_MB = 512.0
+# Read whole, a file costs ~0.7-1 KB of memory a span. A .pftrace holds a span in 10-20 B: past 32 MB (2-3M
+# spans, 2-3 GB whole) it goes through the store, which loads it window by window (read/windows.py) in
+# ~0.5-1 GB whatever its size. A .json holds a span in 250-750 B and the store reads it whole too: only
+# --via-store or CLTRACE_LARGE_FILE_MB sends one there.
+DEFAULT_MB = {"pftrace": 32.0, "json": math.inf}
 SUMMARY_SORTS = {"total": "total_ns", "count": "count", "mean": "mean_ns"}  # what both store tables hold
 
 
@@ -34,24 +37,36 @@ def add_size_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--via-store", action="store_true",
                    help="read the file through a temporary embedded ClickHouse store (the default for files over "
-                        f"{ENV}, {DEFAULT_MB:g} MB unless set): answered inside the engine, over the whole run")
+                        f"{ENV}; unless set, a .pftrace over {DEFAULT_MB['pftrace']:g} MB): answered inside the engine, over "
+                        "the whole run")
     g.add_argument("--in-memory", action="store_true",
                    help="read the file whole into memory, however large (~1 KB a span)")
 
 
-def threshold_mb() -> float:
-    """``CLTRACE_LARGE_FILE_MB``: a file larger than this many MB (2^20 bytes) goes through the store."""
+def threshold_mb(kind: str = "pftrace") -> float:
+    """``CLTRACE_LARGE_FILE_MB``: a file larger than this many MB (2^20 bytes) goes through the store; unset,
+    the default of the file's format (``DEFAULT_MB``)."""
     raw = os.environ.get(ENV, "").strip()
     if not raw:
-        return DEFAULT_MB
+        return DEFAULT_MB.get(kind, math.inf)
     try:
         mb = float(raw)
     except ValueError:
         mb = -1.0
     if not (mb >= 0 and math.isfinite(mb)):
         raise CltraceError(f"{ENV}={raw[:40]!r} is not a number of MB >= 0: set it to the size above which a "
-                           f"trace file is read through the store (default {DEFAULT_MB:g}; 0: every file), or unset it")
+                           f"trace file is read through the store (unset: {DEFAULT_MB['pftrace']:g} for a .pftrace; "
+                           "0: every file), or unset it")
     return mb
+
+
+def _kind(path: str) -> str:
+    from ..read import detect
+
+    try:
+        return detect(path)
+    except (OSError, CltraceError):  # unreadable or not a trace: the file reader says so in its own words
+        return "?"
 
 
 def _size(path: str) -> int:
@@ -67,8 +82,9 @@ def via_store(args: argparse.Namespace, paths: Sequence[str]) -> str | None:
         return None
     if args.via_store:
         return "--via-store"
-    limit = threshold_mb()
+    threshold_mb()  # a bad setting is refused whatever the files
     for p in paths:
+        limit = threshold_mb(_kind(p)) if _size(p) > 0 else math.inf
         if _size(p) > limit * MB:
             unset = "" if os.environ.get(ENV, "").strip() else ", the default"
             return f"{p} is {_size(p) / MB:,.1f} MB, over the {limit:g} MB of {ENV}{unset}"
