@@ -68,9 +68,12 @@ def totals(query: Any, scope: Scope) -> StoreAnalysis:
 def analyse(query: Any, scope: Scope, step_name: str = "step", threshold_pct: float = 10.0,
             top: int = 10) -> StoreAnalysis:
     """Every question for ``scope``; ``query(sql, params)`` runs SQL with ``{spans}`` for the table."""
-    slow, steps = stragglers(query, scope, step_name, threshold_pct, top)
-    return StoreAnalysis(scope, rank_table(query, scope), kernel_pace(query, scope, top),
-                         region_table(query, scope, top), slow, steps, run_findings(query, scope))
+    ranks = rank_table(query, scope)
+    # a step straggles against the median of two ranks or more: with one, none can (and one rank's steps
+    # are the most a single large file holds)
+    slow, steps = stragglers(query, scope, step_name, threshold_pct, top) if len(ranks) > 1 else ([], [])
+    return StoreAnalysis(scope, ranks, kernel_pace(query, scope, top), region_table(query, scope, top), slow, steps,
+                         run_findings(query, scope))
 
 
 def _ms(ns: float) -> str:

@@ -53,7 +53,8 @@ pace AS (
 ),
 dist AS (
     SELECT name, device, quantilesExactIf(0.5, 0.99)(dev, b != first_b) AS q, count() AS c
-    FROM (SELECT name, device, dev, b, min(b) OVER (PARTITION BY name, device, run, rank) AS first_b FROM k)
+    FROM k ANY LEFT JOIN (SELECT name, device, run, rank, b0 AS first_b FROM per_rank) AS f
+      ON k.name = f.name AND k.device = f.device AND k.run = f.run AND k.rank = f.rank
     GROUP BY name, device
 )
 SELECT pace.name AS name, pace.device AS device, count, total_ns, first_ns,
