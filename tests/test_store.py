@@ -519,3 +519,42 @@ def test_a_derived_table_of_other_columns_is_derived_again(tmp_path: Path, job: 
         a = s.analyze()
         assert s.query("SELECT count() FROM {derived}")[0][0] == s.count()
         assert [f.rule for f in a.findings] == ["blocking-in-loop"]
+
+
+def test_device_busy_is_the_exact_union_across_seconds(tmp_path: Path) -> None:
+    """The rank table's busy time (``ranks.busy_cte``: the union taken a second at a time) against the union
+    computed here, on intervals that overlap across queues, cross one or many second boundaries, touch,
+    nest, are empty, or are not device work."""
+    import random
+
+    from cltrace.store.questions.ranks import SLOT_NS, busy_cte
+
+    rng = random.Random(7)
+    rows = []
+    for rank in ("0", "1"):
+        t = 5 * SLOT_NS - 3_000
+        for _ in range(400):
+            t += rng.choice([0, 1, 50, 5_000, SLOT_NS // 3])
+            d = rng.choice([0, 10, 7_000, SLOT_NS - 1, SLOT_NS, 2 * SLOT_NS + 17])
+            rows.append((rank, rng.choice(["kernel", "transfer", "fill", "sync"]), rng.random() < 0.9, t, t + d))
+            if rng.random() < 0.3:  # another queue's command overlapping it
+                rows.append((rank, "kernel", True, t + d // 2, t + d + rng.choice([1, SLOT_NS // 2])))
+    want = {}
+    for rank in ("0", "1"):
+        iv = sorted((s, e) for r, c, on, s, e in rows if r == rank and on and c != "sync" and e > s)
+        total, end = 0, None
+        for s, e in iv:
+            if end is None or s > end:
+                total += e - s
+                end = e
+            elif e > end:
+                total += e - end
+                end = e
+        want[rank] = total
+    values = ", ".join(f"('r', '{r}', '{c}', {int(on)}, {s}, {e})" for r, c, on, s, e in rows)
+    sql = (f"WITH base AS (SELECT * FROM values('run String, rank String, cat String, on_dev UInt8, ds Int64, "
+           f"de Int64', {values})), {busy_cte(repr('kernel') + ', ' + repr('transfer') + ', ' + repr('fill'))} "
+           "SELECT rank, busy_ns FROM busy ORDER BY rank")
+    with Store(tmp_path / "s") as store:
+        got = {r: int(b) for r, b in store.query(sql)}
+    assert got == want and all(v > 3 * SLOT_NS for v in want.values())

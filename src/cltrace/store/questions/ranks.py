@@ -36,6 +36,20 @@ class RankRow:
 SLOT_NS = 1_000_000_000
 
 
+def busy_cte(work: str) -> str:
+    """The ``busy`` CTE: per (run, rank) the union of the device intervals of ``base`` rows of categories
+    ``work`` (a SQL list), exact, a second at a time."""
+    return f"""busy AS (
+    SELECT run, rank, sum(greatest(toInt64(0), de - greatest(ds, prev))) AS busy_ns FROM (
+        SELECT run, rank, cs AS ds, ce AS de, max(ce) OVER (PARTITION BY run, rank, slot ORDER BY cs, ce
+                                                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
+        FROM (SELECT run, rank, slot, greatest(ds, slot * {SLOT_NS}) AS cs, least(de, (slot + 1) * {SLOT_NS}) AS ce
+              FROM base ARRAY JOIN range(intDiv(ds, {SLOT_NS}), intDiv(de - 1, {SLOT_NS}) + 1) AS slot
+              WHERE on_dev AND cat IN ({work}) AND de > ds AND ds >= 0))
+    GROUP BY run, rank
+)"""
+
+
 def _sql(where: str) -> str:
     work = ", ".join(f"'{c}'" for c in WORK)
     return f"""
@@ -44,15 +58,7 @@ WITH base AS (
            End AS e, {DEVICE_NS} AS dev, HostNs AS host_ns, OnDevice AS on_dev, DevStart AS ds, DevEnd AS de
     FROM {{derived}} WHERE {where}
 ),
-busy AS (
-    SELECT run, rank, sum(greatest(toInt64(0), de - greatest(ds, prev))) AS busy_ns FROM (
-        SELECT run, rank, cs AS ds, ce AS de, max(ce) OVER (PARTITION BY run, rank, slot ORDER BY cs, ce
-                                                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev
-        FROM (SELECT run, rank, slot, greatest(ds, slot * {SLOT_NS}) AS cs, least(de, (slot + 1) * {SLOT_NS}) AS ce
-              FROM base ARRAY JOIN range(intDiv(ds, {SLOT_NS}), intDiv(de - 1, {SLOT_NS}) + 1) AS slot
-              WHERE on_dev AND cat IN ({work}) AND de > ds AND ds >= 0))
-    GROUP BY run, rank
-)
+{busy_cte(work)}
 SELECT t.run AS run, t.rank AS rank, service, host, pid, spans, wall_ns, ifNull(busy.busy_ns, 0) AS busy_ns,
        kernel_ns, transfer_ns, wait_ns, kernels
 FROM (
