@@ -1,8 +1,10 @@
-"""The windowed .pftrace reader (``read/windows.py``) against the whole-file reader, and loading by windows.
+"""The windowed readers (``read/windows.py`` for .pftrace, ``read/chrome_windows.py`` for .json) against the
+whole-file readers, and loading by windows.
 
 Real traces (the demo run here, the H200 demo kept in ``traces/``, a program with call sites, attributes
-and a failed region, a 40k-span run written by the real sink, packed and plain), read with windows from
-2 KiB (a window per packed chunk, most empty, each doubling until a packet fits) to 4 MiB: the same spans
+and a failed region, a 40k-span run written by the real sinks, packed and plain, each as .pftrace and
+.json), read with windows from 2 KiB (a .pftrace window per packed chunk, most empty, each doubling until
+a packet fits) to 4 MiB: the same spans
 (every field: paths, sites, attributes, errors) and the same metadata as ``load_columns``, whole or cut
 off anywhere. A file outside cltrace's layout is left to the whole-file readers. Memory: reading in
 windows holds a fraction of what the whole file holds (traced allocations). The store holds the same
@@ -49,7 +51,7 @@ def forward():
 from cltrace.export.perfetto import PerfettoTraceSink
 
 cltrace.configure(stack_depth=2)
-with cltrace.trace(PerfettoTraceSink(sys.argv[1], flush_every=64)):
+with cltrace.trace(PerfettoTraceSink(sys.argv[1], flush_every=64), sys.argv[2]):
     host = np.zeros(1024, np.float32)
     with cltrace.region("train", attrs={"lr": 0.1}):
         for step in cltrace.steps(range(40), q):
@@ -92,31 +94,36 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("windows")
     from cltrace.cli.demo import run_demo
 
-    demo = run_demo(out_dir=str(out / "demo"), steps=8, formats=("pftrace",))
+    demo = run_demo(out_dir=str(out / "demo"), steps=8, formats=("pftrace", "json"))
     env = {k: v for k, v in os.environ.items() if k not in ("CLTRACE", "CLTRACE_OUT", "PYOPENCL_CTX")}
     env.update(CLTRACE_CACHE_DIR=str(out / "cache"), CLTRACE_QUIET="1")
     program = out / "program.pftrace"
-    proc = subprocess.run([sys.executable, "-c", PROGRAM, str(program)], capture_output=True, text=True,
-                          timeout=240, env=env, cwd=out)
+    proc = subprocess.run([sys.executable, "-c", PROGRAM, str(program), str(out / "program.json")],
+                          capture_output=True, text=True, timeout=240, env=env, cwd=out)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     big = out / "big.pftrace"
-    write_big_trace(40_000, str(big))
+    write_big_trace(40_000, str(big), str(out / "big.json"))
     plain = out / "plain.pftrace"
     plain.write_bytes(expand(big.read_bytes()).data)
-    return {"demo": Path(demo.paths[0]), "h200": HERE.parent / "traces" / "h200-demo.pftrace", "program": program,
-            "big": big, "plain": plain}
+    traces = HERE.parent / "traces"
+    by_ext = {os.path.splitext(p)[1]: Path(p) for p in demo.paths}
+    return {"demo": by_ext[".pftrace"], "h200": traces / "h200-demo.pftrace", "program": program, "big": big,
+            "plain": plain, "demo.json": by_ext[".json"], "h200.json": traces / "h200-demo.json",
+            "program.json": out / "program.json", "big.json": out / "big.json"}
 
 
 @pytest.mark.parametrize("window", WINDOWS)
-@pytest.mark.parametrize("name", ["demo", "h200", "program", "big", "plain"])
+@pytest.mark.parametrize("name", ["demo", "h200", "program", "big", "plain", "demo.json", "h200.json",
+                                  "program.json", "big.json"])
 def test_windows_hold_the_whole_files_spans_and_metadata(files: dict[str, Path], name: str, window: int) -> None:
     n = same(files[name], window)
-    if name == "plain" and window == WINDOWS[0]:
+    if name in ("plain", "big.json") and window == WINDOWS[0]:
         assert n > 3  # the spans came out window by window, not all at the end
 
 
-def test_a_file_of_errors_attributes_and_sites_keeps_them(files: dict[str, Path]) -> None:
-    got, _, _ = windowed(files["program"], WINDOWS[0])
+@pytest.mark.parametrize("name", ["program", "program.json"])
+def test_a_file_of_errors_attributes_and_sites_keeps_them(files: dict[str, Path], name: str) -> None:
+    got, _, _ = windowed(files[name], WINDOWS[0])
     by = {f: i for i, f in enumerate(FIELDS)}
     failed = [r for r in got if r[by["status"]] == "error"]
     assert [(r[by["name"]], r[by["error"]]) for r in failed] == [("check", "ValueError: loss is nan")]
@@ -126,11 +133,11 @@ def test_a_file_of_errors_attributes_and_sites_keeps_them(files: dict[str, Path]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(cut=st.floats(0.01, 0.999), name=st.sampled_from(["big", "plain", "program"]))
+@given(cut=st.floats(0.01, 0.999), name=st.sampled_from(["big", "plain", "program", "big.json", "program.json"]))
 def test_a_file_cut_anywhere_reads_as_the_whole_file_reader_reads_it(files: dict[str, Path], cut: float, name: str,
                                                                       tmp_path_factory: Any) -> None:
     data = files[name].read_bytes()
-    path = tmp_path_factory.mktemp("cut") / "t.pftrace"
+    path = tmp_path_factory.mktemp("cut") / f"t{files[name].suffix}"
     path.write_bytes(data[:max(int(len(data) * cut), 64)])
     whole, meta = load_columns(path)
     if not isinstance(whole, SpanBatch):  # the whole-file scanner left it to the general reader: so do windows
@@ -157,6 +164,13 @@ def test_a_file_outside_the_layout_is_left_to_the_whole_file_readers(files: dict
     other = tmp_path / "other.pftrace"
     other.write_bytes(extra.SerializeToString())
     assert WindowedTrace.open(other) is None
+    lines = files["demo.json"].read_text().splitlines()
+    for k, bad in enumerate(('{"ph": "X", "cat": "region", "name": "spaced", "pid": 1, "tid": 1, "ts": 5.0, "dur": 1.0, "args": '
+                              '{"span": 99999, "parent": 0}},', '{"torn": ',)):
+        path = tmp_path / f"foreign{k}.json"  # a span in another layout; a torn line before readable ones
+        path.write_text("\n".join(lines[:5] + [bad] + lines[5:]) + "\n")
+        assert not isinstance(load_columns(path)[0], SpanBatch)
+        assert WindowedTrace.open(path, window_bytes=WINDOWS[0]) is None
 
 
 def test_reading_in_windows_holds_a_fraction_of_the_whole_file(tmp_path: Path) -> None:
@@ -201,7 +215,7 @@ def test_the_store_holds_the_same_rows_loaded_whole_or_by_windows(files: dict[st
     rows = []
     for k, windowed_from in enumerate((1 << 62, 0)):
         with Store(tmp_path / f"s{k}") as store:
-            for name in ("program", "big"):
+            for name in ("program", "big", "program.json"):
                 r = load_file(store.client, str(files[name]), store.database, store.table, windowed_from=windowed_from,
                               chunk_rows=5000)
                 assert not r.skipped and r.spans > 1

@@ -24,11 +24,10 @@ from ..errors import CltraceError
 
 ENV = "CLTRACE_LARGE_FILE_MB"
 MB = 1 << 20
-# Read whole, a file costs ~0.7-1 KB of memory a span. A .pftrace holds a span in 10-20 B: past 32 MB (2-3M
-# spans, 2-3 GB whole) it goes through the store, which loads it window by window (read/windows.py) in
-# ~0.5-1 GB whatever its size. A .json holds a span in 250-750 B and the store reads it whole too: only
-# --via-store or CLTRACE_LARGE_FILE_MB sends one there.
-DEFAULT_MB = {"pftrace": 32.0, "json": math.inf}
+# Read whole, a file costs ~0.7-1 KB of memory a span. A .pftrace holds a span in 10-20 B, a .json in
+# 250-750 B: past 32 MB and 1024 MB (2-3M spans, 2-3 GB whole) a file goes through the store, which loads
+# it window by window (read/windows.py) in well under 1 GB whatever its size.
+DEFAULT_MB = {"pftrace": 32.0, "json": 1024.0}
 SUMMARY_SORTS = {"total": "total_ns", "count": "count", "mean": "mean_ns"}  # what both store tables hold
 
 
@@ -37,8 +36,8 @@ def add_size_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--via-store", action="store_true",
                    help="read the file through a temporary embedded ClickHouse store (the default for files over "
-                        f"{ENV}; unless set, a .pftrace over {DEFAULT_MB['pftrace']:g} MB): answered inside the engine, over "
-                        "the whole run")
+                        f"{ENV}; unless set, a .pftrace over {DEFAULT_MB['pftrace']:g} MB, a .json over "
+                        f"{DEFAULT_MB['json']:g} MB): answered inside the engine, over the whole run")
     g.add_argument("--in-memory", action="store_true",
                    help="read the file whole into memory, however large (~1 KB a span)")
 
@@ -55,8 +54,8 @@ def threshold_mb(kind: str = "pftrace") -> float:
         mb = -1.0
     if not (mb >= 0 and math.isfinite(mb)):
         raise CltraceError(f"{ENV}={raw[:40]!r} is not a number of MB >= 0: set it to the size above which a "
-                           f"trace file is read through the store (unset: {DEFAULT_MB['pftrace']:g} for a .pftrace; "
-                           "0: every file), or unset it")
+                           f"trace file is read through the store (unset: {DEFAULT_MB['pftrace']:g} for a .pftrace, "
+                           f"{DEFAULT_MB['json']:g} for a .json; 0: every file), or unset it")
     return mb
 
 

@@ -383,29 +383,64 @@ flow_line(const uint8_t *base, cur c)
            LIT(&c, ",\"ts\":") && micros(&c, &x) && LIT(&c, "}") && c.p == c.end;
 }
 
-static PyObject *
-chrome(PyObject *self, PyObject *args)
-{
-    Py_buffer b;
-    if (!PyArg_ParseTuple(args, "y*:chrome", &b))
-        return NULL;
-    const uint8_t *base = b.buf, *end = base + b.len;
+/* A Chrome JSON scan, whole or a window of lines at a time: what carries from one window to the next. */
+typedef struct {
     chrome_out o;
-    memset(&o, 0, sizeof(o));
-    col others_off = {0}, others_len = {0}, others_line = {0}, others_end = {0};
-    PyObject *res = NULL;
-    int err = 0;
-    if (b.len < 2 || base[0] != '[' || base[1] != '\n') {
-        PyBuffer_Release(&b);
-        Py_RETURN_NONE;
+    col others_off, others_len, others_line, others_end;
+    int64_t line, events, last_comma, commas_ok, closed, after_close, started;
+} chrome_scan;
+
+static void
+chrome_scan_free(chrome_scan *st)
+{
+    for (int k = 0; k < X_NCOLS; k++)
+        col_free(&st->o.x[k]);
+    intern_free(&st->o.names);
+    intern_free(&st->o.cats);
+    intern_free(&st->o.extras);
+    col_free(&st->others_off);
+    col_free(&st->others_len);
+    col_free(&st->others_line);
+    col_free(&st->others_end);
+}
+
+/* ``base`` (NULL: the interners copy what they keep, for a scan fed window by window). */
+static int
+chrome_scan_init(chrome_scan *st, const uint8_t *base)
+{
+    memset(st, 0, sizeof(*st));
+    st->last_comma = -1;
+    st->commas_ok = 1;
+    if (intern_init(&st->o.names, base) || intern_init(&st->o.cats, base) || intern_init(&st->o.extras, base)) {
+        chrome_scan_free(st);
+        return -1;
     }
-    if (intern_init(&o.names, base) || intern_init(&o.cats, base) || intern_init(&o.extras, base))
-        goto nomem;
-    /* Per line: an event (a trailing comma noted), "]", or blank. */
-    int64_t line = 0, events = 0, last_comma = -1, commas_ok = 1, closed = 0, after_close = 0;
+    return 0;
+}
+
+/* The lines of p[0:len] (all of them where ``last``, else up to the last newline); offsets in the result
+ * count from p. Returns the dict of the module docstring ("consumed": the bytes read), None where the
+ * file is not in the writer's layout. */
+static PyObject *
+chrome_scan_lines(chrome_scan *st, const uint8_t *base, Py_ssize_t len, int last)
+{
+    const uint8_t *end = base + len;
+    int err = 0;
+    if (!st->started) {
+        if (len < 2 || base[0] != '[' || base[1] != '\n')
+            Py_RETURN_NONE;
+    }
+    const uint8_t *p = base + (st->started ? 0 : 2);
+    st->started = 1;
+    if (!last) { /* the lines the window holds whole */
+        const uint8_t *q = end;
+        while (q > p && q[-1] != '\n')
+            q--;
+        end = q;
+    }
     int64_t x_end = 0; /* end offset of the last line read here */
+    chrome_out *o = &st->o;
     Py_BEGIN_ALLOW_THREADS
-    const uint8_t *p = base + 2;
     while (p < end) {
         const uint8_t *nl = memchr(p, '\n', (size_t)(end - p));
         const uint8_t *le = nl ? nl : end;
@@ -418,34 +453,34 @@ chrome(PyObject *self, PyObject *args)
             p = le + 1;
             continue;
         }
-        line++;
-        if (closed) {
-            after_close = 1;
+        st->line++;
+        if (st->closed) {
+            st->after_close = 1;
             break;
         }
         if (c.end - c.p == 1 && *c.p == ']') {
-            closed = 1;
+            st->closed = 1;
             p = le + 1;
             continue;
         }
         int comma = c.end[-1] == ',';
         if (comma)
             c.end--;
-        if (last_comma == 0)
-            commas_ok = 0; /* an event after one without a comma */
-        last_comma = comma;
-        if (c.end - c.p > 8 && memcmp(c.p, "{\"ph\":\"X\"", 9) == 0 && x_line(&o, base, c, line, &err)) {
-            events++;
+        if (st->last_comma == 0)
+            st->commas_ok = 0; /* an event after one without a comma */
+        st->last_comma = comma;
+        if (c.end - c.p > 8 && memcmp(c.p, "{\"ph\":\"X\"", 9) == 0 && x_line(o, base, c, st->line, &err)) {
+            st->events++;
             x_end = le - base;
         }
         else if (err)
             break;
         else if (flow_line(base, c)) {
-            events++;
+            st->events++;
             x_end = le - base;
         }
-        else if (put(&others_off, c.p - base) || put(&others_len, c.end - c.p) || put(&others_line, line) ||
-                 put(&others_end, le - base)) {
+        else if (put(&st->others_off, c.p - base) || put(&st->others_len, c.end - c.p) ||
+                 put(&st->others_line, st->line) || put(&st->others_end, le - base)) {
             err = 1;
             break;
         }
@@ -453,36 +488,79 @@ chrome(PyObject *self, PyObject *args)
     }
     Py_END_ALLOW_THREADS
     if (err)
-        goto nomem;
-    if (after_close) {
-        res = Py_None;
-        Py_INCREF(res);
-        goto done;
-    }
+        return PyErr_NoMemory();
+    if (st->after_close)
+        Py_RETURN_NONE;
     PyObject *x = PyTuple_New(X_NCOLS);
     if (!x)
-        goto done;
+        return NULL;
     for (int k = 0; k < X_NCOLS; k++)
-        PyTuple_SET_ITEM(x, k, col_bytes(&o.x[k]));
-    res = Py_BuildValue("{sNsNsNsNsNsNsNsNsNsLsLsisi}", "x", x, "names", intern_table(&o.names), "cats",
-                        intern_table(&o.cats), "extras", intern_table(&o.extras), "others_off", col_bytes(&others_off),
-                        "others_len", col_bytes(&others_len), "others_line", col_bytes(&others_line),
-                        "others_end", col_bytes(&others_end), "lines", PyLong_FromLongLong(line),
-                        "events", (long long)events, "read_end", (long long)x_end,
-                        "closed", (int)closed, "commas_ok", (int)(commas_ok && last_comma == 0));
-    goto done;
-nomem:
-    PyErr_NoMemory();
-done:
-    for (int k = 0; k < X_NCOLS; k++)
-        col_free(&o.x[k]);
-    intern_free(&o.names);
-    intern_free(&o.cats);
-    intern_free(&o.extras);
-    col_free(&others_off);
-    col_free(&others_len);
-    col_free(&others_line);
-    col_free(&others_end);
+        PyTuple_SET_ITEM(x, k, col_bytes(&o->x[k]));
+    int owned = o->names.base == NULL;
+    return Py_BuildValue("{sNsNsNsNsNsNsNsNsNsLsLsisisL}", "x", x, "names",
+                         owned ? owned_table(&o->names) : intern_table(&o->names), "cats",
+                         owned ? owned_table(&o->cats) : intern_table(&o->cats), "extras",
+                         owned ? owned_table(&o->extras) : intern_table(&o->extras),
+                         "others_off", col_bytes(&st->others_off), "others_len", col_bytes(&st->others_len),
+                         "others_line", col_bytes(&st->others_line), "others_end", col_bytes(&st->others_end),
+                         "lines", PyLong_FromLongLong(st->line), "events", (long long)st->events, "read_end",
+                         (long long)x_end, "closed", (int)st->closed, "commas_ok",
+                         (int)(st->commas_ok && st->last_comma == 0), "consumed", (long long)(end - base));
+}
+
+static PyObject *
+chrome(PyObject *self, PyObject *args)
+{
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:chrome", &b))
+        return NULL;
+    chrome_scan st;
+    PyObject *res = chrome_scan_init(&st, b.buf) ? PyErr_NoMemory() : chrome_scan_lines(&st, b.buf, b.len, 1);
+    chrome_scan_free(&st);
+    PyBuffer_Release(&b);
+    return res;
+}
+
+#define CHROME_CAPSULE "cltrace.scan.chrome_state"
+
+static void
+chrome_capsule_free(PyObject *cap)
+{
+    chrome_scan *st = PyCapsule_GetPointer(cap, CHROME_CAPSULE);
+    if (st) {
+        chrome_scan_free(st);
+        PyMem_RawFree(st);
+    }
+}
+
+static PyObject *
+chrome_open(PyObject *self, PyObject *noargs)
+{
+    chrome_scan *st = PyMem_RawMalloc(sizeof(chrome_scan));
+    if (!st || chrome_scan_init(st, NULL)) {
+        PyMem_RawFree(st);
+        return PyErr_NoMemory();
+    }
+    PyObject *cap = PyCapsule_New(st, CHROME_CAPSULE, chrome_capsule_free);
+    if (!cap) {
+        chrome_scan_free(st);
+        PyMem_RawFree(st);
+    }
+    return cap;
+}
+
+/* The next window of a Chrome JSON file (``last``: it ends the file): as chrome() gives, for its whole
+ * lines; names, categories and extras are the scan's so far (with the bytes they index). */
+static PyObject *
+chrome_feed(PyObject *self, PyObject *args)
+{
+    PyObject *cap;
+    Py_buffer b;
+    int last;
+    if (!PyArg_ParseTuple(args, "Oy*p:chrome_feed", &cap, &b, &last))
+        return NULL;
+    chrome_scan *st = PyCapsule_GetPointer(cap, CHROME_CAPSULE);
+    PyObject *res = st ? chrome_scan_lines(st, b.buf, b.len, last) : NULL;
     PyBuffer_Release(&b);
     return res;
 }
@@ -1439,6 +1517,8 @@ compressed(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"chrome", chrome, METH_VARARGS, "Columns of a cltrace Chrome JSON trace, or None (not its layout)."},
+    {"chrome_open", chrome_open, METH_NOARGS, "A scan of a Chrome JSON trace fed a window at a time (chrome_feed)."},
+    {"chrome_feed", chrome_feed, METH_VARARGS, "The next window's columns, as chrome gives them, or None."},
     {"pftrace", pftrace, METH_VARARGS, "Columns of a cltrace .pftrace, or None (not its layout)."},
     {"pftrace_open", pftrace_open, METH_NOARGS, "A scan of a .pftrace fed a window at a time (pftrace_feed)."},
     {"pftrace_feed", pftrace_feed, METH_VARARGS, "The next window's columns, as pftrace gives them, or None."},

@@ -68,8 +68,9 @@ class _Window:
 
 
 class WindowedTrace:
-    """A ``.pftrace`` read in windows: ``meta`` (as the whole-file reader gives it) once open, then
-    ``batches()`` the spans, a ``SpanBatch`` at a time, sharing ``tables``."""
+    """A trace file read in windows: ``metadata()`` (as the whole-file reader gives it) once open, then
+    ``batches()`` the spans, a ``SpanBatch`` at a time, sharing ``tables``. ``open`` picks the reader of
+    the file's format (``PftraceWindows`` here, ``chrome_windows.ChromeWindows``)."""
 
     def __init__(self, path: str, scanner: Any, window_bytes: int, tables: Tables) -> None:
         self.path = path
@@ -78,9 +79,8 @@ class WindowedTrace:
         self.tables = tables
         self.meta: dict[str, Any] = {}
         self.spans = 0
-        self._parent_ids = np.zeros(0, np.int64)  # spans that may be parents, sorted by id
-        self._parent_paths = np.zeros(0, np.int64)
-        self._runs = _Runs()
+        self._parent_ids = np.zeros(0, np.int64)  # spans that are parents, sorted by id
+        self._parent_paths = np.zeros(0, np.int32)
         self._has_device = SidSet()  # spans with a device slice somewhere in the file
         self._is_parent = SidSet()  # spans some span names as its parent
 
@@ -93,8 +93,78 @@ class WindowedTrace:
             from .scan import NATIVE as scanner
         if scanner is None:
             return None
-        t = cls(os.fspath(path), scanner, window_bytes, tables or Tables())
+        from .load import detect
+
+        try:
+            kind = detect(os.fspath(path))
+        except (OSError, TraceFileError):
+            return None
+        if kind == "json":
+            from .chrome_windows import ChromeWindows as reader
+        else:
+            reader = PftraceWindows
+        t = reader(os.fspath(path), scanner, window_bytes, tables or Tables())
         return t if t._first_pass() else None
+
+    def _first_pass(self) -> bool:
+        raise NotImplementedError
+
+    def batches(self) -> Iterator[SpanBatch]:
+        raise NotImplementedError
+
+    def metadata(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _set_parents(self, sid: np.ndarray, parent: np.ndarray, name: np.ndarray, cat: np.ndarray) -> bool:
+        """Paths of the spans that some span names as its parent, from the candidates of the first pass (which
+        ones are parents is known only at its end: a parent may be written before its children). False where
+        the whole-file reader would not read the file (an id twice, parent links that loop)."""
+        keep = self._is_parent.contains(sid)
+        sid = sid[keep]
+        if len(np.unique(sid)) != len(sid) or ((sid >= _LIMIT) | (sid <= -_LIMIT)).any():
+            return False
+        paths = path_ids(sid, parent[keep], name[keep].astype(np.int64), self.tables, cat[keep])
+        if paths is None:
+            return False
+        order = np.argsort(sid)
+        self._parent_ids, self._parent_paths = sid[order], paths[order].astype(np.int32)
+        return True
+
+    def _paths(self, sid: np.ndarray, parent: np.ndarray, names: np.ndarray, cats: np.ndarray) -> np.ndarray:
+        """Region paths: a parent's from the first pass; any other span's, its parent's path and its own name."""
+        tables, pid, ppath = self.tables, self._parent_ids, self._parent_paths
+        out = np.full(len(sid), -1, np.int64)
+        if len(pid):
+            at = np.minimum(np.searchsorted(pid, sid), len(pid) - 1)
+            mine = pid[at] == sid
+            out[mine] = ppath[at[mine]]
+            at = np.minimum(np.searchsorted(pid, parent), len(pid) - 1)
+            up = np.where(pid[at] == parent, ppath[at], -1)
+        else:
+            mine = np.zeros(len(sid), bool)
+            up = np.full(len(sid), -1, np.int64)
+        rows = np.flatnonzero(~mine)
+        if len(rows):
+            step = tables.cats.ids.get(STEP)
+            own = names[rows].astype(np.int64)
+            if step is not None:
+                own = np.where(cats[rows] == step, tables.names.id(STEP), own)
+            nn = len(tables.names.values) + 1
+            key = (up[rows] + 1) * nn + own
+            uniq, inv = np.unique(key, return_inverse=True)
+            values = tables.paths.values
+            made = np.array([tables.paths.id((values[k // nn - 1] if k >= nn else ()) + (tables.names.values[k % nn],))
+                             for k in uniq.tolist()], np.int64)
+            out[rows] = made[inv.ravel()]
+        return out.astype(np.int32)
+
+
+class PftraceWindows(WindowedTrace):
+    """A ``.pftrace`` in windows (the module docstring)."""
+
+    def __init__(self, path: str, scanner: Any, window_bytes: int, tables: Tables) -> None:
+        super().__init__(path, scanner, window_bytes, tables)
+        self._runs = _Runs()
 
     # -- reading the file a window at a time -----------------------------------------------------------
     def _windows(self) -> Iterator[_Window]:
@@ -171,21 +241,10 @@ class WindowedTrace:
             return False
         except (TraceFileError, ValueError):
             return False
-        sid = np.concatenate(ids)
-        del ids
-        # spans of a category that may have children and do: paths are made for those only (a leaf's comes
-        # from its parent's); which ones are known only now, a parent may be written before its children
-        keep = self._is_parent.contains(sid)
-        sid = sid[keep]
-        if len(np.unique(sid)) != len(sid) or ((sid >= _LIMIT) | (sid <= -_LIMIT)).any():
+        cand = [np.concatenate(part) for part in (ids, parents, names, cats)]
+        del ids, parents, names, cats
+        if not self._set_parents(*cand):
             return False
-        parent, name, cat = (np.concatenate(part)[keep] for part in (parents, names, cats))
-        del parents, names, cats, keep
-        paths = path_ids(sid, parent, name.astype(np.int64), tables, cat)
-        if paths is None:
-            return False
-        order = np.argsort(sid)
-        self._parent_ids, self._parent_paths = sid[order], paths[order].astype(np.int32)
         self._rest = rest
         self._counters = {"counters": tuple(np.concatenate(c).tobytes() for c in counters)}
         return True
@@ -293,34 +352,6 @@ class WindowedTrace:
             "path": self._paths(hsid, parent, names, cats),
         }
         return SpanBatch(self.tables, cols, attrs, errors), pending
-
-    def _paths(self, sid: np.ndarray, parent: np.ndarray, names: np.ndarray, cats: np.ndarray) -> np.ndarray:
-        """Region paths: a parent's from the first pass; a leaf's, its parent's path and its own name."""
-        tables, pid, ppath = self.tables, self._parent_ids, self._parent_paths
-        out = np.full(len(sid), -1, np.int64)
-        if len(pid):
-            at = np.minimum(np.searchsorted(pid, sid), len(pid) - 1)
-            mine = pid[at] == sid
-            out[mine] = ppath[at[mine]]
-            at = np.minimum(np.searchsorted(pid, parent), len(pid) - 1)
-            up = np.where(pid[at] == parent, ppath[at], -1)
-        else:
-            mine = np.zeros(len(sid), bool)
-            up = np.full(len(sid), -1, np.int64)
-        rows = np.flatnonzero(~mine)
-        if len(rows):
-            step = tables.cats.ids.get(STEP)
-            own = names[rows].astype(np.int64)
-            if step is not None:
-                own = np.where(cats[rows] == step, tables.names.id(STEP), own)
-            nn = len(tables.names.values) + 1
-            key = (up[rows] + 1) * nn + own
-            uniq, inv = np.unique(key, return_inverse=True)
-            values = tables.paths.values
-            made = np.array([tables.paths.id((values[k // nn - 1] if k >= nn else ()) + (tables.names.values[k % nn],))
-                             for k in uniq.tolist()], np.int64)
-            out[rows] = made[inv.ravel()]
-        return out.astype(np.int32)
 
     def _sites(self, got: dict[str, Any], site: np.ndarray, extra: np.ndarray, stacks: list[Any]) -> np.ndarray:
         out = np.full(len(site), -1, np.int32)

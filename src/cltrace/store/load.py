@@ -17,7 +17,7 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -124,7 +124,9 @@ def _create(client: Any, db: str, name: str, cols: tuple) -> None:
     client.command(f'CREATE TABLE "{db}"."{name}" ({", ".join(f"{c} {t}" for c, t in cols)}) ENGINE = Memory')
 
 
-WINDOWED_FROM = 64 << 20  # a .pftrace this large loads window by window (read/windows.py): whole, it needs ~1 KB a span
+# Files this large load window by window (read/windows.py): whole, a span costs ~1 KB of memory, a .pftrace
+# holds one in 10-20 B and a .json in 250-750 B.
+WINDOWED_FROM = {"pftrace": 64 << 20, "json": 256 << 20}
 
 
 def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = schema.TABLE,
@@ -132,9 +134,9 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
               chunk_rows: int = CHUNK_ROWS, threads: int | None = None,
               windowed_from: int | None = None) -> LoadResult:
     """Load one ``.json``/``.pftrace`` file (see the module docstring). ``threads``: the engine's
-    threads for each of its inserts (None: the engine's default). A ``.pftrace`` of ``windowed_from``
-    bytes or more (None: ``WINDOWED_FROM``) is read a window at a time (memory bounded by the window, whatever the file's size);
-    a smaller one, or one outside cltrace's layout, whole. Raises TraceFileError for a file cltrace
+    threads for each of its inserts (None: the engine's default). A file of ``windowed_from`` bytes or more
+    (None: ``WINDOWED_FROM`` of its format) is read a window at a time (memory bounded by the window,
+    whatever the file's size); a smaller one, or one outside cltrace's layout, whole. Raises TraceFileError for a file cltrace
     cannot read."""
     t0 = time.perf_counter()
     if not os.path.isfile(path):
@@ -146,7 +148,7 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
                         parameters={"h": digest}).result_rows[0][0]
     if done:
         return LoadResult(path, 0, time.perf_counter() - t0, True, trace_hex, digest)
-    batches, meta, final_meta = _read(path, WINDOWED_FROM if windowed_from is None else windowed_from)
+    batches, meta, final_meta = _read(path, windowed_from)
     left = client.query(f'SELECT count() FROM "{db}"."{table}_trace_id_ts" WHERE TraceId = {{t:String}}',
                         parameters={"t": trace_hex}).result_rows[0][0]  # the exporter's lookup table: by key
     if left:  # a load cut short before it was recorded: clear its rows and load afresh
@@ -174,16 +176,25 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
     return LoadResult(path, spans, time.perf_counter() - t0, False, trace_hex, digest)
 
 
-def _read(path: str, windowed_from: int) -> tuple[Iterable[SpanBatch], dict[str, Any], Callable[[], dict[str, Any]]]:
+def _read(path: str, windowed_from: int | None) -> tuple[Iterable[SpanBatch], dict[str, Any],
+                                                         Callable[[], dict[str, Any]]]:
     """The file's spans as batches, its metadata before them (the windowed reader's first pass reads it),
     and its metadata once they have been read (the spans counted where the file does not say)."""
     kind = detect(path)
-    if kind == "pftrace" and os.path.getsize(path) >= windowed_from:
+    if os.path.getsize(path) >= (WINDOWED_FROM[kind] if windowed_from is None else windowed_from):
         from ..read.windows import WindowedTrace
 
         wt = WindowedTrace.open(path)
         if wt is not None:
-            return wt.batches(), wt.metadata(), wt.metadata
+            meta = wt.metadata()
+            base = int(meta.get("start_ns") or 0) if kind == "json" else 0
+
+            def placed() -> Iterator[SpanBatch]:
+                for batch in wt.batches():
+                    absolute(batch, base)
+                    yield batch
+
+            return placed(), meta, wt.metadata
     spans, meta = load_columns(path)
     batch = as_batch(spans, Tables())
     if kind == "json":
