@@ -46,9 +46,9 @@ def child_read(what: str, path: str) -> dict[str, Any]:
         spans, meta = load_columns(path)
         n = len(spans)
     elif what == "windows":
-        from cltrace.read.windows import WindowedTrace
+        from cltrace.read.windows import open_windows
 
-        wt = WindowedTrace.open(path)
+        wt = open_windows(path)
         if wt is None:
             raise SystemExit("the windowed reader refused the file")
         n = sum(b.n for b in wt.batches())

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from big_trace import write_big_trace
 from cltrace.read import load_columns, scan
 from cltrace.read.inflate import expand
-from cltrace.read.windows import SidSet, WindowedTrace
+from cltrace.read.window_base import SidSet
+from cltrace.read.windows import open_windows
 from cltrace.timeline.batch import SpanBatch
 
 pytestmark = pytest.mark.skipif(scan.NATIVE is None, reason=f"C scanner not in use: {scan.WHY}")
@@ -73,7 +74,7 @@ def records(spans: Any) -> list[tuple[Any, ...]]:
 
 
 def windowed(path: Path, window: int) -> tuple[list[tuple[Any, ...]], dict[str, Any], int]:
-    wt = WindowedTrace.open(path, window_bytes=window)
+    wt = open_windows(path, window_bytes=window)
     assert wt is not None, "the windowed reader refused a file of cltrace's own"
     batches = list(wt.batches())
     assert all(isinstance(b, SpanBatch) for b in batches)
@@ -141,7 +142,7 @@ def test_a_file_cut_anywhere_reads_as_the_whole_file_reader_reads_it(files: dict
     path.write_bytes(data[:max(int(len(data) * cut), 64)])
     whole, meta = load_columns(path)
     if not isinstance(whole, SpanBatch):  # the whole-file scanner left it to the general reader: so do windows
-        assert WindowedTrace.open(path, window_bytes=WINDOWS[1]) is None
+        assert open_windows(path, window_bytes=WINDOWS[1]) is None
         return
     got, wmeta, _ = windowed(path, WINDOWS[1])
     assert wmeta == meta and "truncated" in meta
@@ -160,17 +161,17 @@ def test_a_file_outside_the_layout_is_left_to_the_whole_file_readers(files: dict
     path = tmp_path / "foreign.pftrace"
     path.write_bytes(data + extra.SerializeToString())
     assert not isinstance(load_columns(path)[0], SpanBatch)  # the whole-file scanner also leaves it
-    assert WindowedTrace.open(path) is None
+    assert open_windows(path) is None
     other = tmp_path / "other.pftrace"
     other.write_bytes(extra.SerializeToString())
-    assert WindowedTrace.open(other) is None
+    assert open_windows(other) is None
     lines = files["demo.json"].read_text().splitlines()
     for k, bad in enumerate(('{"ph": "X", "cat": "region", "name": "spaced", "pid": 1, "tid": 1, "ts": 5.0, "dur": 1.0, "args": '
                               '{"span": 99999, "parent": 0}},', '{"torn": ',)):
         path = tmp_path / f"foreign{k}.json"  # a span in another layout; a torn line before readable ones
         path.write_text("\n".join(lines[:5] + [bad] + lines[5:]) + "\n")
         assert not isinstance(load_columns(path)[0], SpanBatch)
-        assert WindowedTrace.open(path, window_bytes=WINDOWS[0]) is None
+        assert open_windows(path, window_bytes=WINDOWS[0]) is None
 
 
 def test_reading_in_windows_holds_a_fraction_of_the_whole_file(tmp_path: Path) -> None:
@@ -189,7 +190,7 @@ def test_reading_in_windows_holds_a_fraction_of_the_whole_file(tmp_path: Path) -
             tracemalloc.stop()
 
     def in_windows() -> None:
-        wt = WindowedTrace.open(path, window_bytes=256 << 10)
+        wt = open_windows(path, window_bytes=256 << 10)
         assert wt is not None and sum(b.n for b in wt.batches()) == n
 
     whole = peak(lambda: load_columns(path))

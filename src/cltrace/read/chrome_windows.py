@@ -26,7 +26,7 @@ from . import checks
 from .chrome import _RESERVED, Others
 from .chrome_columns import _TEXT_ARGS, _others
 from .scan import X_COLS
-from .windows import LEAF_CATS, SidSet, WindowedTrace, _Foreign
+from .window_base import LEAF_CATS, SidSet, WindowedTrace, _Foreign
 
 WINDOW_BYTES = 16 << 20  # of the file a window: ~25-60k events, ~5 MB of the scanner's columns
 

@@ -1,25 +1,26 @@
 """A cltrace ``.pftrace`` of any size read a window at a time, in memory bounded by the window.
 
 The whole-file reader (``perfetto_columns``) holds the file, its expanded packets and every row at once:
-about 1 KB a span at its peak. Here the file is read a window at a time (cut after its last whole packet;
+about 700 B a span at its peak. Here the file is read a window at a time (cut after its last whole packet;
 compressed packets expanded within the window, each under ``inflate``'s budget; about ``window_bytes``
-expanded, the next window's share of the file judged from the last one's) and fed to
-the native scanner, whose sequence state (clocks, defaults, interned names) carries from one window to the
-next (``_scan.pftrace_open``/``pftrace_feed``). Two passes:
+expanded, the next window's share of the file judged from the last one's, never less than one packed
+chunk of the sink) and fed to the native scanner, whose sequence state (clocks, defaults, interned names)
+carries from one window to the next (``_scan.pftrace_open``/``pftrace_feed``). Two passes:
 
-1. the metadata, track descriptors and counters (the packets left to Python), and the spans that may be
-   parents (every category but the leaves': kernels, transfers, markers, fills), whose region paths are then
-   built as the whole-file reader builds them (``tree.path_ids``): a parent is written after its children,
-   so a child's path is only known once the whole file has been seen;
-2. the spans, window by window: a slice's BEGIN and END, and a launch's host and device slices, are written
-   by the same write of the sink, so each window's rows are paired and joined together with the rows the
-   window before left unmatched; a span goes out once its host BEGIN is a window behind the newest rows.
+1. the metadata, track descriptors and counters (the packets left to Python); which spans have a device
+   slice, and which some span names as its parent; and the region paths of those parents, built as the
+   whole-file reader builds them (``tree.path_ids``) once the whole file has been seen (a parent is
+   written after its children);
+2. the spans, window by window: each window's rows are paired (BEGIN with END per track, host with device
+   slice by span id) together with the rows left open before. A pair goes out once its BEGIN is a window
+   behind the newest rows (a write of the sink cut by a window's end is then whole, and events the sink
+   held back for a parent have come with it), and a span once its device slice, where the file has one,
+   has come too. What stays open between windows is the last window's rows and the few the sink held back.
 
-What each batch holds is what ``load_pftrace_columns`` gives for the same spans (``tests/test_windows.py``
-holds them equal), except their order: each batch is sorted by (host begin, id), not the whole file.
-A leaf's parent is looked up among the spans that may be parents. Where the file leaves cltrace's layout
-(``pftrace_feed`` says None), or its spans' parent links loop, ``WindowedTrace.open`` gives None and the
-whole-file readers take the file, as they do today.
+What the batches hold is what ``load_pftrace_columns`` gives (``tests/test_windows.py`` holds them equal),
+batch by batch: each sorted by (host begin, id), not the whole file. Where the file leaves cltrace's
+layout (``pftrace_feed`` says None), or its parent links loop, ``open_windows`` gives None and the
+whole-file readers take the file. ``open_windows`` opens either format (``chrome_windows`` for .json).
 """
 from __future__ import annotations
 
@@ -33,17 +34,15 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ..errors import TraceFileError
 from ..export.perfetto.wire import BEGIN
 from ..timeline.batch import SpanBatch, Tables
-from ..timeline.spans import FILL, KERNEL, MARKER, STEP, TRANSFER
 from . import checks
 from .inflate import expand
 from .perfetto import tracks_meta
 from .perfetto_columns import (_LIMIT, _Rest, _counters, _names, _pairs, _rows_of, _extras_of_run, _site_locations,
                                with_callers)
 from .scan import C_COLS, P_COLS
-from .tree import path_ids
+from .window_base import LEAF_CATS, WindowedTrace, _Foreign, _repeats
 
 WINDOW_BYTES = 4 << 20  # a window's packets, expanded: ~0.2M packets, ~25 MB of the scanner's rows (6x: 16 int64 a packet)
-LEAF_CATS = (KERNEL, TRANSFER, MARKER, FILL)  # never a parent (export/perfetto/order.py relies on it too)
 _ROW_COLS = tuple(c for c in P_COLS if c not in ("seq", "gen"))
 # the rows kept between windows, narrowed: flags and table indexes fit int8 and int32 (77 B a row, not 128)
 _NARROW = {"type": np.int8, "sid_kind": np.int8, "has_parent": np.int8, "dev": np.int8, "has_raw_end": np.int8,
@@ -67,96 +66,27 @@ class _Window:
     last: bool
 
 
-class WindowedTrace:
-    """A trace file read in windows: ``metadata()`` (as the whole-file reader gives it) once open, then
-    ``batches()`` the spans, a ``SpanBatch`` at a time, sharing ``tables``. ``open`` picks the reader of
-    the file's format (``PftraceWindows`` here, ``chrome_windows.ChromeWindows``)."""
+def open_windows(path: str | os.PathLike[str], scanner: Any = "default", window_bytes: int | None = None,
+                 tables: Tables | None = None) -> WindowedTrace | None:
+    """A trace file of either format to read in windows, its first pass done (metadata, parents' paths);
+    None where it is not in cltrace's layout (the whole-file readers then read it and say what is wrong).
+    ``window_bytes``: None for the format's own (``WINDOW_BYTES`` here, ``chrome_windows.WINDOW_BYTES``)."""
+    if scanner == "default":
+        from .scan import NATIVE as scanner
+    if scanner is None:
+        return None
+    from .load import detect
 
-    def __init__(self, path: str, scanner: Any, window_bytes: int, tables: Tables) -> None:
-        self.path = path
-        self.scanner = scanner
-        self.window_bytes = window_bytes
-        self.tables = tables
-        self.meta: dict[str, Any] = {}
-        self.spans = 0
-        self._parent_ids = np.zeros(0, np.int64)  # spans that are parents, sorted by id
-        self._parent_paths = np.zeros(0, np.int32)
-        self._has_device = SidSet()  # spans with a device slice somewhere in the file
-        self._is_parent = SidSet()  # spans some span names as its parent
-
-    @classmethod
-    def open(cls, path: str | os.PathLike[str], scanner: Any = "default", window_bytes: int = WINDOW_BYTES,
-             tables: Tables | None = None) -> "WindowedTrace | None":
-        """The file's first pass done (metadata, parents' paths); None where it is not in cltrace's layout
-        (the whole-file readers then read it and say what is wrong)."""
-        if scanner == "default":
-            from .scan import NATIVE as scanner
-        if scanner is None:
-            return None
-        from .load import detect
-
-        try:
-            kind = detect(os.fspath(path))
-        except (OSError, TraceFileError):
-            return None
-        if kind == "json":
-            from .chrome_windows import ChromeWindows as reader
-        else:
-            reader = PftraceWindows
-        t = reader(os.fspath(path), scanner, window_bytes, tables or Tables())
-        return t if t._first_pass() else None
-
-    def _first_pass(self) -> bool:
-        raise NotImplementedError
-
-    def batches(self) -> Iterator[SpanBatch]:
-        raise NotImplementedError
-
-    def metadata(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _set_parents(self, sid: np.ndarray, parent: np.ndarray, name: np.ndarray, cat: np.ndarray) -> bool:
-        """Paths of the spans that some span names as its parent, from the candidates of the first pass (which
-        ones are parents is known only at its end: a parent may be written before its children). False where
-        the whole-file reader would not read the file (an id twice, parent links that loop)."""
-        keep = self._is_parent.contains(sid)
-        sid = sid[keep]
-        if len(np.unique(sid)) != len(sid) or ((sid >= _LIMIT) | (sid <= -_LIMIT)).any():
-            return False
-        paths = path_ids(sid, parent[keep], name[keep].astype(np.int64), self.tables, cat[keep])
-        if paths is None:
-            return False
-        order = np.argsort(sid)
-        self._parent_ids, self._parent_paths = sid[order], paths[order].astype(np.int32)
-        return True
-
-    def _paths(self, sid: np.ndarray, parent: np.ndarray, names: np.ndarray, cats: np.ndarray) -> np.ndarray:
-        """Region paths: a parent's from the first pass; any other span's, its parent's path and its own name."""
-        tables, pid, ppath = self.tables, self._parent_ids, self._parent_paths
-        out = np.full(len(sid), -1, np.int64)
-        if len(pid):
-            at = np.minimum(np.searchsorted(pid, sid), len(pid) - 1)
-            mine = pid[at] == sid
-            out[mine] = ppath[at[mine]]
-            at = np.minimum(np.searchsorted(pid, parent), len(pid) - 1)
-            up = np.where(pid[at] == parent, ppath[at], -1)
-        else:
-            mine = np.zeros(len(sid), bool)
-            up = np.full(len(sid), -1, np.int64)
-        rows = np.flatnonzero(~mine)
-        if len(rows):
-            step = tables.cats.ids.get(STEP)
-            own = names[rows].astype(np.int64)
-            if step is not None:
-                own = np.where(cats[rows] == step, tables.names.id(STEP), own)
-            nn = len(tables.names.values) + 1
-            key = (up[rows] + 1) * nn + own
-            uniq, inv = np.unique(key, return_inverse=True)
-            values = tables.paths.values
-            made = np.array([tables.paths.id((values[k // nn - 1] if k >= nn else ()) + (tables.names.values[k % nn],))
-                             for k in uniq.tolist()], np.int64)
-            out[rows] = made[inv.ravel()]
-        return out.astype(np.int32)
+    try:
+        kind = detect(os.fspath(path))
+    except (OSError, TraceFileError):
+        return None
+    if kind == "json":
+        from .chrome_windows import WINDOW_BYTES as size, ChromeWindows as reader
+    else:
+        reader, size = PftraceWindows, WINDOW_BYTES
+    t = reader(os.fspath(path), scanner, window_bytes or size, tables or Tables())
+    return t if t._first_pass() else None
 
 
 class PftraceWindows(WindowedTrace):
@@ -419,53 +349,3 @@ class _Runs:
         table[:-1] = self.attrs
         table[-1] = None
         return failed, errors, table[extra].tolist(), self.stacks
-
-
-class SidSet:
-    """Span ids, as a bitmap where they are dense (cltrace numbers spans from 1: an eighth of a byte a span),
-    else as sorted arrays."""
-
-    _SPARSE = 1 << 36  # ids past this go in arrays: a bitmap that far is 8 GiB
-
-    def __init__(self) -> None:
-        self._bits = np.zeros(0, np.uint8)
-        self._sorted = np.zeros(0, np.int64)
-        self._parts: list[np.ndarray] = []
-
-    def add(self, ids: np.ndarray) -> None:
-        if not len(ids):
-            return
-        dense = (ids >= 0) & (ids < self._SPARSE)
-        if not dense.all():
-            self._parts.append(np.unique(ids[~dense]))
-            ids = ids[dense]
-            if not len(ids):
-                return
-        need = int(ids.max()) // 8 + 1
-        if need > len(self._bits):
-            grown = np.zeros(max(need, 2 * len(self._bits)), np.uint8)
-            grown[:len(self._bits)] = self._bits
-            self._bits = grown
-        np.bitwise_or.at(self._bits, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
-
-    def contains(self, ids: np.ndarray) -> np.ndarray:
-        if self._parts:
-            self._sorted = np.unique(np.concatenate([self._sorted, *self._parts]))
-            self._parts = []
-        dense = (ids >= 0) & (ids < 8 * len(self._bits))
-        out = np.zeros(len(ids), bool)
-        i = ids[dense]
-        out[dense] = (self._bits[i >> 3] >> (i & 7)) & 1 != 0
-        if len(self._sorted):
-            at = np.minimum(np.searchsorted(self._sorted, ids), len(self._sorted) - 1)
-            out |= self._sorted[at] == ids
-        return out
-
-
-class _Foreign(Exception):
-    """The file leaves cltrace's layout."""
-
-
-def _repeats(v: np.ndarray) -> bool:
-    s = np.sort(v)
-    return bool((s[1:] == s[:-1]).any())

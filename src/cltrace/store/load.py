@@ -182,9 +182,9 @@ def _read(path: str, windowed_from: int | None) -> tuple[Iterable[SpanBatch], di
     and its metadata once they have been read (the spans counted where the file does not say)."""
     kind = detect(path)
     if os.path.getsize(path) >= (WINDOWED_FROM[kind] if windowed_from is None else windowed_from):
-        from ..read.windows import WindowedTrace
+        from ..read.windows import open_windows
 
-        wt = WindowedTrace.open(path)
+        wt = open_windows(path)
         if wt is not None:
             meta = wt.metadata()
             base = int(meta.get("start_ns") or 0) if kind == "json" else 0

@@ -1,0 +1,135 @@
+"""What the windowed readers share (``windows.py`` for .pftrace, ``chrome_windows.py`` for .json): the reader's
+frame (the first pass's parents and their paths, the spans with a device slice), region paths of a
+window's spans, and sets of span ids."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..timeline.batch import SpanBatch, Tables
+from ..timeline.spans import FILL, KERNEL, MARKER, STEP, TRANSFER
+from .tree import path_ids
+
+LEAF_CATS = (KERNEL, TRANSFER, MARKER, FILL)  # never a parent (export/perfetto/order.py relies on it too)
+LIMIT = 1 << 62  # ids past this are errors the whole-file readers name
+
+
+class WindowedTrace:
+    """A trace file read in windows: ``metadata()`` (as the whole-file reader gives it) once open, then
+    ``batches()`` the spans, a ``SpanBatch`` at a time, sharing ``tables``. ``windows.open_windows`` opens
+    one with the reader of the file's format (``windows.PftraceWindows``, ``chrome_windows.ChromeWindows``)."""
+
+    def __init__(self, path: str, scanner: Any, window_bytes: int, tables: Tables) -> None:
+        self.path = path
+        self.scanner = scanner
+        self.window_bytes = window_bytes
+        self.tables = tables
+        self.meta: dict[str, Any] = {}
+        self.spans = 0
+        self._parent_ids = np.zeros(0, np.int64)  # spans that are parents, sorted by id
+        self._parent_paths = np.zeros(0, np.int32)
+        self._has_device = SidSet()  # spans with a device slice somewhere in the file
+        self._is_parent = SidSet()  # spans some span names as its parent
+
+    def _first_pass(self) -> bool:
+        raise NotImplementedError
+
+    def batches(self) -> Iterator[SpanBatch]:
+        raise NotImplementedError
+
+    def metadata(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _set_parents(self, sid: np.ndarray, parent: np.ndarray, name: np.ndarray, cat: np.ndarray) -> bool:
+        """Paths of the spans that some span names as its parent, from the candidates of the first pass (which
+        ones are parents is known only at its end: a parent may be written before its children). False where
+        the whole-file reader would not read the file (an id twice, parent links that loop)."""
+        keep = self._is_parent.contains(sid)
+        sid = sid[keep]
+        if len(np.unique(sid)) != len(sid) or ((sid >= LIMIT) | (sid <= -LIMIT)).any():
+            return False
+        paths = path_ids(sid, parent[keep], name[keep].astype(np.int64), self.tables, cat[keep])
+        if paths is None:
+            return False
+        order = np.argsort(sid)
+        self._parent_ids, self._parent_paths = sid[order], paths[order].astype(np.int32)
+        return True
+
+    def _paths(self, sid: np.ndarray, parent: np.ndarray, names: np.ndarray, cats: np.ndarray) -> np.ndarray:
+        """Region paths: a parent's from the first pass; any other span's, its parent's path and its own name."""
+        tables, pid, ppath = self.tables, self._parent_ids, self._parent_paths
+        out = np.full(len(sid), -1, np.int64)
+        if len(pid):
+            at = np.minimum(np.searchsorted(pid, sid), len(pid) - 1)
+            mine = pid[at] == sid
+            out[mine] = ppath[at[mine]]
+            at = np.minimum(np.searchsorted(pid, parent), len(pid) - 1)
+            up = np.where(pid[at] == parent, ppath[at], -1)
+        else:
+            mine = np.zeros(len(sid), bool)
+            up = np.full(len(sid), -1, np.int64)
+        rows = np.flatnonzero(~mine)
+        if len(rows):
+            step = tables.cats.ids.get(STEP)
+            own = names[rows].astype(np.int64)
+            if step is not None:
+                own = np.where(cats[rows] == step, tables.names.id(STEP), own)
+            nn = len(tables.names.values) + 1
+            key = (up[rows] + 1) * nn + own
+            uniq, inv = np.unique(key, return_inverse=True)
+            values = tables.paths.values
+            made = np.array([tables.paths.id((values[k // nn - 1] if k >= nn else ()) + (tables.names.values[k % nn],))
+                             for k in uniq.tolist()], np.int64)
+            out[rows] = made[inv.ravel()]
+        return out.astype(np.int32)
+
+
+class SidSet:
+    """Span ids, as a bitmap where they are dense (cltrace numbers spans from 1: an eighth of a byte a span),
+    else as sorted arrays."""
+
+    _SPARSE = 1 << 36  # ids past this go in arrays: a bitmap that far is 8 GiB
+
+    def __init__(self) -> None:
+        self._bits = np.zeros(0, np.uint8)
+        self._sorted = np.zeros(0, np.int64)
+        self._parts: list[np.ndarray] = []
+
+    def add(self, ids: np.ndarray) -> None:
+        if not len(ids):
+            return
+        dense = (ids >= 0) & (ids < self._SPARSE)
+        if not dense.all():
+            self._parts.append(np.unique(ids[~dense]))
+            ids = ids[dense]
+            if not len(ids):
+                return
+        need = int(ids.max()) // 8 + 1
+        if need > len(self._bits):
+            grown = np.zeros(max(need, 2 * len(self._bits)), np.uint8)
+            grown[:len(self._bits)] = self._bits
+            self._bits = grown
+        np.bitwise_or.at(self._bits, ids >> 3, (1 << (ids & 7)).astype(np.uint8))
+
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        if self._parts:
+            self._sorted = np.unique(np.concatenate([self._sorted, *self._parts]))
+            self._parts = []
+        dense = (ids >= 0) & (ids < 8 * len(self._bits))
+        out = np.zeros(len(ids), bool)
+        i = ids[dense]
+        out[dense] = (self._bits[i >> 3] >> (i & 7)) & 1 != 0
+        if len(self._sorted):
+            at = np.minimum(np.searchsorted(self._sorted, ids), len(self._sorted) - 1)
+            out |= self._sorted[at] == ids
+        return out
+
+
+class _Foreign(Exception):
+    """The file leaves cltrace's layout."""
+
+
+def _repeats(v: np.ndarray) -> bool:
+    s = np.sort(v)
+    return bool((s[1:] == s[:-1]).any())
