@@ -127,6 +127,7 @@ def _create(client: Any, db: str, name: str, cols: tuple) -> None:
 # Files this large load window by window (read/windows.py): whole, a span costs ~1 KB of memory, a .pftrace
 # holds one in 10-20 B and a .json in 250-750 B.
 WINDOWED_FROM = {"pftrace": 64 << 20, "json": 256 << 20}
+WINDOWED_CHUNK_ROWS = 30_000
 
 
 def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = schema.TABLE,
@@ -148,7 +149,7 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
                         parameters={"h": digest}).result_rows[0][0]
     if done:
         return LoadResult(path, 0, time.perf_counter() - t0, True, trace_hex, digest)
-    batches, meta, final_meta = _read(path, windowed_from)
+    batches, meta, final_meta, windowed = _read(path, windowed_from)
     left = client.query(f'SELECT count() FROM "{db}"."{table}_trace_id_ts" WHERE TraceId = {{t:String}}',
                         parameters={"t": trace_hex}).result_rows[0][0]  # the exporter's lookup table: by key
     if left:  # a load cut short before it was recorded: clear its rows and load afresh
@@ -163,6 +164,8 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
     mapper = Mapper(rows.FileRun(meta), trace, salt)
     tag = f"{os.getpid()}_{digest[:12]}"
     w = _Writer(client, db, table, tag, resource, trace_hex, meta, mapper, threads)
+    if windowed:  # a large file: memory over speed (30k rows an insert: 16 % less peak RSS, 14 % longer load)
+        chunk_rows = min(chunk_rows, WINDOWED_CHUNK_ROWS)
     try:
         for batch in batches:
             w.add(batch, chunk_rows)
@@ -177,9 +180,10 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
 
 
 def _read(path: str, windowed_from: int | None) -> tuple[Iterable[SpanBatch], dict[str, Any],
-                                                         Callable[[], dict[str, Any]]]:
+                                                         Callable[[], dict[str, Any]], bool]:
     """The file's spans as batches, its metadata before them (the windowed reader's first pass reads it),
-    and its metadata once they have been read (the spans counted where the file does not say)."""
+    its metadata once they have been read (the spans counted where the file does not say), and whether
+    it is read in windows."""
     kind = detect(path)
     if os.path.getsize(path) >= (WINDOWED_FROM[kind] if windowed_from is None else windowed_from):
         from ..read.windows import open_windows
@@ -194,12 +198,12 @@ def _read(path: str, windowed_from: int | None) -> tuple[Iterable[SpanBatch], di
                     absolute(batch, base)
                     yield batch
 
-            return placed(), meta, wt.metadata
+            return placed(), meta, wt.metadata, True
     spans, meta = load_columns(path)
     batch = as_batch(spans, Tables())
     if kind == "json":
         absolute(batch, int(meta.get("start_ns") or 0))
-    return [batch], meta, lambda: meta
+    return [batch], meta, lambda: meta, False
 
 
 class _Writer:
