@@ -8,7 +8,13 @@
  *                    (incremental clocks, defaults, interned names and source locations, the device-stamp
  *                    offset) applied in file order, as columns, and the COUNTER packets as columns; the
  *                    interned names, the distinct source locations and the distinct extra annotations by
- *                    (offset, length); the packets left to Python (descriptors, instants).
+ *                    (offset, length) into copies of their bytes, given with them; the packets left to
+ *                    Python (descriptors, instants).
+ *   pftrace_open() / pftrace_feed(state, data), chrome_open() / chrome_feed(state, data, last): the same
+ *                    scans fed a window at a time (``windows.py``, ``chrome_windows.py``): the state carries
+ *                    from one window to the next, each result holds the window's rows and the tables so far
+ *                    (with the bytes they index: a window's bytes are gone after it), and says how much of
+ *                    the window its whole packets or lines took.
  *   compressed(data) -> bytes: where the packets holding compressed packets are (``inflate.py`` expands them).
  * chrome and pftrace return None where the file is not in the layout they know (a foreign or damaged file): the
  * general readers (``chrome.py``, ``perfetto.py``) then read it, and say what is wrong with it.
