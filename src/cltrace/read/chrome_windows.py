@@ -26,7 +26,7 @@ from . import checks
 from .chrome import _RESERVED, Others
 from .chrome_columns import _TEXT_ARGS, _others
 from .scan import X_COLS
-from .window_base import LEAF_CATS, SidSet, WindowedTrace, _Foreign
+from .window_base import LEAF_CATS, SidSet, WindowedTrace, _Foreign, give_back
 
 WINDOW_BYTES = 16 << 20  # of the file a window: ~25-60k events, ~5 MB of the scanner's columns
 
@@ -153,7 +153,12 @@ class ChromeWindows(WindowedTrace):
         self._events = int(got["events"]) + readable
         self._last_good = last_good
         self._others, self._spans = others, spans
-        return self._set_parents(*(np.concatenate(p) for p in (ids, parents, names, cats)))
+        cand = [np.concatenate(p) for p in (ids, parents, names, cats)]
+        del ids, parents, names, cats
+        ok = self._set_parents(*cand)
+        del cand
+        give_back()
+        return ok
 
     def metadata(self) -> dict[str, Any]:
         """The file's metadata, as the whole-file reader gives it."""

@@ -3,6 +3,8 @@ frame (the first pass's parents and their paths, the spans with a device slice),
 window's spans, and sets of span ids."""
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from typing import Any, Iterator
 
 import numpy as np
@@ -13,6 +15,23 @@ from .tree import path_ids
 
 LEAF_CATS = (KERNEL, TRANSFER, MARKER, FILL)  # never a parent (export/perfetto/order.py relies on it too)
 LIMIT = 1 << 62  # ids past this are errors the whole-file readers name
+
+
+def give_back() -> None:
+    """Return the C allocator's free memory to the system (glibc's ``malloc_trim``; elsewhere nothing).
+    The first pass's arrays are freed into the allocator, where an embedded ClickHouse loading the
+    spans next (its own allocator) could not reuse them: the process would hold both."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
 
 
 class WindowedTrace:

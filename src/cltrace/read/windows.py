@@ -40,7 +40,7 @@ from .perfetto import tracks_meta
 from .perfetto_columns import (_LIMIT, _Rest, _counters, _names, _pairs, _rows_of, _extras_of_run, _site_locations,
                                with_callers)
 from .scan import C_COLS, P_COLS
-from .window_base import LEAF_CATS, WindowedTrace, _Foreign, _repeats
+from .window_base import LEAF_CATS, WindowedTrace, _Foreign, _repeats, give_back
 
 WINDOW_BYTES = 4 << 20  # a window's packets, expanded: ~0.2M packets, ~25 MB of the scanner's rows (6x: 16 int64 a packet)
 _ROW_COLS = tuple(c for c in P_COLS if c not in ("seq", "gen"))
@@ -175,6 +175,8 @@ class PftraceWindows(WindowedTrace):
         del ids, parents, names, cats
         if not self._set_parents(*cand):
             return False
+        del cand
+        give_back()
         self._rest = rest
         self._counters = {"counters": tuple(np.concatenate(c).tobytes() for c in counters)}
         return True
