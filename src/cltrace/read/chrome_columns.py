@@ -76,6 +76,22 @@ def _others(data: bytes, got: dict[str, Any], others: Others) -> tuple[int, int]
     return readable, last
 
 
+def extra_of(raw: bytes) -> tuple[Any, Any, bool, str | None] | None:
+    """One distinct text after the fixed args (``,"key":value...``): attributes (None: none), call site,
+    failed, error text; None where the general reader must judge it."""
+    try:
+        d = json.loads(b"{" + raw[1:] + b"}")
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(d, dict) or any(k in _RESERVED and k not in _TEXT_ARGS for k in d):
+        return None
+    status, error = d.get("status"), d.get("error")
+    if not checks.plain(d):
+        return None  # the general reader, which knows each span's category, says whether it matters
+    return (checks.attrs({k: v for k, v in d.items() if k not in _RESERVED and k not in sites.KEYS}, "'args'") or None,
+            sites.from_attrs(d), status == "error", None if error is None else checks.text(error, "'args.error'"))
+
+
 def _extras(data: bytes, raw: tuple[bytes, bytes, bytes]) -> tuple[list[Any], list[bool], list[str | None],
                                                                   list[Any]] | None:
     """Per distinct text after the fixed args: attributes (None: none), failed, error text, call site."""
@@ -84,20 +100,13 @@ def _extras(data: bytes, raw: tuple[bytes, bytes, bytes]) -> tuple[list[Any], li
     failed: list[bool] = []
     errors: list[str | None] = []
     for off, n in zip(*_table(raw)):
-        try:
-            d = json.loads(b"{" + data[off + 1:off + n] + b"}")
-        except (ValueError, RecursionError):
+        got = extra_of(data[off:off + n])
+        if got is None:
             return None
-        if not isinstance(d, dict) or any(k in _RESERVED and k not in _TEXT_ARGS for k in d):
-            return None
-        status, error = d.get("status"), d.get("error")
-        if not checks.plain(d):
-            return None  # the general reader, which knows each span's category, says whether it matters
-        attrs.append(checks.attrs({k: v for k, v in d.items() if k not in _RESERVED and k not in sites.KEYS},
-                                  "'args'") or None)
-        found.append(sites.from_attrs(d))
-        failed.append(status == "error")
-        errors.append(None if error is None else checks.text(error, "'args.error'"))
+        attrs.append(got[0])
+        found.append(got[1])
+        failed.append(got[2])
+        errors.append(got[3])
     return attrs, failed, errors, found
 
 

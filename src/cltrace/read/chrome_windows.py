@@ -20,11 +20,10 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..errors import TraceFileError
-from ..timeline import sites
 from ..timeline.batch import SpanBatch, Tables
 from . import checks
-from .chrome import _RESERVED, Others
-from .chrome_columns import _TEXT_ARGS, _others
+from .chrome import Others
+from .chrome_columns import _others, extra_of
 from .scan import X_COLS
 from .window_base import LEAF_CATS, SidSet, WindowedTrace, _Foreign, give_back
 
@@ -51,18 +50,14 @@ class _Texts:
             for o, n, text in _new(got["cats"], len(self.cats)):
                 self.cats.append(t.cats.id(checks.text(text[o:o + n].decode("utf-8"), "'cat'")))
             for o, n, text in _new(got["extras"], len(self.attrs)):
-                d = json.loads(b"{" + text[o + 1:o + n] + b"}")
-                if not isinstance(d, dict) or any(k in _RESERVED and k not in _TEXT_ARGS for k in d):
+                extra = extra_of(text[o:o + n])
+                if extra is None:
                     raise _Foreign
-                status, error = d.get("status"), d.get("error")
-                if not checks.plain(d):
-                    raise _Foreign
-                self.attrs.append(checks.attrs({k: v for k, v in d.items() if k not in _RESERVED and k not in sites.KEYS},
-                                               "'args'") or None)
-                site = sites.from_attrs(d)
+                attrs, site, failed, error = extra
+                self.attrs.append(attrs)
                 self.sites.append(-1 if site is None else t.sites.id(site))
-                self.failed.append(status == "error")
-                self.errors.append(None if error is None else checks.text(error, "'args.error'"))
+                self.failed.append(failed)
+                self.errors.append(error)
         except (ValueError, UnicodeDecodeError, RecursionError, TraceFileError):
             raise _Foreign from None
 
@@ -174,22 +169,12 @@ class ChromeWindows(WindowedTrace):
         return meta
 
     # -- pass 2 -------------------------------------------------------------------------------------------
-    def batches(self) -> Iterator[SpanBatch]:
-        """The file's spans, a batch per window."""
-        pending: dict[str, np.ndarray] | None = None
-        older = 0  # the first line of the window before the newest: spans that began before it go out
-        try:
-            for got, _data, _at, last in self._windows():
-                self._texts.update(got)
-                new = {c: np.frombuffer(b, np.int64) for c, b in zip(X_COLS, got["x"])}
-                rows = new if pending is None else {c: np.concatenate((pending[c], new[c])) for c in X_COLS}
-                batch, pending = self._round(rows, None if last else older)
-                older = int(new["line"][0]) if len(new["line"]) else older
-                if batch is not None and batch.n:
-                    self.spans += batch.n
-                    yield batch
-        except _Foreign:
-            raise TraceFileError("the file changed while it was read (its second pass left cltrace's layout)") from None
+    ORDER = "line"
+
+    def _rows_by_window(self) -> Iterator[tuple[dict[str, np.ndarray], bool, tuple[Any, ...]]]:
+        for got, _data, _at, last in self._windows():
+            self._texts.update(got)
+            yield {c: np.frombuffer(b, np.int64) for c, b in zip(X_COLS, got["x"])}, last, ()
 
     def _round(self, x: dict[str, np.ndarray], before: int | None) -> tuple[SpanBatch | None, dict[str, np.ndarray]]:
         sid = x["sid"]

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+from abc import ABC, abstractmethod
 from typing import Any, Iterator
 
 import numpy as np
 
+from ..errors import TraceFileError
 from ..timeline.batch import SpanBatch, Tables
-from ..timeline.spans import FILL, KERNEL, MARKER, STEP, TRANSFER
-from .tree import path_ids
+from ..timeline.spans import FILL, KERNEL, MARKER, TRANSFER
+from .tree import child_paths, path_ids, path_names
 
 LEAF_CATS = (KERNEL, TRANSFER, MARKER, FILL)  # never a parent (export/perfetto/order.py relies on it too)
 LIMIT = 1 << 62  # ids past this are errors the whole-file readers name
@@ -34,7 +36,7 @@ def give_back() -> None:
 _TRIM: Any = None
 
 
-class WindowedTrace:
+class WindowedTrace(ABC):
     """A trace file read in windows: ``metadata()`` (as the whole-file reader gives it) once open, then
     ``batches()`` the spans, a ``SpanBatch`` at a time, sharing ``tables``. ``windows.open_windows`` opens
     one with the reader of the file's format (``windows.PftraceWindows``, ``chrome_windows.ChromeWindows``)."""
@@ -51,14 +53,46 @@ class WindowedTrace:
         self._has_device = SidSet()  # spans with a device slice somewhere in the file
         self._is_parent = SidSet()  # spans some span names as its parent
 
+    @abstractmethod
     def _first_pass(self) -> bool:
-        raise NotImplementedError
+        """Read the file once: metadata, the spans with a device slice, the parents and their paths. False
+        where the file leaves cltrace's layout."""
 
     def batches(self) -> Iterator[SpanBatch]:
-        raise NotImplementedError
+        """The file's spans, a batch per window: each window's rows with those the rounds before left
+        waiting, settled by the format's ``_round`` against the first row of the window before the newest
+        (what began before it goes out; everything at the last window). Raises TraceFileError where the
+        second pass finds what the first did not."""
+        pending: dict[str, np.ndarray] | None = None
+        older = 0
+        try:
+            for new, last, ctx in self._rows_by_window():
+                rows = new if pending is None else {c: np.concatenate((pending[c], v)) for c, v in new.items()}
+                batch, pending = self._round(rows, None if last else older, *ctx)
+                first = new[self.ORDER]
+                older = int(first[0]) if len(first) else older
+                if batch is not None and batch.n:
+                    self.spans += batch.n
+                    yield batch
+        except _Foreign:
+            raise TraceFileError("the file changed while it was read (its second pass left cltrace's layout)") from None
+        except (ValueError, IndexError) as exc:
+            raise TraceFileError(f"cannot read it a window at a time: {exc}") from None
 
+    ORDER = "index"  # the rows' column that numbers them in file order
+
+    @abstractmethod
+    def _rows_by_window(self) -> Iterator[tuple[dict[str, np.ndarray], bool, tuple[Any, ...]]]:
+        """Per window: its rows (columns), whether it is the last, and what ``_round`` needs of it."""
+
+    @abstractmethod
+    def _round(self, rows: dict[str, np.ndarray], before: int | None, *ctx: Any
+               ) -> tuple[SpanBatch | None, dict[str, np.ndarray]]:
+        """The spans complete among ``rows`` that began before row ``before`` (all: None), and the rows left."""
+
+    @abstractmethod
     def metadata(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The file's metadata, as the whole-file reader gives it."""
 
     def _set_parents(self, sid: np.ndarray, parent: np.ndarray, name: np.ndarray, cat: np.ndarray) -> bool:
         """Paths of the spans that some span names as its parent, from the candidates of the first pass (which
@@ -90,17 +124,7 @@ class WindowedTrace:
             up = np.full(len(sid), -1, np.int64)
         rows = np.flatnonzero(~mine)
         if len(rows):
-            step = tables.cats.ids.get(STEP)
-            own = names[rows].astype(np.int64)
-            if step is not None:
-                own = np.where(cats[rows] == step, tables.names.id(STEP), own)
-            nn = len(tables.names.values) + 1
-            key = (up[rows] + 1) * nn + own
-            uniq, inv = np.unique(key, return_inverse=True)
-            values = tables.paths.values
-            made = np.array([tables.paths.id((values[k // nn - 1] if k >= nn else ()) + (tables.names.values[k % nn],))
-                             for k in uniq.tolist()], np.int64)
-            out[rows] = made[inv.ravel()]
+            out[rows] = child_paths(up[rows], path_names(names[rows].astype(np.int64), cats[rows], tables), tables)
         return out.astype(np.int32)
 
 
@@ -147,8 +171,3 @@ class SidSet:
 
 class _Foreign(Exception):
     """The file leaves cltrace's layout."""
-
-
-def _repeats(v: np.ndarray) -> bool:
-    s = np.sort(v)
-    return bool((s[1:] == s[:-1]).any())

@@ -37,10 +37,10 @@ from ..timeline.batch import SpanBatch, Tables
 from . import checks
 from .inflate import expand
 from .perfetto import tracks_meta
-from .perfetto_columns import (_LIMIT, _Rest, _counters, _names, _pairs, _rows_of, _extras_of_run, _site_locations,
-                               with_callers)
+from .perfetto_columns import (_LIMIT, _Rest, _counters, _extras_of_run, _names, _pairs, _repeats, _rows_of,
+                               _site_locations, with_callers)
 from .scan import C_COLS, P_COLS
-from .window_base import LEAF_CATS, WindowedTrace, _Foreign, _repeats, give_back
+from .window_base import LEAF_CATS, WindowedTrace, _Foreign, give_back
 
 WINDOW_BYTES = 4 << 20  # a window's packets, expanded: ~0.2M packets, ~25 MB of the scanner's rows (6x: 16 int64 a packet)
 _ROW_COLS = tuple(c for c in P_COLS if c not in ("seq", "gen"))
@@ -204,26 +204,11 @@ class PftraceWindows(WindowedTrace):
         return self.meta
 
     # -- pass 2 -------------------------------------------------------------------------------------------
-    def batches(self) -> Iterator[SpanBatch]:
-        """The file's spans, a batch per window. Raises TraceFileError where the second pass finds what
-        the first did not (the file changed in between)."""
-        pending: dict[str, np.ndarray] | None = None
-        older = 0  # the first packet of the window before the newest: spans that began before it go out
-        try:
-            for w in self._windows():
-                got = w.got
-                name_ids, cat_ids, dnames, strings = _names(got, self.tables)
-                self._runs.update(got, dnames, strings)
-                new = _rows(got)
-                rows = new if pending is None else {c: np.concatenate((pending[c], new[c])) for c in _ROW_COLS}
-                batch, pending = self._round(rows, None if w.last else older, got, name_ids, cat_ids)
-                older = int(new["index"][0]) if len(new["index"]) else older
-                if batch is not None and batch.n:
-                    self.spans += batch.n
-                    yield batch
-        except _Foreign:
-            raise TraceFileError("the file changed while it was read (its second pass left cltrace's layout)") from None
-        self._finish_meta()
+    def _rows_by_window(self) -> Iterator[tuple[dict[str, np.ndarray], bool, tuple[Any, ...]]]:
+        for w in self._windows():
+            name_ids, cat_ids, dnames, strings = _names(w.got, self.tables)
+            self._runs.update(w.got, dnames, strings)
+            yield _rows(w.got), w.last, (w.got, name_ids, cat_ids)
 
     def _round(self, r: dict[str, np.ndarray], before: int | None, got: dict[str, Any], name_ids: np.ndarray,
                cat_ids: np.ndarray) -> tuple[SpanBatch | None, dict[str, np.ndarray]]:
