@@ -317,6 +317,51 @@ def test_changed_scalar_arguments_are_bound_again(cl_ctx: Any, queue: Any) -> No
             assert np.all(got == v) and np.all(np.signbit(got) == np.signbit(v))
 
 
+MIXED = """__kernel void mixed(const int m, __global float *a, const float f, __local float *tmp, __global float *b,
+                      const int k) {
+    int g = get_global_id(0); tmp[get_local_id(0)] = f; a[g] = m * tmp[get_local_id(0)] + k; b[g] = f;
+}"""
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_numpy_scalars_take_the_buffer_setter_with_pyopencls_results_and_errors(cl_ctx: Any, queue: Any,
+                                                                                tmp_path: Any, traced: bool) -> None:
+    """A kernel launched with numpy scalars sets them through ``_set_arg_buf_multi`` (pyopencl's generic setter
+    tries each as every kind of OpenCL object first: 6-9 us a scalar); every launch computes what pyopencl's own
+    kernel computes, and a position that stops holding a scalar gets exactly pyopencl's error."""
+    prg = cltrace.compile(MIXED, context=cl_ctx)
+    own = cl.Kernel(cl.Program(cl_ctx, MIXED).build(), "mixed")
+    a, b, a2, b2 = buffers(cl_ctx, queue, *(np.zeros(N, np.float32) for _ in range(4)))
+    loc = cl.LocalMemory(4 * 64)
+    if traced:
+        cltrace.start(str(tmp_path / "t.json"), quiet=True)
+    try:
+        calls = [(np.int32(3), np.float32(2.0), np.int32(1)), (np.int32(4), np.float32(-0.5), np.int32(0)),
+                 (np.int32(-2), np.float32(1.5), np.int32(7))]
+        for form, (m, f, k) in zip(("call", "subscript", "call"), calls):
+            if form == "call":
+                prg.mixed(queue, (N,), (64,), m, a, f, loc, b, k)
+            else:
+                prg.mixed[N, 64, queue](m, a, f, loc, b, k)
+            own(queue, (N,), (64,), m, a2, f, loc, b2, k)
+            assert np.array_equal(read(queue, a), read(queue, a2)) and np.array_equal(read(queue, b), read(queue, b2))
+            assert prg.mixed._setargs is not None
+        for bad in (None, np.float64(2.0), 3):  # no bytes, the wrong size, a Python int: pyopencl's own error
+            with pytest.raises(cl.Error) as ours:
+                prg.mixed(queue, (N,), (64,), bad, a, np.float32(1.0), loc, b, np.int32(0))
+            with pytest.raises(cl.Error) as theirs:
+                own(queue, (N,), (64,), bad, a2, np.float32(1.0), loc, b2, np.int32(0))
+            assert str(theirs.value).split(" - ")[0] in str(ours.value)
+        prg.mixed(queue, (N,), (64,), np.int32(5), a, np.float32(1.0), loc, b, np.int32(1))  # scalars again
+        assert np.all(read(queue, a) == 6)
+    finally:
+        if traced:
+            cltrace.stop()
+    if traced:
+        ours = [s for s in RECORDER.spans() if s.name == "mixed" and s.attrs.get("program") == prg.source_hash]
+        assert len(ours) == 4 and all(s.status == "ok" and s.dev_start is not None for s in ours)
+
+
 def test_binary_the_driver_rejects_is_removed_and_rebuilt(cl_ctx: Any, queue: Any, tmp_path: Any) -> None:
     cache = ProgramCache(tmp_path / "programs")
     dev_key = device_key(cl_ctx.devices[0])

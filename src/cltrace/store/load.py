@@ -126,7 +126,7 @@ def _create(client: Any, db: str, name: str, cols: tuple) -> None:
 
 # Files this large load window by window (read/windows.py): whole, a span costs ~1 KB of memory, a .pftrace
 # holds one in 10-20 B and a .json in 250-750 B.
-WINDOWED_FROM = {"pftrace": 64 << 20, "json": 256 << 20}
+WINDOWED_FROM = {"pftrace": 32 << 20, "json": 256 << 20}  # at or under cli/large.DEFAULT_MB: a file sent through the store is not read whole
 WINDOWED_CHUNK_ROWS = 30_000
 
 
