@@ -351,7 +351,7 @@ def test_numpy_scalars_take_the_buffer_setter_with_pyopencls_results_and_errors(
                 prg.mixed(queue, (N,), (64,), bad, a, np.float32(1.0), loc, b, np.int32(0))
             with pytest.raises(cl.Error) as theirs:
                 own(queue, (N,), (64,), bad, a2, np.float32(1.0), loc, b2, np.int32(0))
-            assert str(theirs.value).split(" - ")[0] in str(ours.value)
+            assert str(theirs.value).split(" - ")[0] in str(ours.value) and "kernel 'mixed'" in str(ours.value)
         prg.mixed(queue, (N,), (64,), np.int32(5), a, np.float32(1.0), loc, b, np.int32(1))  # scalars again
         assert np.all(read(queue, a) == 6)
     finally:
@@ -360,6 +360,8 @@ def test_numpy_scalars_take_the_buffer_setter_with_pyopencls_results_and_errors(
     if traced:
         ours = [s for s in RECORDER.spans() if s.name == "mixed" and s.attrs.get("program") == prg.source_hash]
         assert len(ours) == 4 and all(s.status == "ok" and s.dev_start is not None for s in ours)
+        failed = [s for s in RECORDER.spans() if s.name == "mixed" and s.status == "error"]
+        assert len(failed) == 3 and all("INVALID" in (s.error or "") for s in failed)  # one a refused launch
 
 
 def test_binary_the_driver_rejects_is_removed_and_rebuilt(cl_ctx: Any, queue: Any, tmp_path: Any) -> None:

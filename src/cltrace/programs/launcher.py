@@ -117,7 +117,10 @@ def make(state, enq, setm, enqueue, knl, queue, gs, ls, tknl, owner, perf, profi
         except Exception:  # e.g. an ndarray argument: compare as different
             same = False
         if not same:
-            owner._bind_args(args)
+            try:
+                owner._bind_args(args)
+            except cl_error as exc:  # an argument the kernel refuses: a failed span and the error naming the launch
+                raise failed(exc, m, queue, None) from None
         hb = perf()
         try:
             ev = enqueue(queue, tknl, gs, ls, None, wait_for, False, False)
