@@ -2,8 +2,12 @@
 
 Rows: ``load_columns`` (the whole file into columns), ``windows`` (``read/windows.py``: the spans of a
 ``.pftrace`` a window at a time, each batch dropped once counted), ``summary`` and ``analyze`` in memory,
-and ``summary-store`` / ``analyze-store`` (``cltrace summary|analyze FILE --via-store``: the file loaded into
-a temporary embedded store, window by window for a ``.pftrace``, and the questions asked there).
+``summary-store`` / ``analyze-store`` (``cltrace summary|analyze FILE --via-store``: the file loaded into
+a temporary embedded store, window by window for a ``.pftrace``, and the questions asked there), and ``merge``
+(``cltrace.merge.merge`` of the file and a small second one of 12k spans into a file of the same format, as
+``cltrace merge`` does: inputs over ``read.batches.WINDOWED_FROM`` read in windows, the others whole) and
+``merge-windows`` (the same, every input read in windows). Run ``merge`` on another checkout's code
+(``PYTHONPATH=.../src``) for a before figure.
 
 A trace of N spans is synthesised as columns (``tests/big_trace.py``: a ``step`` region per step holding ten
 ``saxpy`` kernel launches on an in-order queue and a ``finish``) and written with the real sinks (``.pftrace``
@@ -13,7 +17,7 @@ Targets (issue 29): summary/analyze of a 45M-span ``.pftrace`` completes with pe
 peak RSS reading a trace <= 100 B a span; analyze of a 1M-span file no slower than before (3.3-6.5 s).
 
     python benchmarks/bench_bigread.py [--spans 1000000,5000000] [--formats pftrace,json]
-                                       [--what load_columns,windows,summary,analyze,summary-store,analyze-store]
+                                       [--what load_columns,windows,summary,analyze,summary-store,analyze-store,merge,merge-windows]
                                        [--dir DIR] [--keep] [--cap-mb MB]
 """
 from __future__ import annotations
@@ -36,11 +40,19 @@ TARGET_45M_MB = 2048
 TARGET_B_PER_SPAN = 100
 
 
-def child_read(what: str, path: str) -> dict[str, Any]:
+SMALL_SPANS = 12_000  # the second file of a merge
+
+
+def child_read(what: str, path: str, *more: str) -> dict[str, Any]:
     """Read ``path`` as ``what`` does; the spans it read (a packed file past the reader's inflate budget is
-    read in part: ``partial``)."""
+    read in part: ``partial``). ``merge``: ``more`` is the small second file and the output."""
     t0 = time.perf_counter()
-    if what == "load_columns":
+    if what.startswith("merge"):
+        from cltrace.merge import merge
+
+        result = merge([path, more[0]], more[1], **({"windowed_from": 0} if what == "merge-windows" else {}))
+        n, meta = result.spans, {}
+    elif what == "load_columns":
         from cltrace.read import load_columns
 
         spans, meta = load_columns(path)
@@ -98,7 +110,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spans", default="1000000,5000000", help="comma-separated span counts")
     ap.add_argument("--formats", default="pftrace,json")
-    ap.add_argument("--what", default="load_columns,windows,summary,analyze,summary-store,analyze-store")
+    ap.add_argument("--what", default="load_columns,windows,summary,analyze,summary-store,analyze-store",
+                    help="comma-separated, of those and merge, merge-windows")
     ap.add_argument("--dir", help="where the traces go (default: a temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the traces (reused by a later run)")
     ap.add_argument("--cap-mb", type=int, default=12_000, help="address space limit of each reading (0: none)")
@@ -109,7 +122,7 @@ def main() -> int:
         if what == "synth":
             got: dict[str, Any] = {"spans": write_big_trace(int(rest[0]), *rest[1:])}
         else:
-            got = child_read(what, rest[0])
+            got = child_read(what, *rest)
         got["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(json.dumps(got))
         return 0
@@ -128,7 +141,15 @@ def main() -> int:
         for fmt, path in files.items():
             mb = os.path.getsize(path) / 1e6
             for what in args.what.split(","):
-                r = run_child(what, path, cap_mb=args.cap_mb)
+                extra: tuple[str, ...] = ()
+                if what.startswith("merge"):
+                    small = os.path.join(base, f"small.{fmt}")
+                    if not os.path.exists(small) and "error" in (got := run_child("synth", str(SMALL_SPANS), small)):
+                        raise SystemExit(f"synthesising the small file: {got['error']}")
+                    extra = (small, os.path.join(base, f"merged.{fmt}"))
+                r = run_child(what, path, *extra, cap_mb=args.cap_mb)
+                if extra and os.path.exists(extra[1]):
+                    os.remove(extra[1])
                 if "error" in r:
                     print(f"| {n} | {fmt} | {mb:.0f} | {what} | - | - | - | - | failed: {r['error']} |")
                     continue
@@ -143,6 +164,10 @@ def main() -> int:
         if not args.keep:
             for p in files.values():
                 os.remove(p)
+    if not args.keep:
+        for fmt in formats:
+            if os.path.exists(small := os.path.join(base, f"small.{fmt}")):
+                os.remove(small)
     if not args.keep and not args.dir:
         shutil.rmtree(base, ignore_errors=True)
     return 0

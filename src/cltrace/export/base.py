@@ -65,7 +65,9 @@ class TraceContext(Protocol):
 @dataclass
 class FixedTrace:
     """A ``TraceContext`` of fixed parts: a trace replayed from files (``cltrace merge``), or spans made by hand
-    (tests, benchmarks). Its present (``now_ns``) is ``end_ns``; its ``metadata()`` a copy of ``meta``."""
+    (tests, benchmarks). Its present (``now_ns``) is ``end_ns``; its ``metadata()`` a copy of ``meta``. A merge
+    reading inputs in windows raises ``end_ns`` as it writes them (the end known so far) and sets ``meta``
+    once all are written, before ``close``."""
 
     tracks: TrackTable
     tables: Tables = field(default_factory=Tables)

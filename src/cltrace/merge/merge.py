@@ -5,21 +5,31 @@ Each input becomes one host process, under its own pid, on the first file's time
 never mix between files. Device queue tracks say their pid (``... · queue 0 · pid 123``) and stay
 under one process per device, so work of several processes on one device shows side by side;
 a device of another machine is a process of its own (``OpenCL: <device> @ <host>``).
+
+Inputs are read as ``SpanBatch`` columns (``read.batches``): a large one a window at a time, so memory is bounded
+by the windows and what each windowed input keeps between its two passes (its parents' paths, bitmaps of its span
+ids), whatever the files' sizes; a smaller one whole, held from the start (the merged file's first metadata names
+its tracks and devices) until it is written. Spans are renumbered, given the merged trace's tracks and moved on
+the columns, and written input by input, batch by batch, each batch sorted by host begin (a sink takes spans in
+any order, as a live run hands them over); the trace's end and the span counts are counted as they go and go
+out with the final metadata.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from .._version import version
 from ..errors import TraceFileError
 from ..export.base import FixedTrace
 from ..export.formats import format_for, sink_for
-from ..read import detect, load
-from ..timeline.batch import SpanBatch, Tables
-from ..timeline.spans import Span
+from ..read.batches import FileBatches, open_batches
+from ..timeline.batch import NAMES, SpanBatch, Tables
 from ..timeline.tracks import COMPILE, COMPILE_TRACK_NAME, DEVICE_QUEUE, HOST_THREAD, Track
 from .align import Alignment, align
 
@@ -45,10 +55,13 @@ class MergedTracks:
     def tracks(self) -> list[Track]:
         return list(self._tracks.values())
 
+    def __len__(self) -> int:
+        return len(self._tracks)
+
 
 @dataclass
 class Process:
-    """One merged input: its file, pid, name, span count and placement."""
+    """One merged input: its file, pid, name, span count and placement; whether it was read in windows."""
 
     path: str
     pid: int
@@ -56,6 +69,7 @@ class Process:
     spans: int
     alignment: Alignment
     recorded_pid: int = 0
+    windowed: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         d = {"file": self.path, "pid": self.pid, "name": self.name, "spans": self.spans, **self.alignment.as_dict()}
@@ -76,7 +90,9 @@ class MergeResult:
         for p in self.processes:
             a = p.alignment
             where = "" if not a.shift_ns else f", moved {a.shift_ns / 1e6:+.3f} ms"
-            out.append(f"  pid {p.pid} ({p.name}): {p.spans:,} spans from {p.path}; {a.method}{where}; {a.uncertainty}")
+            how = " (large: read in windows)" if p.windowed else ""
+            out.append(f"  pid {p.pid} ({p.name}): {p.spans:,} spans from {p.path}{how}; {a.method}{where}; "
+                       f"{a.uncertainty}")
         return out
 
 
@@ -90,25 +106,20 @@ def _check_meta(path: str, meta: dict[str, Any]) -> None:
                                  "only traces written by cltrace can be merged")
 
 
-def _load(path: str) -> tuple[list[Span], dict[str, Any], bool]:
-    """Spans (host times made absolute), metadata, and whether the file was cut off."""
-    try:
-        relative = detect(path) == "json"  # Chrome JSON times count from the run's start
-    except OSError as exc:
-        raise TraceFileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
-    except TraceFileError as exc:
-        raise TraceFileError(f"{path}: {exc}") from None
-    spans, meta = load(path)  # its errors name the file
-    _check_meta(path, meta)
-    if relative:
-        base = meta["start_ns"]
-        for s in spans:
-            s.host_begin += base
-            s.host_end += base
-            if s.dev_start is not None:
-                s.dev_start += base
-                s.dev_end += base
-    return spans, meta, "truncated" in meta
+@dataclass
+class _Input:
+    """An input being merged: its file (open), its process, and where its tracks go in the merged trace."""
+
+    file: FileBatches
+    process: Process
+    host: str  # " @ <host>" after the name of a device of another clock domain, else ""
+    tracks: dict[int, int] = field(default_factory=dict)  # its track ids -> the merged trace's
+
+
+def _open(path: str, windowed_from: int | None, window_bytes: int | None) -> FileBatches:
+    source = open_batches(path, windowed_from, window_bytes)  # its errors name the file
+    _check_meta(path, source.meta)
+    return source
 
 
 def _device_key(meta: dict[str, Any], label: str) -> tuple[str, dict[str, Any]]:
@@ -120,29 +131,82 @@ def _device_key(meta: dict[str, Any], label: str) -> tuple[str, dict[str, Any]]:
     return label, {"name": label, "label": label}
 
 
-def _place(spans: list[Span], a: Alignment, id_base: int, track_map: dict[int, int]) -> None:
-    """Renumber ids and tracks, and move the host times, in place."""
-    shift = a.shift_ns
-    for s in spans:
-        s.id += id_base
-        if s.parent:
-            s.parent += id_base
-        s.thread = track_map[s.thread]
-        s.host_begin += shift
-        s.host_end += shift
-        if s.dev_start is not None:
-            s.device_track = track_map[s.device_track]
-            s.dev_start += shift
-            s.dev_end += shift
-            if s.dev_queued is not None:
-                s.dev_queued += shift
-            if s.dev_submit is not None:
-                s.dev_submit += shift
+def _track_ids(batch: SpanBatch) -> tuple[np.ndarray, np.ndarray]:
+    """The host thread and device track ids a batch's spans name."""
+    return np.unique(batch.thread), np.unique(batch.track[batch.track != 0])
 
 
-def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> MergeResult:
+def _add_tracks(inp: _Input, tracks: MergedTracks, merged_meta: dict[str, Any], threads: np.ndarray,
+                devices: np.ndarray) -> None:
+    """Merged-trace ids for the input's tracks not seen before, numbered on in the order of their own ids.
+    A device queue's track says the pid, under one process per device (``uid`` or ``uid @ host``)."""
+    meta = inp.file.meta
+    names = meta.get("tracks") if isinstance(meta.get("tracks"), dict) else {}
+    pid = inp.process.pid
+    pname = tracks.process_names[pid]
+    device_ids = set(devices.tolist())
+    for tid in np.union1d(threads, devices).tolist():
+        if tid in inp.tracks:
+            continue
+        info = names.get(str(tid)) if isinstance(names.get(str(tid)), dict) else {}
+        name = str(info.get("name") or f"thread {tid}")
+        new = inp.tracks[tid] = len(tracks) + 1
+        if tid in device_ids:
+            label = name.split(" · queue")[0]
+            uid, dev = _device_key(meta, label)
+            key = uid + inp.host
+            tracks.devices.setdefault(key, dev)
+            merged_meta["devices"].setdefault(key, dev)
+            clock = (meta.get("clocks") or {}).get(uid)
+            if clock is not None:
+                merged_meta["clocks"].setdefault(key, clock)
+            tracks.add(Track(new, DEVICE_QUEUE, f"{name} · pid {pid}", f"OpenCL: {label}{inp.host}", device=key,
+                             pid=pid))
+        else:
+            kind = COMPILE if name == COMPILE_TRACK_NAME else HOST_THREAD
+            tracks.add(Track(new, kind, name, pname, pid=pid))
+
+
+def _mapped(col: np.ndarray, ids: dict[int, int]) -> np.ndarray:
+    uniq, inv = np.unique(col, return_inverse=True)
+    return np.array([ids[t] for t in uniq.tolist()], np.int64)[inv]
+
+
+def _place(batch: SpanBatch, inp: _Input, id_base: int, tables: Tables) -> SpanBatch:
+    """The batch on the merged timeline: ids past ``id_base``, the merged trace's tracks, host times moved by
+    the input's shift; sorted by (host begin, id), its names (paths, sites) those of the merged trace's ``tables``."""
+    shift = inp.process.alignment.shift_ns
+    dev = batch.track != 0
+    cols = {c: getattr(batch, c) for c in NAMES}
+    cols["id"] = batch.id + id_base
+    cols["parent"] = np.where(batch.parent != 0, batch.parent + id_base, 0)
+    cols["thread"] = _mapped(batch.thread, inp.tracks)
+    track = batch.track.copy()
+    track[dev] = _mapped(batch.track[dev], inp.tracks)
+    cols["track"] = track
+    for c in ("host_begin", "host_end"):
+        cols[c] = cols[c] + shift
+    for c in ("dev_queued", "dev_submit", "dev_start", "dev_end"):
+        cols[c] = np.where(dev, cols[c] + shift, cols[c])
+    placed = SpanBatch(batch.tables, cols, batch.attrs, batch.errors)
+    order = np.lexsort((cols["id"], cols["host_begin"]))
+    if not (order == np.arange(len(order))).all():
+        placed = placed.take(order)
+    return placed.in_tables(tables)
+
+
+def _extent(batch: SpanBatch) -> int:
+    """The last time a batch's spans reach, host or device."""
+    dev = batch.track != 0
+    return max(int(batch.host_end.max()), int(batch.dev_end[dev].max()) if dev.any() else 0)
+
+
+def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], *, windowed_from: int | None = None,
+          window_bytes: int | None = None) -> MergeResult:
     """Merge cltrace trace files into ``out`` (``.json`` or ``.pftrace``), written atomically (``out``
-    may be one of the inputs). Raises TraceFileError naming the file and the cause."""
+    may be one of the inputs). An input of ``windowed_from`` bytes or more (None: ``read.batches.WINDOWED_FROM``
+    of its format) is read in windows of ``window_bytes`` (None: the reader's own). Raises TraceFileError naming
+    the file and the cause."""
     files = [os.fspath(p) for p in paths]
     target = os.fspath(out)
     if not files:
@@ -153,16 +217,18 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
         raise TraceFileError(str(exc)) from None
     if fmt not in FORMATS:
         raise TraceFileError(f"{target}: a merged trace is .json or .pftrace")
-    loaded = [_load(p) for p in files]
-    alignments = align([m for _, m, _ in loaded])
-    first_meta = loaded[0][1]
+    tables = Tables()
+    opened = [_open(p, windowed_from, window_bytes) for p in files]
+    alignments = align([f.meta for f in opened])
+    first_meta = opened[0].meta
     tracks = MergedTracks(int(first_meta.get("pid") or 0))
     result = MergeResult(target)
     merged_meta: dict[str, Any] = {"clocks": {}, "devices": {}}
-    all_spans: list[Span] = []
-    id_base = track_base = dropped = 0
+    inputs: list[_Input] = []
     used_pids: set[int] = set()
-    for k, ((spans, meta, cut), a) in enumerate(zip(loaded, alignments)):
+    starts, known_end = [], 0
+    for k, (source, a) in enumerate(zip(opened, alignments)):
+        meta = source.meta
         recorded_pid = int(meta.get("pid") or 0)
         pid = recorded_pid or 1
         while pid in used_pids:  # pid reused (another machine, a later boot): keep the processes apart
@@ -178,66 +244,73 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) 
         if pname in tracks.process_names.values():  # two runs of one command: told apart by pid
             pname = f"{pname} (pid {pid})"
         tracks.process_names[pid] = pname
-        host = f" @ {a.host or 'host ' + str(a.domain)}" if a.domain else ""
-        track_map: dict[int, int] = {}
-        device_ids = {s.device_track for s in spans if s.dev_start is not None}
-        for tid in sorted({s.thread for s in spans} | device_ids):
-            info = names.get(str(tid)) if isinstance(names.get(str(tid)), dict) else {}
-            name = str(info.get("name") or f"thread {tid}")
-            new = track_base + len(track_map) + 1
-            track_map[tid] = new
-            if tid in device_ids:
-                label = name.split(" · queue")[0]
-                uid, dev = _device_key(meta, label)
-                key = uid + host
-                tracks.devices.setdefault(key, dev)
-                merged_meta["devices"].setdefault(key, dev)
-                clock = (meta.get("clocks") or {}).get(uid)
-                if clock is not None:
-                    merged_meta["clocks"].setdefault(key, clock)
-                tracks.add(Track(new, DEVICE_QUEUE, f"{name} · pid {pid}", f"OpenCL: {label}{host}", device=key,
-                                 pid=pid))
-            else:
-                kind = COMPILE if name == COMPILE_TRACK_NAME else HOST_THREAD
-                tracks.add(Track(new, kind, name, pname, pid=pid))
-        track_base += len(track_map)
-        _place(spans, a, id_base, track_map)
-        id_base = max([id_base, *(s.id for s in spans)])
-        dropped += int(meta.get("dropped_spans") or 0)
-        all_spans += spans
-        name = pname + (" (cut off)" if cut else "")
-        result.processes.append(Process(files[k], pid, name, len(spans), a, recorded_pid))
-    result.spans = len(all_spans)
-    starts = [int(m["start_ns"]) + a.shift_ns for (_, m, _), a in zip(loaded, alignments)]
+        name = pname + (" (cut off)" if "truncated" in meta else "")
+        process = Process(files[k], pid, name, 0, a, recorded_pid, source.windowed)
+        result.processes.append(process)
+        inp = _Input(source, process, f" @ {a.host or 'host ' + str(a.domain)}" if a.domain else "")
+        inputs.append(inp)
+        starts.append(int(meta["start_ns"]) + a.shift_ns)
+        whole = source.whole
+        if whole is not None and whole.n:  # read already: its tracks, spans and extent are known before writing
+            _add_tracks(inp, tracks, merged_meta, *_track_ids(whole))
+            process.spans = whole.n
+            known_end = max(known_end, _extent(whole) + a.shift_ns)
     start = min(starts)
-    end = max([start, *(s.host_end for s in all_spans), *(s.dev_end for s in all_spans if s.dev_end is not None)])
     unix_offset = int(first_meta["start_unix_ns"]) - int(first_meta["start_ns"])
-    merged_meta.update({
-        "cltrace.version": version(), "start_ns": start, "start_unix_ns": start + unix_offset,
-        "pid": tracks.pid, "host": first_meta.get("host"), "dropped_spans": dropped,
-        "recorded_spans": len(all_spans),
-        "merged": {"processes": [p.as_dict() for p in result.processes]},
-    })
-    trace = FixedTrace(tracks, Tables(), start, start + unix_offset, end, merged_meta,
+    dropped = sum(int(f.meta.get("dropped_spans") or 0) for f in opened)
+
+    def metadata() -> dict[str, Any]:
+        """The merged trace's metadata as far as the inputs have been read (all of it once they have)."""
+        result.spans = sum(p.spans for p in result.processes)
+        return {**merged_meta, "cltrace.version": version(), "start_ns": start, "start_unix_ns": start + unix_offset,
+                "pid": tracks.pid, "host": first_meta.get("host"), "dropped_spans": dropped,
+                "recorded_spans": result.spans, "merged": {"processes": [p.as_dict() for p in result.processes]}}
+
+    # The trace's present (``now_ns``, what a .pftrace stamps its metadata with) is the end of the spans known so far:
+    # at the start, those of the inputs read whole; the last span's end once everything is written.
+    trace = FixedTrace(tracks, tables, start, start + unix_offset, max(start, known_end), metadata(),
                        process_names=tracks.process_names)
-    _write(target, fmt, trace, all_spans)
+
+    def write_spans(sink: Any) -> None:
+        id_base = 0
+        for inp in inputs:
+            top, n = id_base, 0
+            for batch in inp.file.batches():
+                if not batch.n:
+                    continue
+                _add_tracks(inp, tracks, merged_meta, *_track_ids(batch))
+                batch = _place(batch, inp, id_base, tables)
+                top = max(top, int(batch.id.max()))
+                trace.end_ns = max(trace.end_ns, _extent(batch))
+                sink.write(batch)
+                n += batch.n
+            inp.process.spans = n
+            id_base = top
+        trace.meta = metadata()
+
+    _write(target, fmt, trace, write_spans)
     return result
 
 
-def _write(target: str, fmt: str, trace: FixedTrace, spans: list[Span]) -> None:
+def _write(target: str, fmt: str, trace: FixedTrace, write_spans: Callable[[Any], None]) -> None:
     """Write through the format's own sink into a temporary file, then put it in place."""
     folder = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(folder):
         raise TraceFileError(f"cannot write {target}: there is no folder {folder}; create it or choose another path")
     tmp = os.path.join(folder, f".{os.path.basename(target)}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    sink: Any = None
     try:
         sink = sink_for(tmp, fmt)
         sink.start(trace)
-        sink.write(SpanBatch.from_spans(trace.tables, sorted(spans, key=lambda s: (s.host_begin, s.id))))
-        sink.close(trace.metadata())
+        write_spans(sink)
+        sink, done = None, sink
+        done.close(trace.metadata())
         os.replace(tmp, target)
     except OSError as exc:
         raise TraceFileError(f"cannot write {target}: {exc.strerror or exc}") from None
     finally:
+        if sink is not None:  # an input failed part way (its second pass): let the sink go, then its file
+            with contextlib.suppress(Exception):
+                sink.close(trace.metadata())
         if os.path.exists(tmp):
             os.remove(tmp)

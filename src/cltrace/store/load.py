@@ -17,14 +17,14 @@ import hashlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
 from ..errors import TraceFileError
 from ..export.otlp.mapping import Mapper
-from ..read import detect, load_columns
-from ..timeline.batch import SpanBatch, Tables, as_batch
+from ..read.batches import open_batches
+from ..timeline.batch import SpanBatch
 from . import derived, rows, schema, values
 from .questions.common import quote
 
@@ -53,19 +53,6 @@ def file_hash(path: str) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def absolute(batch: SpanBatch, base: int) -> None:
-    """Chrome JSON keeps host and device-placement times as offsets from the recorder's ``start_ns``
-    (``export/chrome``: ``ts`` in µs since it) and ``queued_host_ns``/``submit_host_ns`` as they are:
-    put the former back on the host clock, as ``.pftrace`` and the recorder have them."""
-    if not base:
-        return
-    dev = batch.track != 0
-    for col in (batch.host_begin, batch.host_end):
-        col += base
-    for col in (batch.dev_start, batch.dev_end):
-        col[dev] += base
 
 
 def _ns(expr: str) -> str:
@@ -124,9 +111,6 @@ def _create(client: Any, db: str, name: str, cols: tuple) -> None:
     client.command(f'CREATE TABLE "{db}"."{name}" ({", ".join(f"{c} {t}" for c, t in cols)}) ENGINE = Memory')
 
 
-# Files this large load window by window (read/windows.py): whole, a span costs ~1 KB of memory, a .pftrace
-# holds one in 10-20 B and a .json in 250-750 B.
-WINDOWED_FROM = {"pftrace": 32 << 20, "json": 256 << 20}  # at or under cli/large.DEFAULT_MB: a file sent through the store is not read whole
 WINDOWED_CHUNK_ROWS = 30_000
 
 
@@ -136,9 +120,9 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
               windowed_from: int | None = None) -> LoadResult:
     """Load one ``.json``/``.pftrace`` file (see the module docstring). ``threads``: the engine's
     threads for each of its inserts (None: the engine's default). A file of ``windowed_from`` bytes or more
-    (None: ``WINDOWED_FROM`` of its format) is read a window at a time (memory bounded by the window,
-    whatever the file's size); a smaller one, or one outside cltrace's layout, whole. Raises TraceFileError for a file cltrace
-    cannot read."""
+    (None: ``read.batches.WINDOWED_FROM`` of its format) is read a window at a time (memory bounded by the
+    window, whatever the file's size); a smaller one, or one outside cltrace's layout, whole. Raises
+    TraceFileError for a file cltrace cannot read."""
     t0 = time.perf_counter()
     if not os.path.isfile(path):
         raise TraceFileError(f"{'is a directory' if os.path.isdir(path) else 'no such file'}: {path}")
@@ -149,7 +133,8 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
                         parameters={"h": digest}).result_rows[0][0]
     if done:
         return LoadResult(path, 0, time.perf_counter() - t0, True, trace_hex, digest)
-    batches, meta, final_meta, windowed = _read(path, windowed_from)
+    source = open_batches(path, windowed_from)
+    meta = source.meta
     left = client.query(f'SELECT count() FROM "{db}"."{table}_trace_id_ts" WHERE TraceId = {{t:String}}',
                         parameters={"t": trace_hex}).result_rows[0][0]  # the exporter's lookup table: by key
     if left:  # a load cut short before it was recorded: clear its rows and load afresh
@@ -164,12 +149,12 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
     mapper = Mapper(rows.FileRun(meta), trace, salt)
     tag = f"{os.getpid()}_{digest[:12]}"
     w = _Writer(client, db, table, tag, resource, trace_hex, meta, mapper, threads)
-    if windowed:  # a large file: memory over speed (30k rows an insert: 16 % less peak RSS, 14 % longer load)
+    if source.windowed:  # a large file: memory over speed (30k rows an insert: 16 % less peak RSS, 14 % longer load)
         chunk_rows = min(chunk_rows, WINDOWED_CHUNK_ROWS)
     try:
-        for batch in batches:
+        for batch in source.batches():
             w.add(batch, chunk_rows)
-        spans = w.close(final_meta())
+        spans = w.close(source.final_meta())
         client.insert(f'"{db}"."{schema.LOADS}"',
                       [[digest], [os.path.abspath(path)], [trace_hex], [spans],
                        [resource.get("cltrace.run.id", "")], [resource.get("cltrace.rank", "")]],
@@ -177,33 +162,6 @@ def load_file(client: Any, path: str, db: str = schema.DATABASE, table: str = sc
     finally:
         w.drop()
     return LoadResult(path, spans, time.perf_counter() - t0, False, trace_hex, digest)
-
-
-def _read(path: str, windowed_from: int | None) -> tuple[Iterable[SpanBatch], dict[str, Any],
-                                                         Callable[[], dict[str, Any]], bool]:
-    """The file's spans as batches, its metadata before them (the windowed reader's first pass reads it),
-    its metadata once they have been read (the spans counted where the file does not say), and whether
-    it is read in windows."""
-    kind = detect(path)
-    if os.path.getsize(path) >= (WINDOWED_FROM[kind] if windowed_from is None else windowed_from):
-        from ..read.windows import open_windows
-
-        wt = open_windows(path)
-        if wt is not None:
-            meta = wt.metadata()
-            base = int(meta.get("start_ns") or 0) if kind == "json" else 0
-
-            def placed() -> Iterator[SpanBatch]:
-                for batch in wt.batches():
-                    absolute(batch, base)
-                    yield batch
-
-            return placed(), meta, wt.metadata, True
-    spans, meta = load_columns(path)
-    batch = as_batch(spans, Tables())
-    if kind == "json":
-        absolute(batch, int(meta.get("start_ns") or 0))
-    return [batch], meta, lambda: meta, False
 
 
 class _Writer:

@@ -204,6 +204,25 @@ class SpanBatch:
             errors = {where[i]: e for i, e in self.errors.items() if i in where}
         return SpanBatch(self.tables, cols, attrs, errors)
 
+    def in_tables(self, tables: Tables) -> "SpanBatch":
+        """These rows with their name, category, path and site ids those of ``tables``, which interns the values
+        it lacks in the order the rows first name them (as ``from_spans`` of the rows' spans would): batches read
+        apart, then written by one sink, which reads them all with its context's tables."""
+        if tables is self.tables:
+            return self
+        mine = self.tables
+        cols = {c: getattr(self, c) for c in NAMES}
+        for col, have, want in (("name", mine.names, tables.names), ("cat", mine.cats, tables.cats),
+                                ("path", mine.paths, tables.paths), ("site", mine.sites, tables.sites)):
+            uniq, first, inv = np.unique(cols[col], return_index=True, return_inverse=True)
+            ids = np.full(len(uniq), -1, I64)  # site -1 (none) stays -1
+            values = have.values
+            for j in np.argsort(first, kind="stable").tolist():
+                if uniq[j] >= 0:
+                    ids[j] = want.id(values[uniq[j]])
+            cols[col] = ids[inv]
+        return SpanBatch(tables, cols, self.attrs, self.errors)
+
     @classmethod
     def concat(cls, tables: Tables, batches: Sequence["SpanBatch"]) -> "SpanBatch":
         batches = [b for b in batches if b.n]
