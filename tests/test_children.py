@@ -313,6 +313,42 @@ def test_merge_aligns_another_machine_by_unix_time_and_says_how_sure(tmp_path: A
     assert any("@ gpu-node-7" in v["process"] for v in meta["tracks"].values())  # its device is its own
 
 
+@pytest.mark.parametrize("out", ["all.pftrace", "all.json"])
+def test_merge_of_a_file_older_than_the_first_hosts_boot_moves_the_timeline_up(tmp_path: Any, queue: Any,
+                                                                               kernels: Any, out: str) -> None:
+    """A file from another machine that began (in Unix time) before the first file's host booted lands before its
+    clock's zero: the whole timeline moves up by one amount (a .pftrace has no time before 0), each file exactly
+    where it was against the others, and the merged trace reads back."""
+    a, b = str(tmp_path / "a.json"), str(tmp_path / "b.json")
+    _trace(a, queue, kernels, 2)
+    _trace(b, queue, kernels, 2)
+    sa, ma = load(a)
+    sb, mb = load(b)
+    early = ma["start_unix_ns"] - ma["start_ns"] - 10_000_000_000  # 10 s before a's host booted
+    other = str(tmp_path / "old_other_host.json")
+    _restamp(b, other, host={"name": "old-node", "boot_id": "another-boot"}, start_unix_ns=early,
+             process={"name": "remote run"})
+    p = _cltrace("merge", a, other, "-o", out, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    procs_lines = [x for x in p.stdout.splitlines() if x.startswith("  pid")]
+    assert "same host clock, moved +11000.000 ms; exact" in procs_lines[0]  # 10 s back, and 1 s of room
+    spans, meta = load(str(tmp_path / out))
+    base = meta["start_ns"] if out.endswith(".json") else 0
+    remote = {int(t) for t, v in meta["tracks"].items() if v["process"] == "remote run"}
+    got_a = sorted(s.host_begin + base for s in spans if s.thread not in remote)
+    got_b = sorted(s.host_begin + base for s in spans if s.thread in remote)
+    assert min(got_a + got_b) > 0
+    want_a = sorted(s.host_begin + ma["start_ns"] for s in sa)
+    want_b = sorted(s.host_begin + mb["start_ns"] for s in sb)
+    lift = got_a[0] - want_a[0]
+    assert [g - lift for g in got_a] == want_a  # the first file: one shift, exact
+    # the other: placed by Unix time (before a's host booted), then moved up by the same amount
+    offset_b = early - mb["start_ns"]  # Unix time - host clock of the restamped file
+    offset_a = ma["start_unix_ns"] - ma["start_ns"]
+    assert [g - lift for g in got_b] == [w + offset_b - offset_a for w in want_b]
+    assert meta["start_unix_ns"] - meta["start_ns"] == offset_a - lift  # Unix time of the merged clock still right
+
+
 @pytest.mark.parametrize("args, message", [
     (["missing.json", "-o", "all.json"], "missing.json: cannot read it"),
     (["not_a_trace.json", "-o", "all.json"], "error: not_a_trace.json: "),  # the reader says why

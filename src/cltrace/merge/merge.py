@@ -131,6 +131,19 @@ def _device_key(meta: dict[str, Any], label: str) -> tuple[str, dict[str, Any]]:
     return label, {"name": label, "label": label}
 
 
+FLOOR_NS = 1_000_000_000  # the earliest start a merged timeline keeps: a .pftrace has no time before 0
+
+
+def _lift(alignments: list[Alignment], starts: list[int]) -> None:
+    """Move the whole timeline later where an input would start before ``FLOOR_NS`` on it (a file placed by Unix
+    time that began before the first file's host booted): every input by the same amount, so each stays exactly
+    where it was against the others, and the first file's line says it moved."""
+    lift = FLOOR_NS - min(s + a.shift_ns for s, a in zip(starts, alignments))
+    if lift > 0:
+        for a in alignments:
+            a.shift_ns += lift
+
+
 def _track_ids(batch: SpanBatch) -> tuple[np.ndarray, np.ndarray]:
     """The host thread and device track ids a batch's spans name."""
     return np.unique(batch.thread), np.unique(batch.track[batch.track != 0])
@@ -220,6 +233,7 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], 
     tables = Tables()
     opened = [_open(p, windowed_from, window_bytes) for p in files]
     alignments = align([f.meta for f in opened])
+    _lift(alignments, [int(f.meta["start_ns"]) for f in opened])
     first_meta = opened[0].meta
     tracks = MergedTracks(int(first_meta.get("pid") or 0))
     result = MergeResult(target)
@@ -256,7 +270,7 @@ def merge(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str], 
             process.spans = whole.n
             known_end = max(known_end, _extent(whole) + a.shift_ns)
     start = min(starts)
-    unix_offset = int(first_meta["start_unix_ns"]) - int(first_meta["start_ns"])
+    unix_offset = int(first_meta["start_unix_ns"]) - int(first_meta["start_ns"]) - alignments[0].shift_ns
     dropped = sum(int(f.meta.get("dropped_spans") or 0) for f in opened)
 
     def metadata() -> dict[str, Any]:
