@@ -29,7 +29,8 @@ from . import derived, rows, schema, values
 from .questions.common import quote
 
 # Rows an insert. Each insert is a part the table merges later: 16 files x 1M spans, 2 at a time, took 302 CPU s in
-# 2.2 GB with 100k, 259 in 3.1 GB with 300k, 258 in 4.1 GB with 1M (a file in one insert).
+# 2.2 GB with 100k, 259 in 3.1 GB with 300k, 258 in 4.1 GB with 1M (a file in one insert); a second pair on a
+# busier host, 368 s in 2.6 GB against 338 in 2.8 GB (wall 190 -> 174 s).
 CHUNK_ROWS = 300_000
 _STAGE_COLS = (("Ts", "Int64"), ("Dur", "UInt64"), ("Sid", "UInt64"), ("Pid", "UInt64"), ("HasParent", "UInt8"),
                ("HostDur", "Int64"), ("Dev", "UInt8"), ("DevDur", "Int64"), ("Q", "Int64"), ("Su", "Int64"),
