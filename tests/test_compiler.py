@@ -16,7 +16,6 @@ from cltrace.programs import tunedb
 from cltrace.programs.compiler import ProgramCache, default_cache, default_queue, device_key
 from cltrace.errors import CltraceError
 from cltrace.record.recorder import RECORDER
-from cltrace.record.recorder import RECORDER
 from cltrace.timeline.tracks import COMPILE
 
 SOURCE = """

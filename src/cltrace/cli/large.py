@@ -1,9 +1,10 @@
 """Trace files too large to read whole: ``summary``, ``analyze`` and ``diff`` through a temporary embedded store.
 
 Reading a file whole (``read.load_columns``) holds every span in memory, so a file of tens of millions
-of spans does not fit. Above a threshold (``CLTRACE_LARGE_FILE_MB``; by default 32 MB for a ``.pftrace``, 1024 MB for a ``.json``) the commands load
-the file into an embedded ClickHouse store (chDB, in this process) in a temporary folder under
-``TMPDIR`` and answer with the store's questions, as SQL inside the engine: only aggregates come back.
+of spans does not fit. Above a threshold (``CLTRACE_LARGE_FILE_MB``; by default 32 MB for a ``.pftrace``,
+1024 MB for a ``.json``) the commands load the file into an embedded ClickHouse store (chDB, in this
+process) in a temporary folder under ``TMPDIR`` and answer with the store's questions, as SQL inside the
+engine: only aggregates come back.
 The folder is removed afterwards, on errors and Ctrl-C too. ``--via-store`` takes that path for any
 file, ``--in-memory`` never. The store answers over the whole run, with its own tables: what it cannot
 honour (windows, plots, kernels grouped by shape or call site, some orders) is one line, exit 2.

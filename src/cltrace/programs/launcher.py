@@ -172,8 +172,9 @@ def _factory(nargs: int, typed: bool) -> Any:
             fast = f"return enq(knl, queue, gs, ls, {params}wait_for=wait_for)"
         else:
             pairs = "".join(f"{i}, a{i}, " for i in range(nargs))
-            setargs = (f"s = owner._setargs\n                if s is None:\n                    setm(({pairs}))\n"
-                       f"                else:\n                    s(knl, {params})\n                ") if nargs else ""
+            pad = "\n" + " " * 16  # the fast path's indent in _TEMPLATE
+            setargs = (f"s = owner._setargs{pad}if s is None:{pad}    setm(({pairs})){pad}else:{pad}"
+                       f"    s(knl, {params}){pad}") if nargs else ""
             fast = f"{setargs}return enqueue(queue, knl, gs, ls, None, wait_for, False, False)"
         ns: dict[str, Any] = dict(_RECORD_GLOBALS)
         # A fixed template (only the arity varies), under a name callsite takes for cltrace's own code.
