@@ -271,7 +271,8 @@ def _stop(failed: bool) -> None:
         st.finish(failed)  # the last step ends, a cycle cut short is handed out
     _state.ENABLED = False
     _unhook_pyopencl()
-    RECORDER.flush(block=True)
+    if not _session_sinks or any(s not in _session_sinks for s in RECORDER.sinks):
+        RECORDER.flush(block=True)  # sinks this session does not close are left durable; its own are closed below
     wrote, kept = [], []
     _env_paths.clear()
     while _session_sinks:

@@ -10,12 +10,14 @@ spans made by hand) both implement it, and a sink takes it as it is (no probing 
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
 from ..record.files import make_dirs
+from . import offpath
 from ..record.memory import Ledger
 from ..timeline.batch import SpanBatch, Tables
 from ..timeline.step_table import StepTable
@@ -138,8 +140,37 @@ def partial_path(path: str) -> str:
 
 def put_in_place(path: str) -> None:
     """The file at ``partial_path(path)`` is complete: rename it to ``path``, over any earlier file
-    (one rename: a reader sees the old file or the new one, never a mix)."""
-    os.replace(partial_path(path), path)
+    (one rename: a reader sees the old file or the new one, never a mix).
+
+    An earlier file is held open across the rename and closed on ``offpath``'s thread: the kernel frees
+    its blocks at the last close, which a rename over it would otherwise pay inline (6-9 ms for a
+    ~10 MB trace on an H200 host, inside ``stop()``). If the process ends first, its exit closes it."""
+    try:
+        old = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:  # none there (or not ours to read): the rename frees nothing worth moving
+        old = -1
+    try:
+        os.replace(partial_path(path), path)
+    finally:
+        if old >= 0:
+            offpath.close(old)
+
+
+def close_synced(fh: IO[Any]) -> None:
+    """Close the trace file ``fh`` now (its bytes are the kernel's: every reader sees them); its fsync
+    runs on ``offpath``'s thread, or here if no descriptor is left to hand over."""
+    try:
+        fd = os.dup(fh.fileno())
+    except OSError:
+        with contextlib.suppress(OSError):
+            fh.flush()
+            os.fsync(fh.fileno())
+        fh.close()
+        return
+    try:
+        fh.close()
+    finally:
+        offpath.sync_and_close(fd)
 
 
 def open_trace_file(path: str, buffering: int = 1 << 20) -> IO[bytes]:

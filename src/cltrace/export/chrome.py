@@ -23,7 +23,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from .base import TraceContext, abandon_file, open_trace_file, release_space, reserve_space, start_writeback
+from .base import (TraceContext, abandon_file, close_synced, open_trace_file, release_space, reserve_space,
+                   start_writeback)
 from ..timeline.arrays import distinct as _distinct, first_rows as _first_rows
 from . import chrome_lines
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Tables, encode_python
@@ -388,12 +389,8 @@ class ChromeTraceSink:
             self._drain()
             if self._reserved > 0:
                 release_space(fh.fileno(), self._offset)
-            try:
-                os.fsync(fh.fileno())
-            except OSError:
-                pass
         finally:
-            fh.close()
+            close_synced(fh)
             self._fh = None
             self._out = bytearray()
             self._lut = None

@@ -448,9 +448,12 @@ class Recorder:
         self.activate()
 
     def remove_sink(self, sink: Any) -> None:
-        """Flush everything into ``sink`` and close it."""
-        self.flush(block=True)
+        """Resolve every record still waiting (delivered to all sinks), then close ``sink`` with final
+        metadata. The other sinks are not flushed here: each is flushed on the worker's schedule or
+        closed in turn (``stop()`` closing two files paid three rounds of flushes before)."""
         with self._lock:
+            self._step(block=True)
+            self.clocks.maybe_recalibrate()
             if sink in self.sinks:
                 self.sinks.remove(sink)
             sink.close(self.metadata())

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...record.memory import counter_name
 from ...timeline.batch import SpanBatch, as_batch
-from ..base import TraceContext, abandon_file, open_trace_file, start_writeback
+from ..base import TraceContext, abandon_file, close_synced, open_trace_file, start_writeback
 from ..processes import program_name
 from . import encoder, messages
 from .compress import packed
@@ -160,12 +160,7 @@ class PerfettoTraceSink:
         if self._packer is not None:
             self._packer, packer = None, self._packer
             packer.close()
-        fh.flush()
-        try:
-            os.fsync(fh.fileno())
-        except OSError:
-            pass
-        fh.close()
+        close_synced(fh)
         self._fh = None
 
     def _flush_os(self) -> None:
