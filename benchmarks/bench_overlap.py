@@ -200,9 +200,20 @@ def ratio_row(m: Mlp, steps: int, mode: str, rounds: int, tmp: str) -> Row:
     return row
 
 
+REAPER_SETTINGS = ("min_ns", "max_ns", "harvest_every", "quiet_ns", "stale_ns", "shared_hold_ns", "spin_ns")
+
+
+def set_reaper(changes: dict[str, int]) -> dict[str, int]:
+    """Change the reaper's settings (``REAPER_SETTINGS`` names); returns the ones before."""
+    reaper = stamps._reaper
+    was = dict(zip(REAPER_SETTINGS, reaper.reaper_config(250000, 2000000)))
+    reaper.reaper_config(*{**was, **changes}.values())
+    return was
+
+
 def apply_variant(spec: str) -> Callable[[], None]:
-    """Apply ``k=v,...`` (``RECORDER.configure`` keywords; ``recorder.NAME=v`` sets a module constant);
-    returns what puts the old values back."""
+    """Apply ``k=v,...`` (``RECORDER.configure`` keywords; ``recorder.NAME=v`` sets a module constant;
+    ``reaper.NAME=v`` one of ``REAPER_SETTINGS``); returns what puts the old values back."""
     from cltrace.record import recorder as rec_mod
     undo: list[Callable[[], None]] = []
     for kv in filter(None, spec.split(",")):
@@ -219,6 +230,9 @@ def apply_variant(spec: str) -> Callable[[], None]:
                 return real(*a, **kw)
             cltrace.step = step  # type: ignore[assignment]
             undo.append(lambda real=real: setattr(cltrace, "step", real))
+        elif k.startswith("reaper."):
+            was_r = set_reaper({k.split(".", 1)[1]: int(val)})
+            undo.append(lambda was_r=was_r: set_reaper(was_r) and None)
         elif k.startswith("recorder."):
             name = k.split(".", 1)[1]
             was = getattr(rec_mod, name)
@@ -421,12 +435,7 @@ def main() -> None:
         RECORDER.configure(**{k: float(v) if "." in v else int(v)
                               for k, v in (kv.split("=") for kv in args.config.split(","))})
     if args.reaper:
-        reaper = stamps._reaper
-        names = ("min_ns", "max_ns", "harvest_every", "quiet_ns", "stale_ns", "shared_hold_ns", "spin_ns")
-        now = dict(zip(names, reaper.reaper_config(250000, 2000000)))
-        reaper.reaper_config(*now.values())
-        now.update({k: int(v) for k, v in (kv.split("=") for kv in args.reaper.split(","))})
-        reaper.reaper_config(*now.values())
+        set_reaper({k: int(v) for k, v in (kv.split("=") for kv in args.reaper.split(","))})
     queue = cltrace.profiling_queue()
     print(f"device: {queue.device.name.strip()} ({queue.device.platform.name.strip()}); "
           f"span pipeline: {stamps.PATH}", flush=True)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 from .. import _state
 from ..errors import OutputError
 from ..export import claim
+from ..export import offpath
 from ..export.base import partial_path, put_in_place
 from ..export.formats import format_for, register_format, sink_for
 from ..record import heap, regions, switch
@@ -299,7 +300,7 @@ def _stop(failed: bool) -> None:
     switch.restore()
     regions.forget_kernels()
     _instrument.forget_queues()
-    heap.give_back()  # what the session freed (waiting records, step columns, file buffers) back to the OS
+    offpath.later(heap.give_back)  # what the session freed (waiting records, step columns, file buffers) back to the OS
     if wrote:
         print(f"cltrace: wrote {', '.join(shown(p) for p in wrote)}", file=sys.stderr, flush=True)
     if kept:
