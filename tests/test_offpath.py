@@ -14,8 +14,17 @@ from cltrace.export import base, offpath
 from cltrace.read.load import load
 
 
-def _fds() -> set[str]:
-    return set(os.listdir("/proc/self/fd"))
+def _holding(dev: int, ino: int) -> list[str]:
+    """This process's descriptors open on the file (dev, ino)."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            st = os.stat(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile by another thread
+            continue
+        if (st.st_dev, st.st_ino) == (dev, ino):
+            out.append(fd)
+    return out
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
@@ -23,17 +32,16 @@ def test_a_rename_over_an_earlier_file_frees_it_off_path_and_leaves_no_descripto
     path = str(tmp_path / "t.json")
     with open(path, "wb") as fh:
         fh.write(b"old" * 100_000)
+    old = os.stat(path)
     with open(base.partial_path(path), "wb") as fh:
         fh.write(b"new")
-    reader = open(path, "rb")  # a reader of the earlier file keeps it whole
-    before = _fds()
-    base.put_in_place(path)
+    with open(path, "rb") as reader:  # a reader of the earlier file keeps it whole
+        base.put_in_place(path)
+        assert open(path, "rb").read() == b"new"
+        assert not os.path.exists(base.partial_path(path))
+        assert reader.read() == b"old" * 100_000
     assert offpath.wait(10)
-    assert _fds() == before
-    assert open(path, "rb").read() == b"new"
-    assert not os.path.exists(base.partial_path(path))
-    assert reader.read() == b"old" * 100_000
-    reader.close()
+    assert _holding(old.st_dev, old.st_ino) == []
 
 
 def test_a_fifo_in_the_way_is_replaced_without_blocking(tmp_path: Any) -> None:
