@@ -53,6 +53,7 @@ from ..timeline.stats import Stats
 from ..timeline.step_table import StepTable
 from ..timeline.tracks import TrackRegistry
 from . import heap, job, switch
+from .fanout import Fanout
 from .memory import Ledger
 
 log = logging.getLogger("cltrace")
@@ -117,6 +118,7 @@ class Recorder:
         self._store: collections.deque[SpanBatch] = collections.deque()
         self._stored = 0
         self._lock = threading.RLock()
+        self._fanout = Fanout()
         self.sinks: list[Any] = []
         self.memory_dropped = 0
         self.lost = 0
@@ -289,11 +291,7 @@ class Recorder:
                 return
         self.recorded += batch.n
         self.stats.add(batch)
-        for sink in list(self.sinks):
-            try:
-                sink.write(batch)
-            except Exception as exc:  # an exporter must never break the traced program
-                log.warning("cltrace: sink %r failed: %s", sink, exc)
+        self._fanout.write(list(self.sinks), batch, _sink_failed)
         room = self.capacity - self._stored
         n = batch.n
         if n <= room:
@@ -505,6 +503,11 @@ class Recorder:
                 log.warning("cltrace: closing %r failed: %s", sink, exc)
         stamps.stop_reaper()  # before the driver's own exit handlers; later tickets are read inline
         switch.restore()
+
+
+def _sink_failed(sink: Any, exc: BaseException) -> None:
+    """An exporter must never break the traced program: its failure is one warning."""
+    log.warning("cltrace: sink %r failed: %s", sink, exc)
 
 
 RECORDER = Recorder()

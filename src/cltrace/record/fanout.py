@@ -1,0 +1,106 @@
+"""Writing one batch of spans into several sinks at once.
+
+A sink's write is mostly C with the GIL released (``_chrome.fill`` for ``.json``, the ``.pftrace``
+writer's encoding), so on a machine with cores to spare the second sink's write can run beside the
+first's. ``stop()`` of a 2,000-step training loop traced to both files on an H200 host spent 3-13 ms
+writing its last batch into one file after the other. A batch of at least ``MIN_ROWS`` rows, with two or
+more sinks, on a machine of at least ``MIN_CPUS`` cores, goes to every sink but the first on a helper
+thread of its own while the caller writes the first; anything else is written in turn on the caller's
+thread, as before (on a small machine the helpers would take the traced program's cores).
+"""
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Any, Callable, Sequence
+
+MIN_ROWS = 1024
+MIN_CPUS = 4
+
+OnError = Callable[[Any, BaseException], None]
+
+
+def write_each(sinks: Sequence[Any], batch: Any, on_error: OnError) -> None:
+    """``sink.write(batch)`` for every sink in turn; a sink that raises is reported to ``on_error``."""
+    for sink in sinks:
+        try:
+            sink.write(batch)
+        except Exception as exc:
+            on_error(sink, exc)
+
+
+class _Helper:
+    """A daemon thread writing one batch into one sink at a time, handed over by ``start``, awaited by ``join``."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="cltrace-sink-writer", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            sink, batch = job
+            try:
+                sink.write(batch)
+            except BaseException as exc:  # handed back to the caller, who reports it as its own sink's
+                self._done.put(exc)
+            else:
+                self._done.put(None)
+
+    def start(self, sink: Any, batch: Any) -> None:
+        self._jobs.put((sink, batch))
+
+    def join(self) -> BaseException | None:
+        return self._done.get()
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+
+class Fanout:
+    """``write(sinks, batch, on_error)``: as ``write_each``, the sinks side by side where that pays (above)."""
+
+    def __init__(self) -> None:
+        self._helpers: list[_Helper] = []
+        self._pid = os.getpid()
+
+    def write(self, sinks: Sequence[Any], batch: Any, on_error: OnError) -> None:
+        if len(sinks) < 2 or len(batch) < MIN_ROWS or (os.cpu_count() or 1) < MIN_CPUS:
+            write_each(sinks, batch, on_error)
+            return
+        helpers = self._ready(len(sinks) - 1)
+        if helpers is None:  # no thread to be had (the interpreter is shutting down)
+            write_each(sinks, batch, on_error)
+            return
+        for helper, sink in zip(helpers, sinks[1:]):
+            helper.start(sink, batch)
+        try:
+            write_each(sinks[:1], batch, on_error)
+        finally:
+            for helper, sink in zip(helpers, sinks[1:]):
+                exc = helper.join()
+                if isinstance(exc, Exception):
+                    on_error(sink, exc)
+                elif exc is not None:
+                    raise exc
+
+    def _ready(self, n: int) -> list[_Helper] | None:
+        """``n`` helpers of this process (a forked child's are its own: the parent's threads are not there)."""
+        if self._pid != os.getpid():
+            self._helpers, self._pid = [], os.getpid()
+        try:
+            while len(self._helpers) < n:
+                self._helpers.append(_Helper())
+        except RuntimeError:
+            return None
+        return self._helpers[:n]
+
+    def close(self) -> None:
+        """Let the helper threads end."""
+        helpers, self._helpers = self._helpers, []
+        for h in helpers:
+            h.stop()
