@@ -34,31 +34,26 @@ class _Helper:
     """A daemon thread writing one batch into one sink at a time, handed over by ``start``, awaited by ``join``."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Any, Any] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Any, Any]] = queue.SimpleQueue()
         self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
         threading.Thread(target=self._run, name="cltrace-sink-writer", daemon=True).start()
 
     def _run(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            sink, batch = job
+            sink, batch = self._jobs.get()
             try:
                 sink.write(batch)
             except BaseException as exc:  # handed back to the caller, who reports it as its own sink's
                 self._done.put(exc)
             else:
                 self._done.put(None)
+            del sink, batch  # not kept alive while idle
 
     def start(self, sink: Any, batch: Any) -> None:
         self._jobs.put((sink, batch))
 
     def join(self) -> BaseException | None:
         return self._done.get()
-
-    def stop(self) -> None:
-        self._jobs.put(None)
 
 
 class Fanout:
@@ -98,9 +93,3 @@ class Fanout:
         except RuntimeError:
             return None
         return self._helpers[:n]
-
-    def close(self) -> None:
-        """Let the helper threads end."""
-        helpers, self._helpers = self._helpers, []
-        for h in helpers:
-            h.stop()
