@@ -84,7 +84,7 @@ SLOW_SYNC = """
     import os, time
     real = os.fsync
     def fsync(fd):
-        time.sleep(0.3)
+        time.sleep(1.0)
         real(fd)
         with open("synced", "a") as f:
             f.write("1")
