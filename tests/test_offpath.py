@@ -144,3 +144,29 @@ def test_a_forked_child_forgets_the_parents_jobs(tmp_path: Any) -> None:
     print("ok")
     """, tmp_path)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_a_file_written_afresh_in_place_while_jobs_wait_keeps_its_bytes(tmp_path: Any) -> None:
+    """A sink writing its path directly, twice at once, the second file shorter: whatever the background
+    thread does to the first file afterwards (its fsync) leaves the second as written."""
+    import json
+    import threading
+
+    from test_chrome_bytes import batch, recorder
+
+    from cltrace.export import chrome
+
+    gate = threading.Event()
+    offpath.later(gate.wait, 10)  # the thread busy: the first file's jobs run after the second is written
+    path = tmp_path / "r.json"
+    rec = recorder()
+    for n in (3000, 10):
+        sink = chrome.ChromeTraceSink(path, flush_every=1000)
+        sink.start(rec)
+        sink.write(batch(rec.tables, n, 1))
+        sink.close({})
+    second = path.read_bytes()
+    gate.set()
+    assert offpath.wait(10)
+    assert path.read_bytes() == second
+    json.loads(second)

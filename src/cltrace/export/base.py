@@ -156,24 +156,22 @@ def put_in_place(path: str) -> None:
             offpath.close(old)
 
 
-def close_synced(fh: IO[Any], size: int | None = None) -> None:
-    """Close the trace file ``fh`` now (its bytes are the kernel's: every reader sees them); truncating it
-    to ``size`` (``release_space``; None: not) and its fsync run on ``offpath``'s thread, or here if no
-    descriptor is left to hand over."""
+def close_synced(fh: IO[Any]) -> None:
+    """Close the trace file ``fh`` now (its bytes are the kernel's: every reader sees them); its fsync runs
+    on ``offpath``'s thread, or here if no descriptor is left to hand over. Only the fsync is deferred: it
+    is harmless to a file written afresh at the same path meanwhile, where a deferred truncation was not."""
     try:
         fd = os.dup(fh.fileno())
     except OSError:
         with contextlib.suppress(OSError):
             fh.flush()
-            if size is not None:
-                release_space(fh.fileno(), size)
             os.fsync(fh.fileno())
         fh.close()
         return
     try:
         fh.close()
     finally:
-        offpath.sync_and_close(fd, size)
+        offpath.sync_and_close(fd)
 
 
 def open_trace_file(path: str, buffering: int = 1 << 20) -> IO[bytes]:

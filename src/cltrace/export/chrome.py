@@ -23,7 +23,8 @@ from typing import IO, Any
 
 import numpy as np
 
-from .base import TraceContext, abandon_file, close_synced, open_trace_file, reserve_space, start_writeback
+from .base import (TraceContext, abandon_file, close_synced, open_trace_file, release_space, reserve_space,
+                   start_writeback)
 from ..timeline.arrays import distinct as _distinct, first_rows as _first_rows
 from . import chrome_lines
 from .chrome_lines import DEVICE, IDX, INTS, NO_FLOW, Tables, encode_python
@@ -384,12 +385,12 @@ class ChromeTraceSink:
         tail = (self._metadata_event(meta) + "\n]\n").encode()
         self._put(tail)
         self.events_written += 1
-        size = None  # where the drain fails, the file keeps what it reserved (its end is not known)
         try:
             self._drain()
-            size = self._offset if self._reserved > 0 else None
+            if self._reserved > 0:  # here, not later: the path may be written afresh, in place, at once
+                release_space(fh.fileno(), self._offset)
         finally:
-            close_synced(fh, size)
+            close_synced(fh)
             self._fh = None
             self._out = bytearray()
             self._lut = None

@@ -1,9 +1,10 @@
 """Work a program need not wait for once its trace files are closed, on one background thread: a closed
-file's fsync and the freeing of the disk space reserved past its end, the last close of a file a rename
-replaced (where the kernel frees its blocks), the heap's free memory given back to the OS.
+file's fsync, the last close of a file a rename replaced (where the kernel frees its blocks), the heap's
+free memory given back to the OS.
 
 ``stop()`` paid all of it inline: for a 2,000-step trace on an H200 host 2-12 ms of fsync for two
-files, 6-9 ms freeing the previous run's files, ~1 ms trimming the heap and ~0.5 ms truncating. A closed file's bytes are the kernel's at once: every
+files, 6-9 ms freeing the previous run's files, ~1 ms trimming the heap. Nothing here may change a
+file's bytes: its path can be written afresh, in place, before a job runs. A closed file's bytes are the kernel's at once: every
 reader sees them, and a process that dies afterwards loses none of them. Only durability against a
 crash of the machine itself comes later: by ``wait()``, which runs at interpreter exit (bounded by
 ``EXIT_WAIT_S``); a job handed over after that runs inline.
@@ -26,10 +27,9 @@ _thread: threading.Thread | None = None
 _exiting = False
 
 
-def sync_and_close(fd: int, size: int | None = None) -> None:
-    """Truncate ``fd`` to ``size`` (frees blocks reserved past the end; None: leave it), fsync it, close it.
-    ``fd`` is handed over: e.g. an ``os.dup`` of a file the caller closes."""
-    later(_sync_close, fd, size)
+def sync_and_close(fd: int) -> None:
+    """fsync ``fd``, then close it. ``fd`` is handed over: e.g. an ``os.dup`` of a file the caller closes."""
+    later(_sync_close, fd)
 
 
 def close(fd: int) -> None:
@@ -71,11 +71,8 @@ def _do(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         fn(*args)
 
 
-def _sync_close(fd: int, size: int | None) -> None:
+def _sync_close(fd: int) -> None:
     try:
-        if size is not None:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, size)
         with contextlib.suppress(OSError):
             os.fsync(fd)
     finally:
