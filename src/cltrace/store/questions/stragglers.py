@@ -79,7 +79,7 @@ def _key(run: str, rank: str, bucket: str) -> str:
 
 def _sql(where: str, step_name: str, per_rank: int) -> str:
     step = f"(Cat = 'step' OR Name = {quote(step_name)})"
-    width = "(SELECT w FROM width)"
+    width = "{width:Int64}"
     span_key = _key("Run", "Rank", f"toUInt64(intDiv(Begin, {width}))")
     step_key = _key("run", "rank", f"arrayJoin(range(toUInt64(intDiv(sb, {width})), toUInt64(intDiv(se, {width})) + 1))")
     calls = ", ".join(f"'{c}'" for c in CALLS)
@@ -102,7 +102,6 @@ wanted AS (
     FROM med ARRAY JOIN g AS s
     WHERE n >= 2 AND s.1 > m_sd * (1 + {{threshold:Float64}} / 100)
 ),
-width AS (SELECT greatest(toInt64(ifNotFinite(median(End - Begin), 1.0)), 1) AS w FROM {{derived}} WHERE {where} AND {step}),
 split AS (
     SELECT w.run AS run, w.of AS of, w.step AS step, w.sign AS sign, any(w.sd) AS sd, any(w.m_sd) AS m_sd,
            any(w.excess) AS excess, any(w.slow_b) AS slow_b,
@@ -137,11 +136,20 @@ def cause(excess: dict[str, float], total: float) -> str:
     return "waiting"
 
 
+def _width(query: Any, where: str, step_name: str, params: dict[str, Any]) -> int:
+    """The join's time bucket: the median step's length (a parameter of the query, not a subquery in it: each
+    place that names a scalar subquery computes it again)."""
+    sql = (f"SELECT greatest(toInt64(ifNotFinite(median(End - Begin), 1.0)), 1) AS w FROM {{derived}} "
+           f"WHERE {where} AND (Cat = 'step' OR Name = {quote(step_name)})")
+    return int(rows(query, sql, params)[0]["w"])
+
+
 def stragglers(query: Any, scope: Scope, step_name: str = "step", threshold_pct: float = 10.0,
                top: int = 10) -> tuple[list[SlowRank], list[Straggler]]:
     """(the ranks that straggled, slowest first; the ``top`` straggling steps of all, largest excess first)."""
     where, params = scope.where()
     params = {**params, "threshold": float(threshold_pct)}
+    params["width"] = _width(query, where, step_name, params)
     ranks, steps = [], []
     for r in rows(query, _sql(where, step_name, top or 1_000_000), params):
         summed = {p: float(r[f"sum_{p}"] or 0) for p in PARTS}
