@@ -70,6 +70,11 @@ class SlowRank:
         return asdict(self)
 
 
+def _is_step(step_name: str) -> str:
+    """A step span, as SQL: category ``step`` (a scheduled session's) or named ``step_name``."""
+    return f"(Cat = 'step' OR Name = {quote(step_name)})"
+
+
 def _key(run: str, rank: str, bucket: str) -> str:
     """The join's key of a span or a wanted step: its run's, rank's and time bucket's, one integer (keys of
     two strings took a third of the join's time); the join's WHERE then compares run, rank and time exactly,
@@ -78,7 +83,7 @@ def _key(run: str, rank: str, bucket: str) -> str:
 
 
 def _sql(where: str, step_name: str, per_rank: int) -> str:
-    step = f"(Cat = 'step' OR Name = {quote(step_name)})"
+    step = _is_step(step_name)
     width = "{width:Int64}"
     span_key = _key("Run", "Rank", f"toUInt64(intDiv(Begin, {width}))")
     step_key = _key("run", "rank", f"arrayJoin(range(toUInt64(intDiv(sb, {width})), toUInt64(intDiv(se, {width})) + 1))")
@@ -140,7 +145,7 @@ def _width(query: Any, where: str, step_name: str, params: dict[str, Any]) -> in
     """The join's time bucket: the median step's length (a parameter of the query, not a subquery in it: each
     place that names a scalar subquery computes it again)."""
     sql = (f"SELECT greatest(toInt64(ifNotFinite(median(End - Begin), 1.0)), 1) AS w FROM {{derived}} "
-           f"WHERE {where} AND (Cat = 'step' OR Name = {quote(step_name)})")
+           f"WHERE {where} AND {_is_step(step_name)}")
     return int(rows(query, sql, params)[0]["w"])
 
 
