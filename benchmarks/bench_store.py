@@ -7,9 +7,11 @@ straggler) and written with the real ``.pftrace`` sink, the rank and run id in i
 launcher's environment gives them. Loading and analysing each run in a fresh process (this one
 waits), which reports its own peak RSS; timed: the whole ``Store.load`` (read, map, insert, for
 every file) and each question's SQL. Targets (issue 29): load ≤ 2 min; per-rank table + stragglers
-≤ 10 s.
+≤ 10 s. ``--analyze-only`` (with ``--keep``) analyses the store a previous ``--keep`` run left there again,
+``--runs`` times, without loading it anew (to time the questions alone).
 
     python benchmarks/bench_store.py [--ranks 16] [--spans 1000000] [--jobs 2] [--keep DIR]
+    python benchmarks/bench_store.py --keep DIR --analyze-only [--runs 3]
 """
 from __future__ import annotations
 
@@ -84,12 +86,32 @@ def run_child(*args: str) -> dict[str, Any]:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+QUESTIONS = ("ranks", "stragglers", "kernels", "regions", "findings")
+
+
+def analyze_only(base: str | None, runs: int) -> int:
+    """Each question's seconds (CPU seconds) over the store a ``--keep`` run left in ``base``, ``runs`` times."""
+    store = os.path.join(base or "", "store")
+    if not base or not os.path.isdir(store):
+        raise SystemExit(f"--analyze-only: no store kept in {base} (run with --keep {base or 'DIR'} first)")
+    print("| run | " + " | ".join(QUESTIONS) + " | per-rank table + stragglers | peak RSS |")
+    print("|---" + "|---:" * (len(QUESTIONS) + 2) + "|")
+    for i in range(runs):
+        an = run_child("analyze", store)
+        both = an["ranks"] + an["stragglers"]
+        print(f"| {i + 1} | " + " | ".join(f"{an[q]:.2f} s ({an[q + '_cpu']:.2f})" for q in QUESTIONS) +
+              f" | {both:.2f} s ({an['ranks_cpu'] + an['stragglers_cpu']:.2f}) | {an['peak_rss_mb']:.0f} MB |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ranks", type=int, default=16)
     ap.add_argument("--spans", type=int, default=1_000_000, help="spans per rank")
     ap.add_argument("--jobs", type=int, default=2, help="files loaded at once")
     ap.add_argument("--keep", metavar="DIR", help="write the traces and the store here and keep them")
+    ap.add_argument("--analyze-only", action="store_true", help="analyse the store kept in --keep DIR again")
+    ap.add_argument("--runs", type=int, default=1, help="with --analyze-only: analyses, each in a fresh process")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -103,6 +125,8 @@ def main() -> int:
         got["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(json.dumps(got))
         return 0
+    if args.analyze_only:
+        return analyze_only(args.keep, args.runs)
     base = args.keep or tempfile.mkdtemp(prefix="cltrace-bench-store-")
     os.makedirs(base, exist_ok=True)
     files = [os.path.join(base, f"rank{r}.pftrace") for r in range(args.ranks)]
@@ -128,7 +152,7 @@ def main() -> int:
     print(f"| load: CPU seconds (all threads) | {load['cpu_s']:.1f} | |")
     print(f"| load: peak RSS | {load['peak_rss_mb']:.0f} MB ({load['peak_rss_mb'] * 2**20 / (n / args.ranks * min(args.jobs, args.ranks)):.0f} B a span of the files in flight) | |")
     print(f"| load: seconds per file | {min(load['per_file_s'])}-{max(load['per_file_s'])} | |")
-    for q in ("ranks", "stragglers", "kernels", "regions", "findings"):
+    for q in QUESTIONS:
         print(f"| analyze --store: {q} | {an[q]:.2f} s ({an[q + '_cpu']:.2f} CPU s) | |")
     both = an["ranks"] + an["stragglers"]
     print(f"| analyze --store: per-rank table + stragglers | {both:.2f} s ({an['ranks_cpu'] + an['stragglers_cpu']:.2f} "

@@ -48,7 +48,7 @@ per_rank AS (
 ),
 pace AS (
     SELECT name, device, sum(c) AS count, sum(t) AS total_ns, argMin(first, b0) AS first_ns, count() AS ranks,
-           min(m) AS lo, median(m) AS mid, max(m) AS hi, argMax(rank, m) AS slowest
+           min(m) AS lo, median(m) AS mid, max(m) AS hi, argMax(rank, m) AS slowest, sum(first) AS sum_first
     FROM per_rank GROUP BY name, device
 ),
 dist AS (
@@ -62,8 +62,6 @@ SELECT pace.name AS name, pace.device AS device, count, total_ns, first_ns,
        q[1] AS p50_ns, q[2] AS p99_ns, ranks, lo, mid, hi, slowest
 FROM pace
 JOIN dist ON pace.name = dist.name AND pace.device = dist.device
-JOIN (SELECT name, device, sum(first) AS sum_first FROM per_rank GROUP BY name, device) AS f
-  ON pace.name = f.name AND pace.device = f.device
 ORDER BY total_ns DESC, name {limit}"""
 
 

