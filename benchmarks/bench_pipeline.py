@@ -49,6 +49,7 @@ import time
 import pyopencl as cl
 
 import cltrace
+from cltrace.export import offpath
 from cltrace.export.chrome import ChromeTraceSink
 from cltrace.export.perfetto import PerfettoTraceSink
 from cltrace.record.recorder import RECORDER
@@ -395,7 +396,8 @@ def rss() -> int:
 
 def memory(s: Setup, n: int) -> tuple[float, float, float]:
     """Bytes per retained kernel span: the store's columns; the process's RSS growth over a traced run of
-    ``n`` launches, read after ``stop()`` (which hands the heap's free pages back, record/heap.py); and the
+    ``n`` launches, read after ``stop()`` and its background work (the heap's free pages handed back,
+    record/heap.py, export/offpath.py); and the
     growth from ``n`` to ``2n`` a span (the marginal cost, without first-use costs such as caches)."""
     grown = []
     for m in (n, 2 * n):
@@ -405,6 +407,7 @@ def memory(s: Setup, n: int) -> tuple[float, float, float]:
         with cltrace.trace():
             for i in range(0, m, 5000):
                 s.loop(min(5000, m - i))
+        offpath.wait(10)  # stop() hands the heap's trim to the background thread
         grown.append(rss() - base)
         batch = RECORDER.batch()
         per = batch.nbytes() / batch.n
