@@ -56,8 +56,7 @@ def test_sinks_written_side_by_side_hold_every_span(queue: Any, kernels: Any, tm
                                                   monkeypatch: Any) -> None:
     helped = []
     real = fanout._Helper.start
-    monkeypatch.setattr(fanout._Helper, "start", lambda self, sink, batch: (helped.append(len(batch)),
-                                                                           real(self, sink, batch)))
+    monkeypatch.setattr(fanout._Helper, "start", lambda self, sink, job: (helped.append(sink), real(self, sink, job)))
     out = [str(tmp_path / n) for n in ("a.json", "a.pftrace", "a.speedscope.json")]
     _run(queue, kernels, out)
     assert helped, "no batch went to a helper thread"
@@ -87,6 +86,36 @@ def test_a_failing_sink_on_a_helper_is_one_warning_and_the_others_are_whole(
         _run(queue, kernels, [out, Broken()])
     assert sum(s[2] in ("kernel", "region") for s in _content(out)) == 900
     assert any("disk on fire" in r.getMessage() for r in caplog.records)
+    assert not RECORDER.sinks
+
+
+def test_stop_closes_the_files_side_by_side_and_a_failing_close_costs_the_others_nothing(
+        queue: Any, kernels: Any, tmp_path: Any, side_by_side: None, caplog: Any) -> None:
+    import threading
+
+    closed_on: list[str] = []
+
+    class BrokenClose:
+        def start(self, ctx: Any) -> None:
+            pass
+
+        def write(self, batch: Any) -> None:
+            pass
+
+        def flush(self, meta: Any) -> None:
+            pass
+
+        def close(self, meta: Any) -> None:
+            closed_on.append(threading.current_thread().name)
+            raise OSError("lid stuck")
+
+    out = [str(tmp_path / "a.json"), str(tmp_path / "a.pftrace")]
+    with caplog.at_level(logging.WARNING, logger="cltrace"):
+        _run(queue, kernels, [*out, BrokenClose()])
+    assert closed_on == ["cltrace-sink-writer"]  # not the first sink: closed on a helper, beside the others
+    assert _same(_content(out[0]), _content(out[1]))
+    assert sum(s[2] in ("kernel", "region") for s in _content(out[0])) == 900
+    assert sum("lid stuck" in r.getMessage() for r in caplog.records) == 1
     assert not RECORDER.sinks
 
 

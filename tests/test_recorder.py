@@ -214,3 +214,64 @@ def test_clear_forgets_spans_and_counts():
     RECORDER.clear()
     assert RECORDER.spans() == [] and RECORDER.dropped == 0 and RECORDER.recorded == 0
     assert cltrace.PerfCounter().as_dict() == {}
+
+
+@pytest.mark.parametrize("wait", ["event", "events"])
+def test_a_blocking_wait_gives_the_worker_its_turn(queue, kernels, wait):
+    """Records that came in before the program blocks on the device are resolved while it waits, not at
+    the worker's next wake (an hour here) nor in ``stop()``. The program waits on a user event that is set
+    once they are (or after 20 s)."""
+    import time
+
+    import pyopencl as cl
+
+    from cltrace.record import recorder
+
+    cltrace.start()
+    RECORDER.configure(resolve_interval_s=3600)
+    time.sleep(0.2)  # the worker's wait with the old interval ends; the next lasts an hour
+    n = recorder.WAIT_WAKE_ROWS + 10
+    with RECORDER._lock:  # none resolved before the wait
+        for _ in range(n):
+            kernels.launch_add(queue)
+    queue.flush()
+    gate = cl.UserEvent(queue.context)
+    seen = []
+
+    def open_gate() -> None:
+        deadline = time.monotonic() + 20
+        while RECORDER.recorded < n and time.monotonic() < deadline:
+            time.sleep(0.005)
+        seen.append(RECORDER.recorded)
+        gate.set_status(cl.command_execution_status.COMPLETE)
+
+    opener = threading.Thread(target=open_gate)
+    opener.start()
+    try:
+        gate.wait() if wait == "event" else cl.wait_for_events([gate])
+    finally:
+        opener.join()
+        cltrace.stop()
+    assert seen[0] >= n, f"{seen[0]} of {n} resolved while the program waited"
+
+
+def test_finish_and_blocking_copies_say_the_program_blocks(queue, kernels, monkeypatch):
+    import numpy as np
+    import pyopencl as cl
+
+    from cltrace.capture import instrument
+
+    calls = []
+    monkeypatch.setattr(instrument, "_host_blocks", lambda: calls.append("blocks"))
+    monkeypatch.setattr(instrument, "_host_unblocks", lambda: calls.append("unblocks"))
+    host = np.empty(16, np.float32)
+    cltrace.start()
+    try:
+        kernels.launch_add(queue)
+        queue.finish()
+        cl.enqueue_copy(queue, host, kernels.a)
+        cl.enqueue_copy(queue, host, kernels.a, is_blocking=False).wait()
+    finally:
+        cltrace.stop()
+    # finish, the blocking copy, the wait on the non-blocking copy's event (which itself does not block)
+    assert calls == ["blocks", "unblocks", "blocks", "unblocks", "unblocks", "blocks", "unblocks"]

@@ -191,10 +191,16 @@ def _copy_info(dest: Any, src: Any, kwargs: dict[str, Any]) -> tuple[str, int | 
     return name, _nbytes(host)
 
 
+# Around a blocking call: the worker's turn, while this thread waits.
+_host_blocks, _host_unblocks = RECORDER.host_blocks, RECORDER.host_unblocks
+
+
 def enqueue_copy(queue: Any, dest: Any, src: Any, **kwargs: Any) -> Any:
     """``pyopencl.enqueue_copy``, recorded as a "transfer" span with ``bytes`` while tracing."""
     if not _state.ENABLED or own_on():
         return _ORIG_COPY(queue, dest, src, **kwargs)
+    if kwargs.get("is_blocking", True):
+        _host_blocks()
     hb = _perf()
     try:
         ev = _ORIG_COPY(queue, dest, src, **kwargs)
@@ -202,6 +208,8 @@ def enqueue_copy(queue: Any, dest: Any, src: Any, **kwargs: Any) -> Any:
         name, nbytes = _copy_info(dest, src, kwargs)
         _record_failure(name, TRANSFER, hb, exc, {"bytes": nbytes})
         raise
+    finally:
+        _host_unblocks()
     he = _perf()
     name, nbytes = _copy_info(dest, src, kwargs)
     attrs: dict[str, Any] = {"bytes": nbytes, "direction": direction(dest, src),
@@ -284,8 +292,12 @@ def queue_finish(self: Any) -> Any:
     """``CommandQueue.finish``, recorded as a host-only "sync" span while tracing."""
     if not _state.ENABLED:
         return _ORIG_FINISH(self)
+    _host_blocks()
     hb = _perf()
-    result = _ORIG_FINISH(self)
+    try:
+        result = _ORIG_FINISH(self)
+    finally:
+        _host_unblocks()
     record_launch("finish", None, None, hb, _perf(), SYNC, _BLOCKING)
     return result
 
@@ -294,8 +306,12 @@ def event_wait(self: Any) -> Any:
     """``Event.wait``, recorded as a host-only "sync" span while tracing."""
     if not _state.ENABLED:
         return _ORIG_EV_WAIT(self)
+    _host_blocks()
     hb = _perf()
-    result = _ORIG_EV_WAIT(self)
+    try:
+        result = _ORIG_EV_WAIT(self)
+    finally:
+        _host_unblocks()
     record_launch("wait", None, None, hb, _perf(), SYNC, _BLOCKING)
     return result
 
@@ -304,8 +320,12 @@ def wait_for_events(events: Any) -> Any:
     """``pyopencl.wait_for_events``, recorded as a host-only "sync" span while tracing."""
     if not _state.ENABLED:
         return _ORIG_WAIT_EVENTS(events)
+    _host_blocks()
     hb = _perf()
-    result = _ORIG_WAIT_EVENTS(events)
+    try:
+        result = _ORIG_WAIT_EVENTS(events)
+    finally:
+        _host_unblocks()
     record_launch("wait", None, None, hb, _perf(), SYNC, _BLOCKING)
     return result
 

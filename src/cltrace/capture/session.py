@@ -276,12 +276,15 @@ def _stop(failed: bool) -> None:
         RECORDER.flush(block=True)  # sinks this session does not close are left durable; its own are closed below
     wrote, kept = [], []
     _env_paths.clear()
-    while _session_sinks:
-        sink = _session_sinks.pop(0)
+    sinks = list(_session_sinks)
+    errors = RECORDER.remove_sinks(sinks) if sinks else {}  # closed side by side
+    _session_sinks.clear()
+    for sink in sinks:
         path, announce, full = _session_paths.pop(id(sink), (None, False, None))
         held = _session_claims.pop(id(sink), None)
         try:
-            RECORDER.remove_sink(sink)
+            if id(sink) in errors:
+                raise errors[id(sink)]
             if full is not None and not failed:
                 put_in_place(full)
         except Exception as exc:  # one output failing must not cost the others

@@ -783,12 +783,40 @@ reaper_wait(PyObject *self, PyObject *arg)
         return PyErr_NoMemory();
     }
     int err;
+    cl_event *run_evs = NULL;
+    size_t *run_rows = NULL;
     Py_BEGIN_ALLOW_THREADS
     size_t m = hold_unread(tb.buf, (size_t)n, evs, rows, 0);
-    wait_all(evs, m);
-    err = read_into_slots(tb.buf, evs, rows, m); /* right after the wait, where a read is cheap */
+    /* Read first, then wait only for what is still running: at ``stop()`` the program has mostly finished
+     * its queues, and a wait on thousands of complete events cost more than their reads (H200: 4.2-5.2 ms
+     * for 2,400-2,750 tickets at the end of a training loop). */
+    size_t r = 0;
+    err = read_into_slots(tb.buf, evs, rows, m);
+    if (err == 0) {
+        run_evs = malloc((m ? m : 1) * sizeof(cl_event));
+        run_rows = malloc((m ? m : 1) * sizeof(size_t));
+        if (run_evs == NULL || run_rows == NULL)
+            err = -1;
+        else {
+            pthread_mutex_lock(&mu);
+            for (size_t j = 0; j < m; j++) {
+                slot_t *s = slot_of(((const uint64_t *)tb.buf)[rows[j]]);
+                if (s != NULL && !(s->state & HAS_DATA)) {
+                    run_evs[r] = evs[j];
+                    run_rows[r++] = rows[j];
+                }
+            }
+            pthread_mutex_unlock(&mu);
+        }
+    }
+    if (err == 0 && r) {
+        wait_all(run_evs, r);
+        err = read_into_slots(tb.buf, run_evs, run_rows, r); /* right after the wait, where a read is cheap */
+    }
     unhold(evs, m);
     Py_END_ALLOW_THREADS
+    free(run_evs);
+    free(run_rows);
     free(evs);
     free(rows);
     PyBuffer_Release(&tb);
