@@ -191,16 +191,10 @@ def _copy_info(dest: Any, src: Any, kwargs: dict[str, Any]) -> tuple[str, int | 
     return name, _nbytes(host)
 
 
-# Around a blocking call: the worker's turn, while this thread waits.
-_host_blocks, _host_unblocks = RECORDER.host_blocks, RECORDER.host_unblocks
-
-
 def enqueue_copy(queue: Any, dest: Any, src: Any, **kwargs: Any) -> Any:
     """``pyopencl.enqueue_copy``, recorded as a "transfer" span with ``bytes`` while tracing."""
     if not _state.ENABLED or own_on():
         return _ORIG_COPY(queue, dest, src, **kwargs)
-    if kwargs.get("is_blocking", True):
-        _host_blocks()
     hb = _perf()
     try:
         ev = _ORIG_COPY(queue, dest, src, **kwargs)
@@ -208,8 +202,6 @@ def enqueue_copy(queue: Any, dest: Any, src: Any, **kwargs: Any) -> Any:
         name, nbytes = _copy_info(dest, src, kwargs)
         _record_failure(name, TRANSFER, hb, exc, {"bytes": nbytes})
         raise
-    finally:
-        _host_unblocks()
     he = _perf()
     name, nbytes = _copy_info(dest, src, kwargs)
     attrs: dict[str, Any] = {"bytes": nbytes, "direction": direction(dest, src),
@@ -292,12 +284,8 @@ def queue_finish(self: Any) -> Any:
     """``CommandQueue.finish``, recorded as a host-only "sync" span while tracing."""
     if not _state.ENABLED:
         return _ORIG_FINISH(self)
-    _host_blocks()
     hb = _perf()
-    try:
-        result = _ORIG_FINISH(self)
-    finally:
-        _host_unblocks()
+    result = _ORIG_FINISH(self)
     record_launch("finish", None, None, hb, _perf(), SYNC, _BLOCKING)
     return result
 
@@ -306,12 +294,8 @@ def event_wait(self: Any) -> Any:
     """``Event.wait``, recorded as a host-only "sync" span while tracing."""
     if not _state.ENABLED:
         return _ORIG_EV_WAIT(self)
-    _host_blocks()
     hb = _perf()
-    try:
-        result = _ORIG_EV_WAIT(self)
-    finally:
-        _host_unblocks()
+    result = _ORIG_EV_WAIT(self)
     record_launch("wait", None, None, hb, _perf(), SYNC, _BLOCKING)
     return result
 
@@ -320,12 +304,8 @@ def wait_for_events(events: Any) -> Any:
     """``pyopencl.wait_for_events``, recorded as a host-only "sync" span while tracing."""
     if not _state.ENABLED:
         return _ORIG_WAIT_EVENTS(events)
-    _host_blocks()
     hb = _perf()
-    try:
-        result = _ORIG_WAIT_EVENTS(events)
-    finally:
-        _host_unblocks()
+    result = _ORIG_WAIT_EVENTS(events)
     record_launch("wait", None, None, hb, _perf(), SYNC, _BLOCKING)
     return result
 

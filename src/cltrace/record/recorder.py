@@ -85,10 +85,6 @@ def budget_from_env() -> float:
     return mb
 STEP_ROWS = 8192  # records the worker resolves per step at most (each pass over them holds the GIL)
 MIN_STEP_ROWS = STEP_ROWS // 2  # fewer left after a step wait for the next wake (resolve_interval_s)
-# Records unresolved when the program blocks on the device (``host_blocks``) that wake the worker: fewer wait
-# for its next wake, as a step of theirs costs more glue than it saves.
-WAIT_WAKE_ROWS = 512
-BLOCKED_POLL_S = 0.001
 FIRST_FLUSH_S = 0.25  # first bytes on disk this soon after the first sink is attached
 FIRST_CHUNK = 256  # records a step until the first device's clock has been flushed
 MERGE_ROWS = 1 << 18  # rows of a merged block of the in-memory store
@@ -137,7 +133,6 @@ class Recorder:
         self._worker: threading.Thread | None = None
         self._wake = threading.Event()
         self._stop_worker = threading.Event()
-        self._blocked = False
         self._next_flush = 0.0
         self._clocks_flushed = 0
         self.meta: dict[str, Any] = {}
@@ -211,19 +206,6 @@ class Recorder:
                     stamps.done([rec[R_EV0], rec[R_EV1] or 0])
         self.room = min(len(pending) + max(16, self.max_pending // 16), self.hard_cap)
 
-    def host_blocks(self) -> None:
-        """Called by a thread about to block on the device (a ``finish``, a wait): the worker resolves and
-        writes what came in while that thread waits, not beside its next launches or in ``stop()`` (the end
-        of a training loop left 2-6k records for ``stop()``, 8-17 ms of its 10-20 ms on an H200 host)."""
-        if len(self.pending) + len(self.resolver.waiting) >= WAIT_WAKE_ROWS:
-            self._blocked = True
-            if not self._wake.is_set():
-                self._wake.set()
-
-    def host_unblocks(self) -> None:
-        """Called once the wait of ``host_blocks`` returns: the worker goes back to its own pace."""
-        self._blocked = False
-
     @property
     def hard_cap(self) -> int:
         """Records unresolved past which new ones are dropped (the worker is behind, not the device):
@@ -254,10 +236,7 @@ class Recorder:
 
     def _work(self) -> None:
         while not self._stop_worker.is_set():
-            # While a thread blocks on the device (``host_blocks``), records still waiting for their commands
-            # are asked again every BLOCKED_POLL_S: they complete meanwhile, and nobody launches.
-            polling = self._blocked and self.resolver.waiting
-            self._wake.wait(BLOCKED_POLL_S if polling else self.resolve_interval_s)
+            self._wake.wait(self.resolve_interval_s)
             self._wake.clear()
             if not (_state.ENABLED or self.sinks):
                 if not self.pending:
@@ -444,7 +423,6 @@ class Recorder:
         self._worker = None
         self._wake = threading.Event()
         self._stop_worker = threading.Event()
-        self._blocked = False
         self._next_flush = 0.0
         self._clocks_flushed = 0
         self.room = self.max_pending
