@@ -35,9 +35,12 @@ CHUNK_ROWS = 300_000
 _STAGE_COLS = (("Ts", "Int64"), ("Dur", "UInt64"), ("Sid", "UInt64"), ("Pid", "UInt64"), ("HasParent", "UInt8"),
                ("HostDur", "Int64"), ("Dev", "UInt8"), ("DevDur", "Int64"), ("Q", "Int64"), ("Su", "Int64"),
                ("St", "Int64"), ("En", "Int64"), ("Set", "UInt32"), ("PerRow", "UInt8"))
-_SET_COLS = (("Set", "UInt32"), ("Name", "String"), ("Attrs", "Map(LowCardinality(String), String)"),
+# The sets' maps have plain String keys: the join copies a Map(LowCardinality(String), String) onto each row one
+# element at a time (300k rows: 0.58 CPU s), plain strings in bulk; the insert casts the keys back (300k rows:
+# the exporter's INSERT ... SELECT 2.2 -> 1.2 CPU s with the resource map below).
+_SET_COLS = (("Set", "UInt32"), ("Name", "String"), ("Attrs", "Map(String, String)"),
              ("Code", "String"), ("Msg", "String"), ("TraceId", "String"), ("Service", "String"),
-             ("Resource", "Map(LowCardinality(String), String)"), ("Scope", "String"), ("ScopeVersion", "String"))
+             ("Resource", "Map(String, String)"), ("Scope", "String"), ("ScopeVersion", "String"))
 
 
 @dataclass
@@ -63,10 +66,11 @@ def _ns(expr: str) -> str:
 
 
 def _literal(resource: dict[str, str]) -> str:
-    """A resource's attributes as a ClickHouse Map literal: one constant for every row of the file
-    (a third faster than joining the same map onto each row)."""
+    """A resource's attributes as a ClickHouse map, the same for every row of the file. Materialised with
+    String keys, which the insert casts: a constant Map(LowCardinality(String), String) is copied onto the
+    rows one element at a time (300k rows of 7 attributes: 0.42 CPU s, against 0.02)."""
     pairs = ", ".join(f"{quote(k)}, {quote(v)}" for k, v in resource.items())
-    return f"CAST(map({pairs}), 'Map(LowCardinality(String), String)')"
+    return f"materialize(map({pairs}))"
 
 
 def _threads(threads: int | None) -> str:
