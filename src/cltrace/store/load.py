@@ -80,13 +80,16 @@ def _threads(threads: int | None) -> str:
 
 def _insert_sql(db: str, table: str, stage: str, sets: str, resource: dict[str, str], threads: int | None = None) -> str:
     hex16 = "leftPad(lower(hex({})), 16, '0')"
+    # a set's attributes never hold the per-row ones, so concatenating is mapUpdate's result; and the root row's
+    # empty map inside, rather than an if() over two copies of the set's: 300k rows, 0.27 -> 0.13 CPU s
+    host = "'cltrace.host.duration_ns'"
+    per_row = f"map({host}, toString(s.HostDur), 'cltrace.device.duration_ns', toString(s.DevDur))"
     events_attrs = "arrayResize(CAST([], 'Array(Map(LowCardinality(String), String))'), if(s.Dev, 4, 0))"
     select = [
         _ns("s.Ts"), "t.TraceId", hex16.format("s.Sid"), f"if(s.HasParent, {hex16.format('s.Pid')}, '')", "''",
         "t.Name", f"'{values.SPAN_KINDS[1]}'", "t.Service", _literal(resource), "t.Scope", "t.ScopeVersion",
-        "if(s.PerRow, mapUpdate(t.Attrs, if(s.Dev, map('cltrace.host.duration_ns', toString(s.HostDur), "
-        "'cltrace.device.duration_ns', toString(s.DevDur)), map('cltrace.host.duration_ns', toString(s.HostDur)))), "
-        "t.Attrs)",
+        f"mapConcat(t.Attrs, multiIf(s.PerRow = 0, CAST(map(), 'Map(String, String)'), s.Dev, {per_row}, "
+        f"map({host}, toString(s.HostDur))))",
         "s.Dur", "t.Code", "t.Msg",
         f"if(s.Dev, [{_ns('s.Q')}, {_ns('s.Su')}, {_ns('s.St')}, {_ns('s.En')}], [])",
         "if(s.Dev, ['QUEUED', 'SUBMIT', 'START', 'END'], [])", events_attrs,
