@@ -129,7 +129,7 @@ def temporary_store(why: str) -> Iterator[Any]:
 
 def _load(store: Any, path: str, run_id: str | None = None) -> tuple[Any, float]:
     t0 = time.perf_counter()
-    (res,) = store.load([path], run_id=run_id)
+    (res,) = store.load([path], run_id=run_id, settle=False)  # a store for this process alone
     return res, time.perf_counter() - t0
 
 

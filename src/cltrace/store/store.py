@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
@@ -19,6 +20,11 @@ from .load import CHUNK_ROWS, LoadResult, load_file
 # own. Not GROUP BY: the questions' groups are small, but its threshold counts the whole query's memory (a join's
 # table too), so the stragglers' query spilled every block: 16 ranks x 1M spans, 7.8 s -> 69 s.
 SPILL = {"max_bytes_before_external_sort": 256 << 20}
+# Embedded, the table's merges run in this process: one still running when it closes is lost, and the next process
+# to open the store merges those parts again from the start, beside its questions. 16 ranks x 1M spans, 2 at once:
+# the load ended inside a merge of 6.3M rows (41 % done, 9 s in), which the analysis after it then did again
+# (per-rank table + stragglers 11.7 s, 22.9 CPU s); waiting for it took 8 s. Bounded, so a load never hangs on one.
+SETTLE_S = 300.0
 
 
 @contextmanager
@@ -71,12 +77,32 @@ class Store:
 
     def load(self, paths: Iterable[str | os.PathLike[str]], service_name: str | None = None,
              run_id: str | None = None, rank: str | int | None = None,
-             chunk_rows: int = CHUNK_ROWS, jobs: int = 1) -> list[LoadResult]:
+             chunk_rows: int = CHUNK_ROWS, jobs: int = 1, settle: bool = True) -> list[LoadResult]:
         """Load trace files, each once (see ``load.load_file``), ``jobs`` at a time (threads, each with
         a client of its own: reading a file and the engine's inserts both run outside the GIL);
         ``run_id``/``rank`` name the job and rank for files that do not carry them (recorded before
-        cltrace wrote them). Results in the order of ``paths``."""
+        cltrace wrote them). Embedded, it returns once the table's merges have finished (``settle``:
+        see ``SETTLE_S``); pass False where the store is analysed in this process and thrown away.
+        Results in the order of ``paths``."""
         paths = [os.fspath(p) for p in paths]
+        results = self._load_all(paths, service_name, run_id, rank, chunk_rows, jobs)
+        if settle and self.embedded and any(not r.skipped for r in results):
+            with guard("waiting for the table's merges"):
+                self._settle()
+        return results
+
+    def _settle(self) -> None:
+        """Wait (at most ``SETTLE_S``) until no merge of this store's tables runs."""
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            (n,), = self.client.query("SELECT count() FROM system.merges WHERE database = {d:String}",
+                                      parameters={"d": self.database}).result_rows
+            if not n:
+                return
+            time.sleep(0.2)
+
+    def _load_all(self, paths: list[str], service_name: str | None, run_id: str | None, rank: str | int | None,
+                  chunk_rows: int, jobs: int) -> list[LoadResult]:
         # Embedded, the engine shares this machine's cores with the other files' loads: each insert gets
         # its share of them (16 ranks x 1M spans on 2 cores: 11 % less CPU, load 35 -> 32 s for 4 of them;
         # the engine's default ran each insert on every core, the jobs' threads contending). A server keeps its own.
