@@ -449,12 +449,9 @@ class Recorder:
         """Resolve every record still waiting (delivered to all sinks), then close ``sink`` with final
         metadata. The other sinks are not flushed here: each is flushed on the worker's schedule or
         closed in turn (``stop()`` closing two files paid three rounds of flushes before)."""
-        with self._lock:
-            self._step(block=True)
-            self.clocks.maybe_recalibrate()
-            if sink in self.sinks:
-                self.sinks.remove(sink)
-            sink.close(self.metadata())
+        error = self.remove_sinks([sink]).get(id(sink))
+        if error is not None:
+            raise error
 
     def remove_sinks(self, sinks: list[Any]) -> dict[int, BaseException]:
         """``remove_sink`` for several sinks at once: one resolve, then their closes side by side
