@@ -133,6 +133,60 @@ def test_peek_reads_a_command_the_reaper_has_not_reached(queue: Any, kernels: An
     assert stamps.peek(np.array([t], np.uint64))[0][0] == -58  # freed: CL_INVALID_EVENT
 
 
+def test_the_same_command_tracked_again_shares_its_ticket(queue: Any, kernels: Any) -> None:
+    """A projected region ends at its last launch: that command is read once, and its slot lives until
+    the last record holding it is done."""
+    ev = kernels.launch_add(queue)
+    queue.finish()
+    shared = stamps.reaper_stats()["shared"]
+    t = stamps.track(ev)
+    assert stamps.track(ev) == t and stamps.track(ev) == t
+    assert stamps.reaper_stats()["shared"] == shared + 2
+    want = [ev.profile.queued, ev.profile.submit, ev.profile.start, ev.profile.end]
+    for _ in range(2):
+        stamps.done([t])
+        status, st, _ = stamps.peek(np.array([t], np.uint64))
+        assert status[0] == 0 and st[0].tolist() == want  # another record still holds it
+    stamps.done([t])
+    assert stamps.peek(np.array([t], np.uint64))[0][0] == -58
+    other = kernels.launch_add(queue)
+    queue.finish()
+    t1 = stamps.track(other)
+    assert t1 != t and stamps.track(ev) not in (t, t1)  # not the newest ticket's command: a ticket of its own
+    stamps.done([t1])
+
+
+def test_projected_regions_read_their_last_launch_once(queue: Any, kernels: Any) -> None:
+    """Nested regions on a queue end at commands already tracked: no second read, the same stamps, and
+    every slot freed once the spans are resolved."""
+    before = stamps.reaper_stats()
+    RECORDER.configure(max_pending=1 << 20, tickets_above=0)
+    cltrace.start()
+    for _ in range(50):
+        with cltrace.region("step", queue):
+            with cltrace.region("forward", queue):
+                kernels.launch_add(queue)
+                kernels.launch_add(queue)
+            with cltrace.region("optimizer", queue):
+                kernels.launch_add(queue)
+    queue.finish()
+    cltrace.stop()
+    after = stamps.reaper_stats()
+    assert after["shared"] - before["shared"] == 150  # forward, optimizer and step end at a launch of theirs
+    spans = RECORDER.spans()
+    launches = sorted((s for s in spans if s.cat == "kernel"), key=lambda s: s.dev_start)
+    regions = {name: sorted((s for s in spans if s.name == name), key=lambda s: s.dev_start)
+               for name in ("step", "forward", "optimizer")}
+    assert len(launches) == 150 and all(len(r) == 50 for r in regions.values())
+    for i in range(50):
+        first, second, third = launches[3 * i:3 * i + 3]
+        assert regions["forward"][i].dev_end == second.dev_end
+        assert regions["optimizer"][i].dev_end == third.dev_end
+        assert regions["step"][i].dev_end == third.dev_end and regions["step"][i].dev_start == first.dev_start
+    assert until(lambda: stamps.reaper_stats()["held"] == 0)
+    assert stamps.reaper_stats()["blocks"] <= max(before["blocks"], 1) + 1  # no shared slot left behind
+
+
 def test_a_held_back_command_waits_and_a_failed_one_says_so(cl_ctx: Any, kernels: Any) -> None:
     q = cltrace.profiling_queue(cl_ctx)
     gate, bad = cl.UserEvent(cl_ctx), cl.UserEvent(cl_ctx)

@@ -23,9 +23,10 @@
  *
  * A slot's life: ``track`` (HOLDS: the reaper has it retained) -> the harvest, the reaper or the resolver
  * reads its stamps (HAS_DATA) -> the event is released (HOLDS cleared) -> the resolver is done with the
- * record (``done``: DONE) -> the slot is free. Slots live in blocks of 4096, freed when every slot
- * of the block is; the mutex guards slot states and the incoming list only: no OpenCL call and no
- * allocation beyond an occasional block happen under it on the hot path.
+ * record (``done``: DONE) -> the slot is free. The command tracked last, tracked again (a projected region's
+ * end is its last launch), shares its ticket: ``done`` frees it after the last of its records. Slots live in
+ * blocks of 4096, freed when every slot of the block is; the mutex guards slot states and the incoming
+ * list only: no OpenCL call and no allocation beyond an occasional block happen under it on the hot path.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -60,7 +61,8 @@ typedef struct {
     int64_t st[4];
     int64_t at; /* when tracked (CLOCK_MONOTONIC ns) */
     int32_t status;
-    uint32_t state;
+    uint16_t state;
+    uint16_t shared; /* records beyond the first that hold this ticket (``track`` of the same event again) */
 } slot_t;
 
 typedef struct {
@@ -110,9 +112,11 @@ static size_t since_harvest;                              /* commands tracked si
 static int64_t last_track_ns;                             /* the last command tracked from the hot path */
 static pthread_t last_tracker;                            /* the thread that tracked it */
 static int64_t tracker_switch_ns = INT64_MIN / 2;         /* when the tracking thread last changed */
+static cl_event last_ev;                                  /* the event of the newest ticket ``track`` issued */
+static uint64_t last_ticket;                              /* and that ticket */
 static pthread_t thread;
 /* Counters (under mu): for tests, ``cltrace devices`` and the benchmarks. */
-static uint64_t n_tracked, n_reaped, n_inline, n_live, n_rounds, n_harvests, n_harvested, n_declined, n_front;
+static uint64_t n_tracked, n_reaped, n_inline, n_live, n_rounds, n_harvests, n_harvested, n_declined, n_front, n_shared;
 static int64_t harvest_total_ns;
 
 static int64_t
@@ -338,7 +342,9 @@ after_fork_child(void)
     held = NULL;
     n_held = cap_held = 0;
     running = idle = stopping = 0;
-    n_tracked = n_reaped = n_inline = n_live = n_rounds = n_harvests = n_harvested = n_declined = n_front = 0;
+    n_tracked = n_reaped = n_inline = n_live = n_rounds = n_harvests = n_harvested = n_declined = n_front = n_shared = 0;
+    last_ev = NULL;
+    last_ticket = 0;
     harvest_total_ns = last_track_ns = 0;
     tracker_switch_ns = INT64_MIN / 2;
     harvest_gap = harvest_k;
@@ -557,6 +563,21 @@ reaper_track(PyObject *ev, PyObject *queue, uint64_t *ticket)
     uintptr_t queue_key = known && queue_info(queue, &qh) ? (uintptr_t)queue : 0;
     const int64_t now = now_ns();
     pthread_mutex_lock(&mu);
+    if ((cl_event)(uintptr_t)h == last_ev) {
+        /* The command tracked last, again (a projected region ends at its last launch): one ticket, read once.
+         * Its event is still ours while the slot HOLDS it, so the handle is not a new event at a freed one's address. */
+        slot_t *s = slot_of(last_ticket);
+        if (s != NULL && (s->state & (HOLDS | DONE)) == HOLDS && s->shared < UINT16_MAX) {
+            s->shared++;
+            n_shared++;
+            if (known)
+                last_track_ns = now;
+            pthread_mutex_unlock(&mu);
+            release_event((cl_event)(uintptr_t)h);
+            *ticket = last_ticket;
+            return 0;
+        }
+    }
     uint64_t t = next_ticket;
     block_t **pb = &dir[(t >> BLOCK_BITS) & (DIR_SIZE - 1)];
     if (*pb == NULL)
@@ -570,7 +591,10 @@ reaper_track(PyObject *ev, PyObject *queue, uint64_t *ticket)
     slot_t *s = &(*pb)->s[t & (BLOCK - 1)];
     s->ev = (cl_event)(uintptr_t)h;
     s->state = HOLDS;
+    s->shared = 0;
     s->at = now;
+    last_ev = s->ev;
+    last_ticket = t;
     incoming[n_in].t = t;
     incoming[n_in].ev = s->ev;
     incoming[n_in].queue = queue_key;
@@ -840,6 +864,10 @@ reaper_done(PyObject *self, PyObject *arg)
             slot_t *s = ts[i] ? slot_of(ts[i]) : NULL;
             if (s == NULL || (s->state & DONE) || s->state == 0)
                 continue;
+            if (s->shared) { /* another record still holds this ticket */
+                s->shared--;
+                continue;
+            }
             s->state |= DONE;
             if (!(s->state & HOLDS))
                 free_slot(ts[i]);
@@ -855,19 +883,20 @@ reaper_stats(PyObject *self, PyObject *unused)
 {
     pthread_mutex_lock(&mu);
     uint64_t tracked = n_tracked, reaped = n_reaped, inl = n_inline, live = n_live, rounds = n_rounds,
-             harvests = n_harvests, harvested = n_harvested, declined = n_declined, front = n_front;
+             harvests = n_harvests, harvested = n_harvested, declined = n_declined, front = n_front, shared = n_shared;
     int64_t harvest_ms = harvest_total_ns / 1000000;
     int run = running && !stopping;
     size_t blocks = 0;
     for (size_t i = 0; i < DIR_SIZE; i++)
         blocks += dir[i] != NULL;
     pthread_mutex_unlock(&mu);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:n,s:O,s:K,s:K,s:K,s:K,s:L}", "tracked", (unsigned long long)tracked,
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:n,s:O,s:K,s:K,s:K,s:K,s:L,s:K}", "tracked", (unsigned long long)tracked,
                          "reaped", (unsigned long long)reaped, "read_inline", (unsigned long long)inl, "held",
                          (unsigned long long)live, "rounds", (unsigned long long)rounds, "blocks", (Py_ssize_t)blocks,
                          "running", run ? Py_True : Py_False, "harvests", (unsigned long long)harvests, "harvested",
                          (unsigned long long)harvested, "harvests_declined", (unsigned long long)declined,
-                         "harvests_front", (unsigned long long)front, "harvest_ms", (long long)harvest_ms);
+                         "harvests_front", (unsigned long long)front, "harvest_ms", (long long)harvest_ms,
+                         "shared", (unsigned long long)shared);
 }
 
 PyObject *
