@@ -71,6 +71,7 @@ def test_disk_is_reserved_ahead_and_released_at_close(tmp_path: Any, monkeypatch
     from test_chrome_bytes import batch, recorder
 
     monkeypatch.setattr(base, "RESERVE", 4 << 20)
+    monkeypatch.setattr(base, "RESERVE_FROM", 0)
     path = tmp_path / "r.json"
     rec = recorder()
     sink = chrome.ChromeTraceSink(path, flush_every=1000)
@@ -89,20 +90,45 @@ def test_disk_is_reserved_ahead_and_released_at_close(tmp_path: Any, monkeypatch
     json.loads(path.read_bytes())
 
 
+def test_a_file_below_reserve_from_reserves_nothing(tmp_path: Any, monkeypatch: Any) -> None:
+    """A trace smaller than ``RESERVE_FROM`` never reserves, so its close has no blocks to give back; one
+    that outgrows it reserves from then on."""
+    from test_chrome_bytes import batch, recorder
+
+    monkeypatch.setattr(base, "RESERVE", 4 << 20)
+    monkeypatch.setattr(base, "RESERVE_FROM", 1 << 20)
+    path = tmp_path / "r.json"
+    rec = recorder()
+    sink = chrome.ChromeTraceSink(path, flush_every=1000)
+    sink.start(rec)
+    sink.write(batch(rec.tables, 200, 1))
+    assert sink._offset + sink._used < base.RESERVE_FROM and sink._reserved == 0
+    while sink._offset + sink._used < base.RESERVE_FROM:
+        sink.write(batch(rec.tables, 1000, 1))
+    sink.write(batch(rec.tables, 1000, 1))
+    if sink._reserved < 0:
+        pytest.skip("this file system cannot reserve space (fallocate)")
+    assert sink._reserved > base.RESERVE_FROM
+    sink.close({})
+    json.loads(path.read_bytes())
+
+
 def test_reserve_space_says_when_it_cannot(tmp_path: Any) -> None:
     r, w = os.pipe()
     try:
-        assert base.reserve_space(w, 0, 0) == -1  # a pipe has no blocks
+        assert base.reserve_space(w, base.RESERVE_FROM, 0) == -1  # a pipe has no blocks
     finally:
         os.close(r)
         os.close(w)
     if not sys.platform.startswith("linux"):
         return
     with open(tmp_path / "f", "wb") as fh:
-        end = base.reserve_space(fh.fileno(), 100, 0)
+        assert base.reserve_space(fh.fileno(), 100, 0) == 0  # below RESERVE_FROM: nothing yet
+        first = base.RESERVE_FROM + 100
+        end = base.reserve_space(fh.fileno(), first, 0)
         if end < 0:
             pytest.skip("this file system cannot reserve space (fallocate)")
-        assert end == 100 + base.RESERVE
-        assert base.reserve_space(fh.fileno(), 200, end) == end  # enough ahead: nothing to do
+        assert end == first + base.RESERVE
+        assert base.reserve_space(fh.fileno(), first + 100, end) == end  # enough ahead: nothing to do
         assert base.reserve_space(fh.fileno(), end - 10, end) == end - 10 + base.RESERVE
         assert os.fstat(fh.fileno()).st_size == 0

@@ -243,6 +243,7 @@ def start_writeback(fh: IO[bytes], since: int) -> int:
 
 _FALLOC_FL_KEEP_SIZE = 1  # <linux/falloc.h>: allocate blocks past the end, the file's size unchanged
 RESERVE = 32 << 20  # bytes of disk reserved ahead of a growing trace file at a time
+RESERVE_FROM = RESERVE  # a file reserves nothing before it has this many bytes (see reserve_space)
 _fallocate: Callable[[int, int, int, int], int] | None | bool = sys.platform.startswith("linux")
 
 
@@ -257,9 +258,14 @@ def reserve_space(fd: int, end: int, reserved: int) -> int:
     flush both cheaper (no delayed allocation to account for per page). ``release_space`` gives back what
     is left at close; a killed process leaves at most ``RESERVE`` bytes of disk allocated past the file's
     end (``du`` counts them, the file reads the same).
+
+    Nothing is reserved before the file has ``RESERVE_FROM`` bytes: the release at close (an ftruncate)
+    took 4.4-6.8 ms in about half of the closes of a ~20 MB .json on an H200 host's ext4 (mounted with
+    ``discard``), 0.2-0.5 ms otherwise, against ~40 ns a span saved while writing (~1 ms at 20 MB). A
+    trace that outgrows it pays the release once, against the saving on every span after.
     """
     global _fallocate
-    if end + RESERVE // 2 <= reserved:
+    if end + RESERVE // 2 <= reserved or (reserved == 0 and end < RESERVE_FROM):
         return reserved
     if _fallocate is True:
         _fallocate = _libc("fallocate", "int", "int", "longlong", "longlong")
