@@ -172,7 +172,9 @@ def test_projected_regions_read_their_last_launch_once(queue: Any, kernels: Any)
     queue.finish()
     cltrace.stop()
     after = stamps.reaper_stats()
-    assert after["shared"] - before["shared"] == 150  # forward, optimizer and step end at a launch of theirs
+    # forward, optimizer and step end at a launch of theirs: shared, unless the reaper had already read and
+    # released it (its slot no longer holds the event, so the handle could be another command's by then)
+    assert 100 <= after["shared"] - before["shared"] <= 150
     spans = RECORDER.spans()
     launches = sorted((s for s in spans if s.cat == "kernel"), key=lambda s: s.dev_start)
     regions = {name: sorted((s for s in spans if s.name == name), key=lambda s: s.dev_start)
@@ -382,6 +384,21 @@ def test_a_harvest_keeping_the_gil_never_waits_for_a_held_back_command(cl_ctx: A
     cltrace.stop()
     ks = [s for s in RECORDER.spans() if s.cat == "kernel"]
     assert len(ks) == 2032 and all(s.dev_start is not None for s in ks)
+
+
+def test_wait_reads_and_releases_what_the_reaper_has_not_taken(queue: Any, kernels: Any, only_harvests: Any) -> None:
+    """``wait_tickets`` (the resolve of ``stop()``'s tail) takes the tickets still waiting for the reaper with
+    the reaper's own reference: read and released at once, no second reader, no retain of its own."""
+    evs = [kernels.launch_add(queue) for _ in range(100)]  # no queue given to track: no harvest
+    held = stamps.reaper_stats()["held"]
+    ts = np.array([stamps.track(e) for e in evs], np.uint64)
+    assert stamps.reaper_stats()["held"] == held + 100
+    stamps.wait_tickets(ts)
+    assert stamps.reaper_stats()["held"] == held  # released by the wait (the reaper leaves them for 1 s)
+    status, st, failed = stamps.peek(ts)
+    assert (status == 0).all() and not failed.any()
+    assert st.tolist() == [[e.profile.queued, e.profile.submit, e.profile.start, e.profile.end] for e in evs]
+    stamps.done(ts)
 
 
 def test_reaper_config_checks_the_shared_hold_and_the_spin() -> None:

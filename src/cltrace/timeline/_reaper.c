@@ -791,6 +791,70 @@ fail0:
     return NULL;
 }
 
+static int
+cmp_u64(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* ``wait``'s own reads of the tickets nobody has taken yet: they leave the incoming list with the reaper's
+ * reference, are read (what still runs, after a wait) and released here, so no retain and release of our own
+ * and no second reader beside the reaper (at ``stop()`` it reads the same tail once the program is quiet).
+ * Returns how many it settled; -1 out of memory (nothing taken). */
+static long
+take_and_read(const uint64_t *ts, size_t n)
+{
+    uint64_t *want = malloc((n ? n : 1) * sizeof(uint64_t));
+    if (want == NULL)
+        return -1;
+    memcpy(want, ts, n * sizeof(uint64_t));
+    qsort(want, n, sizeof(uint64_t), cmp_u64);
+    pthread_mutex_lock(&mu);
+    const size_t most = n_in < n ? n_in : n;
+    held_t *mine = malloc((most ? most : 1) * sizeof(held_t));
+    result_t *res = malloc((most ? most : 1) * sizeof(result_t));
+    cl_event *run = malloc((most ? most : 1) * sizeof(cl_event));
+    if (mine == NULL || res == NULL || run == NULL) {
+        pthread_mutex_unlock(&mu);
+        free(want);
+        free(mine);
+        free(res);
+        free(run);
+        return -1;
+    }
+    size_t m = 0, kept = 0;
+    for (size_t i = 0; i < n_in; i++) {
+        const slot_t *sl = slot_of(incoming[i].t);
+        if (m < most && sl != NULL && !(sl->state & HAS_DATA) &&
+            bsearch(&incoming[i].t, want, n, sizeof(uint64_t), cmp_u64) != NULL)
+            mine[m++] = incoming[i];
+        else
+            incoming[kept++] = incoming[i];
+    }
+    n_in = kept;
+    pthread_mutex_unlock(&mu);
+    free(want);
+    size_t r = 0;
+    for (size_t j = 0; j < m; j++)
+        if ((res[j].status = reap_one(mine[j].ev, &res[j])) > 0)
+            run[r++] = mine[j].ev;
+    if (r) { /* read right after the wait, where a read is cheap */
+        wait_all(run, r);
+        for (size_t j = 0; j < m; j++)
+            if (res[j].status > 0 && (res[j].status = reap_one(mine[j].ev, &res[j])) > 0) {
+                res[j].status = -5; /* still not done after the wait: CL_OUT_OF_RESOURCES, its span keeps no device time */
+                res[j].failed = 1;
+                memset(res[j].st, 0, sizeof(res[j].st));
+            }
+    }
+    settle_done(mine, res, m);
+    free(mine);
+    free(res);
+    free(run);
+    return (long)m;
+}
+
 PyObject *
 reaper_wait(PyObject *self, PyObject *arg)
 {
@@ -810,12 +874,14 @@ reaper_wait(PyObject *self, PyObject *arg)
     cl_event *run_evs = NULL;
     size_t *run_rows = NULL;
     Py_BEGIN_ALLOW_THREADS
-    size_t m = hold_unread(tb.buf, (size_t)n, evs, rows, 0);
+    err = take_and_read(tb.buf, (size_t)n) < 0 ? -1 : 0;
+    size_t m = err ? 0 : hold_unread(tb.buf, (size_t)n, evs, rows, 0);
     /* Read first, then wait only for what is still running: at ``stop()`` the program has mostly finished
      * its queues, and a wait on thousands of complete events cost more than their reads (H200: 4.2-5.2 ms
      * for 2,400-2,750 tickets at the end of a training loop). */
     size_t r = 0;
-    err = read_into_slots(tb.buf, evs, rows, m);
+    if (err == 0)
+        err = read_into_slots(tb.buf, evs, rows, m);
     if (err == 0) {
         run_evs = malloc((m ? m : 1) * sizeof(cl_event));
         run_rows = malloc((m ? m : 1) * sizeof(size_t));
