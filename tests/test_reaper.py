@@ -152,8 +152,9 @@ def test_the_same_command_tracked_again_shares_its_ticket(queue: Any, kernels: A
     other = kernels.launch_add(queue)
     queue.finish()
     t1 = stamps.track(other)
-    assert t1 != t and stamps.track(ev) not in (t, t1)  # not the newest ticket's command: a ticket of its own
-    stamps.done([t1])
+    t2 = stamps.track(ev)
+    assert t1 != t and t2 not in (t, t1)  # not the newest ticket's command: a ticket of its own
+    stamps.done([t1, t2])
 
 
 def test_projected_regions_read_their_last_launch_once(queue: Any, kernels: Any) -> None:

@@ -807,29 +807,26 @@ cmp_u64(const void *a, const void *b)
 static long
 take_and_read(const uint64_t *ts, size_t n)
 {
-    uint64_t *want = malloc((n ? n : 1) * sizeof(uint64_t));
-    if (want == NULL)
-        return -1;
-    memcpy(want, ts, n * sizeof(uint64_t));
-    qsort(want, n, sizeof(uint64_t), cmp_u64);
     pthread_mutex_lock(&mu);
-    if (n * TAKE_RATIO < n_in) { /* a few tickets (a profile's field read): not worth a pass over the list */
-        pthread_mutex_unlock(&mu);
-        free(want);
+    const int few = n * TAKE_RATIO < n_in; /* a few tickets (a profile's field read): not worth a pass over the list */
+    pthread_mutex_unlock(&mu);
+    if (few || n == 0)
         return 0;
-    }
-    const size_t most = n_in < n ? n_in : n;
-    held_t *mine = malloc((most ? most : 1) * sizeof(held_t));
-    result_t *res = malloc((most ? most : 1) * sizeof(result_t));
-    cl_event *run = malloc((most ? most : 1) * sizeof(cl_event));
-    if (mine == NULL || res == NULL || run == NULL) {
-        pthread_mutex_unlock(&mu);
+    uint64_t *want = malloc(n * sizeof(uint64_t));
+    held_t *mine = malloc(n * sizeof(held_t));
+    result_t *res = malloc(n * sizeof(result_t));
+    cl_event *run = malloc(n * sizeof(cl_event));
+    if (want == NULL || mine == NULL || res == NULL || run == NULL) {
         free(want);
         free(mine);
         free(res);
         free(run);
         return -1;
     }
+    memcpy(want, ts, n * sizeof(uint64_t));
+    qsort(want, n, sizeof(uint64_t), cmp_u64);
+    pthread_mutex_lock(&mu);
+    const size_t most = n; /* a ticket is in the list once */
     size_t m = 0, kept = 0;
     for (size_t i = 0; i < n_in; i++) {
         const slot_t *sl = slot_of(incoming[i].t);
