@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
 import pytest
 
 from cltrace.analyzers.analysis import analyze
@@ -72,6 +73,19 @@ def job(tmp_path_factory: Any) -> list[str]:
 def test_values_are_strings_as_pdata_writes_them(value: Any, go: str) -> None:
     # go: what pcommon.Value.AsString() returns for the same OTLP value (FormatFloat 'f' -1; encoding/json)
     assert values.as_string(value) == go
+
+
+@pytest.mark.parametrize("col", [
+    np.array([7, 3, 3, 9, -2, 7]), np.array([5, 5, 5]), np.array([2, 0, 1], np.uint8), np.array([], np.int64),
+    np.array([10**15, 3, 10**12, 3]), np.array([-(2**63), 2**63 - 1, 0]), np.array([0.5, 0.25, 0.5]),
+    np.array(["b", "a", "b"]),
+])
+def test_attribute_set_ranks_are_uniques_inverse(col: np.ndarray) -> None:
+    # rows._dense ranks small integer ranges by a presence table, the rest by np.unique: the same ranks
+    from cltrace.store.rows import _dense
+    u, inv = np.unique(col, return_inverse=True)
+    got, k = _dense(col)
+    assert got.tolist() == inv.reshape(-1).tolist() and k == len(u)
 
 
 def test_ids_and_enums_as_the_exporter_names_them() -> None:

@@ -104,6 +104,17 @@ class Sets:
 
 
 def _dense(col: np.ndarray) -> tuple[np.ndarray, int]:
+    """Each value's rank among the column's distinct values, and how many there are (``np.unique``'s
+    inverse). Integers over a range not much wider than the column are ranked by a presence table: no sort."""
+    col = np.asarray(col).reshape(-1)
+    if col.dtype.kind in "iu" and col.size:
+        lo, hi = int(col.min()), int(col.max())
+        if hi - lo <= 4 * col.size + 1024:
+            at = (col - lo).astype(np.intp)
+            present = np.zeros(hi - lo + 1, bool)
+            present[at] = True
+            rank = np.cumsum(present, dtype=np.int64) - 1
+            return rank[at], int(rank[-1]) + 1
     u, inv = np.unique(col, return_inverse=True)
     return inv.astype(np.int64).reshape(-1), len(u)
 
@@ -116,11 +127,16 @@ def attribute_sets(batch: SpanBatch, mapper: Mapper) -> Sets:
         texts: dict[str, int] = {}
         for i, e in batch.errors.items():
             err[i] = texts.setdefault(e, len(texts) + 1)
-    key = np.zeros(n, np.int64)
+    # Mixed-radix codes of the columns' ranks, in their order: ranked again only where the product of the
+    # counts would pass int64 (once at the end in practice), not after every column.
+    key, size = np.zeros(n, np.int64), 1
     for col in (batch.cat, batch.thread, batch.path, batch.name, batch.track, batch.attrs_ids(), batch.site,
                 batch.status, err):
         dense, k = _dense(np.asarray(col))
-        key, _ = _dense(key * k + dense)
+        if size * k >= 1 << 62:
+            key, size = _dense(key)
+        key, size = key * k + dense, size * k
+    key, _ = _dense(key)
     first = np.full(int(key.max()) + 1 if n else 0, n, np.int64)
     np.minimum.at(first, key, np.arange(n))
     names, attrs, codes, messages = [], [], [], []
