@@ -826,11 +826,10 @@ take_and_read(const uint64_t *ts, size_t n)
     memcpy(want, ts, n * sizeof(uint64_t));
     qsort(want, n, sizeof(uint64_t), cmp_u64);
     pthread_mutex_lock(&mu);
-    const size_t most = n; /* a ticket is in the list once */
-    size_t m = 0, kept = 0;
+    size_t m = 0, kept = 0; /* m <= n: a ticket is in the list once */
     for (size_t i = 0; i < n_in; i++) {
         const slot_t *sl = slot_of(incoming[i].t);
-        if (m < most && sl != NULL && !(sl->state & HAS_DATA) &&
+        if (sl != NULL && !(sl->state & HAS_DATA) &&
             bsearch(&incoming[i].t, want, n, sizeof(uint64_t), cmp_u64) != NULL)
             mine[m++] = incoming[i];
         else
